@@ -1,0 +1,36 @@
+# Two commands on a fresh machine: `make demo` and `make test`.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+ARGS ?=
+
+.PHONY: demo test bench lint debs venv clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,bench]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# Debian packages for the real Prometheus, Alertmanager, promtool/amtool and HAProxy.
+debs:
+	@bash scripts/ensure-debs.sh
+
+demo: $(STAMP) debs
+	$(VENV)/bin/llm-health demo $(ARGS)
+
+test: $(STAMP) debs
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest -q $(ARGS)
+
+bench: $(STAMP) debs
+	$(PY) -m bench.run $(ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) build *.egg-info

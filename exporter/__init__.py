@@ -1,0 +1,1 @@
+"""llm-health exporter: reading -> verdict -> probe (only when idle)."""

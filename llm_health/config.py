@@ -1,0 +1,272 @@
+"""One YAML file shared by the exporter and the remediator.
+
+```yaml
+backends:
+  - name: gpu-a                      # [A-Za-z0-9_.-]{1,64}, unique
+    url: http://10.0.0.5:8000        # the vLLM server itself, never a proxy
+    host: node-1                     # optional: backends on one host restart one at a time
+    model: my-model                  # optional: the model /v1/models must list (warm-up gate)
+    restart: ["systemctl", "restart", "vllm@gpu-a"]   # argv, run without a shell
+proxies:
+  - name: lb
+    url: http://10.0.0.9:8080        # checked through GET /v1/models only
+exporter: {...}                      # see ExporterSettings
+remediator: {...}                    # see RemediatorSettings
+```
+
+Bad input raises ConfigError with a message that names the offending key; nothing is half-loaded.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import yaml
+
+NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message says where."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    url: str
+    host: str = ""
+    model: str = ""
+    restart: tuple[str, ...] = ()
+
+    @property
+    def address(self) -> str:
+        """host:port of the URL, as Prometheus' `instance` label shows it."""
+        parsed = urlparse(self.url)
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+        return f"{parsed.hostname}:{port}"
+
+
+@dataclass(frozen=True)
+class Proxy:
+    name: str
+    url: str
+
+
+@dataclass(frozen=True)
+class ExporterSettings:
+    listen: str = "127.0.0.1:9410"
+    interval: float = 15.0          # seconds between readings of one backend
+    stall_after: float = 120.0      # no engine progress for this long (and 2 readings) = stalled
+    down_after: int = 2             # consecutive failed readings before "down"
+    read_timeout: float = 5.0       # per-backend /metrics timeout
+    probe_timeout: float = 10.0     # the idle probe (max_tokens 1)
+    probe_every: float = 0.0        # min seconds between probes of one backend; 0 = every interval
+    probe_model: str = ""           # model for the probe; default: first id of /v1/models
+
+
+@dataclass(frozen=True)
+class Backoff:
+    initial: float = 300.0          # seconds after the first restart before another is allowed
+    factor: float = 2.0
+    cap: float = 3600.0
+    stable_after: float = 7200.0    # a backend this long without restart starts again at `initial`
+
+
+@dataclass(frozen=True)
+class Budget:
+    restarts: int = 3
+    window: float = 3600.0
+
+
+@dataclass(frozen=True)
+class Breaker:
+    restarts: int = 5
+    window: float = 3600.0
+
+
+@dataclass(frozen=True)
+class RemediatorSettings:
+    listen: str = "127.0.0.1:9411"
+    state: str = "var/remediator.db"     # SQLite file
+    token_file: str = ""                 # bearer token for webhook and mutating API
+    busy_dir: str = ""                   # marker files: <busy_dir>/<backend>[.<anything>]
+    dry_run: bool = False
+    workers: int = 2                     # gunicorn workers
+    max_body_bytes: int = 1_048_576
+    action_timeout: float = 600.0
+    dedup_window: float = 300.0          # HA copies/repeats of one notification inside this are duplicates
+    verify_readings: int = 2             # fresh direct readings before acting
+    verify_interval: float = 5.0         # seconds between them
+    warmup_timeout: float = 900.0
+    warmup_poll: float = 5.0
+    drain_timeout: float = 60.0
+    stalled_drain_timeout: float = 5.0
+    min_ready: int = 0
+    alertmanager_url: str = ""           # for silences during a restart (API v2)
+    agent_listen: str = ""               # HAProxy agent-check endpoint host:port, empty = off
+    poll_interval: float = 1.0           # how often the authority looks for work
+    backoff: Backoff = field(default_factory=Backoff)
+    budget: Budget = field(default_factory=Budget)
+    breaker: Breaker = field(default_factory=Breaker)
+
+
+@dataclass(frozen=True)
+class Config:
+    backends: tuple[Backend, ...] = ()
+    proxies: tuple[Proxy, ...] = ()
+    exporter: ExporterSettings = field(default_factory=ExporterSettings)
+    remediator: RemediatorSettings = field(default_factory=RemediatorSettings)
+    source: str = ""                     # the file it came from, for relative paths
+
+    def backend(self, name: str) -> Backend | None:
+        for b in self.backends:
+            if b.name == name:
+                return b
+        return None
+
+    def backend_for_instance(self, instance: str) -> Backend | None:
+        """Match an alert's `instance` label (host:port or a URL) against the configured URLs."""
+        wanted = instance.strip()
+        if "://" in wanted:
+            parsed = urlparse(wanted)
+            wanted = f"{parsed.hostname}:{parsed.port or (443 if parsed.scheme == 'https' else 80)}"
+        for b in self.backends:
+            if b.address == wanted:
+                return b
+        return None
+
+    def resolve_path(self, path: str) -> Path:
+        """Relative paths in the file are relative to the file's folder."""
+        p = Path(path)
+        if p.is_absolute() or not self.source:
+            return p
+        return Path(self.source).parent / p
+
+
+def _check_url(url: Any, where: str) -> str:
+    if not isinstance(url, str):
+        raise ConfigError(f"{where}: url must be a string")
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ConfigError(f"{where}: url {url!r} must be http(s)://host[:port]")
+    return url.rstrip("/")
+
+
+def _check_name(name: Any, where: str) -> str:
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise ConfigError(f"{where}: name {name!r} must match {NAME_RE.pattern}")
+    return name
+
+
+def _section(cls: type, data: Any, where: str) -> Any:
+    """Build a settings dataclass from a mapping, refusing unknown keys and wrong types."""
+    if data is None:
+        return cls()
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: must be a mapping")
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}")
+    defaults = cls()
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        default = getattr(defaults, key)
+        sub = f"{where}.{key}"
+        if hasattr(default, "__dataclass_fields__"):
+            kwargs[key] = _section(type(default), value, sub)
+        elif isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ConfigError(f"{sub}: must be true or false")
+            kwargs[key] = value
+        elif isinstance(default, int):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{sub}: must be a whole number >= 0")
+            kwargs[key] = value
+        elif isinstance(default, float):
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ConfigError(f"{sub}: must be a number >= 0")
+            kwargs[key] = float(value)
+        else:
+            if not isinstance(value, str):
+                raise ConfigError(f"{sub}: must be a string")
+            kwargs[key] = value
+    return cls(**kwargs)
+
+
+def parse_config(data: Any, source: str = "") -> Config:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError("config: top level must be a mapping")
+    unknown = sorted(set(data) - {"backends", "proxies", "exporter", "remediator"})
+    if unknown:
+        raise ConfigError(f"config: unknown key(s) {', '.join(unknown)}")
+    backends: list[Backend] = []
+    for i, raw in enumerate(data.get("backends") or []):
+        where = f"backends[{i}]"
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{where}: must be a mapping")
+        extra = sorted(set(raw) - {"name", "url", "host", "model", "restart"})
+        if extra:
+            raise ConfigError(f"{where}: unknown key(s) {', '.join(extra)}")
+        restart = raw.get("restart") or []
+        if not isinstance(restart, list) or not all(isinstance(a, str) and a for a in restart):
+            raise ConfigError(f"{where}.restart: must be a list of non-empty strings (argv)")
+        for key in ("host", "model"):
+            if not isinstance(raw.get(key, ""), str):
+                raise ConfigError(f"{where}.{key}: must be a string")
+        backends.append(
+            Backend(
+                name=_check_name(raw.get("name"), where),
+                url=_check_url(raw.get("url"), where),
+                host=raw.get("host", "") or "",
+                model=raw.get("model", "") or "",
+                restart=tuple(restart),
+            )
+        )
+    proxies: list[Proxy] = []
+    for i, raw in enumerate(data.get("proxies") or []):
+        where = f"proxies[{i}]"
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{where}: must be a mapping")
+        extra = sorted(set(raw) - {"name", "url"})
+        if extra:
+            raise ConfigError(f"{where}: unknown key(s) {', '.join(extra)}")
+        proxies.append(Proxy(name=_check_name(raw.get("name"), where), url=_check_url(raw.get("url"), where)))
+    names = [b.name for b in backends] + [p.name for p in proxies]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"config: duplicate name(s) {', '.join(dupes)}")
+    return Config(
+        backends=tuple(backends),
+        proxies=tuple(proxies),
+        exporter=_section(ExporterSettings, data.get("exporter"), "exporter"),
+        remediator=_section(RemediatorSettings, data.get("remediator"), "remediator"),
+        source=source,
+    )
+
+
+def load_config(path: str | Path) -> Config:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {p}: {exc.strerror}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
+    return parse_config(data, source=str(p))
+
+
+def parse_named_url(spec: str, flag: str) -> tuple[str, str]:
+    """`NAME=URL` from the command line."""
+    name, sep, url = spec.partition("=")
+    if not sep:
+        raise ConfigError(f"{flag}: expected NAME=URL, got {spec!r}")
+    return _check_name(name, flag), _check_url(url, flag)

@@ -1,0 +1,1 @@
+"""llm-health remediator: alert -> incident -> decision -> action, one restart authority."""

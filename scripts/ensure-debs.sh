@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs the Debian packages whose real programs the tests and the demo start,
+# only when their binaries are missing.
+set -euo pipefail
+need=()
+command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v prometheus-alertmanager >/dev/null 2>&1 || need+=(prometheus-alertmanager)
+command -v amtool >/dev/null 2>&1 || need+=(prometheus-alertmanager)
+command -v haproxy >/dev/null 2>&1 || need+=(haproxy)
+if [ ${#need[@]} -eq 0 ]; then exit 0; fi
+pkgs=$(printf '%s\n' "${need[@]}" | sort -u | tr '\n' ' ')
+echo "installing Debian packages: $pkgs"
+SUDO=""
+if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $pkgs >/dev/null

@@ -1,0 +1,1 @@
+"""A simulated vLLM OpenAI-compatible server for tests and fire drills."""
