@@ -1,0 +1,147 @@
+"""remediator.silence against a real Alertmanager 0.25 process on loopback."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+import requests
+
+from llm_health.procs import ManagedProcess, free_port, wait_until
+from remediator.silence import (
+    SilenceError,
+    create_silence,
+    expire_silence,
+    get_silence,
+    silence_body,
+)
+
+AM_CONFIG = """\
+route:
+  receiver: devnull
+  group_wait: 1h
+receivers:
+  - name: devnull
+"""
+
+
+def test_silence_body_is_exact_match_on_backend() -> None:
+    now = datetime(2026, 11, 30, 3, 0, 0, tzinfo=UTC)
+    body = silence_body("gpu-a", 15, "restart by llm-health", "llm-health", now)
+    assert body["matchers"] == [{"name": "backend", "value": "gpu-a", "isRegex": False, "isEqual": True}]
+    assert body["startsAt"] == "2026-11-30T03:00:00.000000Z"
+    assert body["endsAt"] == "2026-11-30T03:15:00.000000Z"
+
+
+@pytest.mark.parametrize(
+    ("backend", "minutes", "comment", "created_by", "match"),
+    [
+        ('gpu-a", x="', 5, "c", "me", "backend name"),
+        ("gpu.*", 5, "c", "me", "backend name"),
+        ("gpu-a", 0, "c", "me", "length"),
+        ("gpu-a", True, "c", "me", "length"),
+        ("gpu-a", 5, " ", "me", "comment"),
+        ("gpu-a", 5, "c", "", "created_by"),
+    ],
+)
+def test_bad_input_is_refused_before_any_request(backend, minutes, comment, created_by, match) -> None:
+    # port 9 on loopback: if a request were sent it would fail differently
+    with pytest.raises(SilenceError, match=match):
+        create_silence("http://127.0.0.1:9", backend, minutes, comment, created_by)
+
+
+def test_bad_id_and_url_refused() -> None:
+    with pytest.raises(SilenceError, match="silence id"):
+        expire_silence("http://127.0.0.1:9", "../status")
+    with pytest.raises(SilenceError, match="http"):
+        expire_silence("ftp://x", "abc")
+
+
+def test_unreachable_alertmanager_is_a_clear_error() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(SilenceError, match="cannot create silence for gpu-a"):
+        create_silence(url, "gpu-a", 5, "c", "me", timeout=2)
+    with pytest.raises(SilenceError, match="cannot expire silence"):
+        expire_silence(url, "abc", timeout=2)
+
+
+@pytest.fixture(scope="module")
+def alertmanager(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    binary = shutil.which("prometheus-alertmanager")
+    if binary is None:
+        pytest.skip("prometheus-alertmanager not installed")
+    tmp: Path = tmp_path_factory.mktemp("am")
+    (tmp / "am.yml").write_text(AM_CONFIG)
+    port = free_port()
+    proc = ManagedProcess(
+        [binary, f"--config.file={tmp / 'am.yml'}", f"--storage.path={tmp / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=", "--log.level=warn"],
+        name="alertmanager",
+        log_dir=tmp,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        proc.wait_http(f"{url}/-/ready")
+        yield url
+    finally:
+        proc.stop()
+
+
+def _alert_state(am: str, backend: str) -> tuple[str, list[str]]:
+    resp = requests.get(f"{am}/api/v2/alerts", params={"filter": f'backend="{backend}"'}, timeout=5)
+    resp.raise_for_status()
+    items = resp.json()
+    if len(items) != 1:
+        return "missing", []
+    status = items[0]["status"]
+    return status["state"], status["silencedBy"]
+
+
+def _post_alert(am: str, backend: str) -> None:
+    now = datetime.now(UTC)
+    alert = {
+        "labels": {"alertname": "LLMBackendStalled", "backend": backend, "severity": "critical"},
+        "startsAt": now.isoformat(),
+        "endsAt": (now + timedelta(minutes=10)).isoformat(),
+    }
+    requests.post(f"{am}/api/v2/alerts", json=[alert], timeout=5).raise_for_status()
+
+
+@pytest.mark.e2e
+def test_silence_suppresses_then_expiry_reactivates(alertmanager: str) -> None:
+    am = alertmanager
+    _post_alert(am, "gpu-a")
+    _post_alert(am, "gpu-b")
+    wait_until(lambda: _alert_state(am, "gpu-a")[0] == "active", what="alert gpu-a active")
+
+    sid = create_silence(am, "gpu-a", 10, "restart of gpu-a by llm-health", "llm-health-test")
+    silence = get_silence(am, sid)
+    assert silence is not None and silence["status"] == {"state": "active"}
+    assert silence["matchers"] == [{"name": "backend", "value": "gpu-a", "isRegex": False, "isEqual": True}]
+
+    wait_until(lambda: _alert_state(am, "gpu-a") == ("suppressed", [sid]), what="gpu-a silenced")
+    assert _alert_state(am, "gpu-b")[0] == "active"        # exact match: the other backend is not muted
+
+    assert expire_silence(am, sid) is True
+    wait_until(lambda: _alert_state(am, "gpu-a") == ("active", []), what="gpu-a active again")
+    expired = get_silence(am, sid)
+    assert expired is not None and expired["status"] == {"state": "expired"}
+    assert expire_silence(am, sid) is True                 # expiring twice is fine (200 again)
+
+
+@pytest.mark.e2e
+def test_unknown_silence_counts_as_gone(alertmanager: str) -> None:
+    unknown = "00000000-0000-0000-0000-000000000000"
+    assert expire_silence(alertmanager, unknown) is False
+    assert get_silence(alertmanager, unknown) is None
+
+
+@pytest.mark.e2e
+def test_alertmanager_refusal_is_reported(alertmanager: str) -> None:
+    # Alertmanager itself refuses an end before the start: the error carries its answer
+    with pytest.raises(SilenceError, match="refused the silence for gpu-a.*HTTP 400"):
+        create_silence(alertmanager, "gpu-a", 5, "c", "me",
+                       now=datetime.now(UTC) - timedelta(minutes=10))
