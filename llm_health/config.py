@@ -94,6 +94,7 @@ class RemediatorSettings:
     state: str = "var/remediator.db"     # SQLite file
     token_file: str = ""                 # bearer token for webhook and mutating API
     busy_dir: str = ""                   # marker files: <busy_dir>/<backend>[.<anything>]
+    busy_file_ttl: float = 3600.0        # marker file expiry = mtime + this (or the ttl written in it)
     dry_run: bool = False
     workers: int = 2                     # gunicorn workers
     max_body_bytes: int = 1_048_576

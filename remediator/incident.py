@@ -1,0 +1,119 @@
+"""Alerts -> incidents: dedupe deliveries and keep one active incident per backend.
+
+Everything happens in one BEGIN IMMEDIATE transaction per notification, so concurrent HA copies
+arriving at different gunicorn workers are serialised: the first is processed, the rest are
+recorded as `deduplicated`.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from llm_health.config import Backend, Config
+from remediator.alert import Alert, Notification
+from remediator.store import CLOSED, NEEDS_ACK, OBSERVED, OPEN, Store
+
+
+def route(alert: Alert, config: Config) -> Backend | None:
+    """The backend an alert is about: its `backend` label, else its `instance` label matched to URLs."""
+    name = alert.labels.get("backend")
+    if name:
+        return config.backend(name)
+    instance = alert.labels.get("instance")
+    if instance:
+        return config.backend_for_instance(instance)
+    return None
+
+
+def _brief(alert: Alert) -> dict[str, Any]:
+    return {"alertname": alert.name[:200], "status": alert.status, "fingerprint": alert.fingerprint,
+            "startsAt": alert.starts_at}
+
+
+def ingest(store: Store, config: Config, n: Notification, now: float, dedup_window: float) -> dict[str, Any]:
+    """Record one notification; returns a summary for the HTTP answer."""
+    with store.tx() as c:
+        for a in n.alerts:
+            Store.bump(c, "alerts_received", a.status)
+        key = n.dedup_key()
+        seen = c.execute("SELECT first_seen FROM deliveries WHERE key = ?", (key,)).fetchone()
+        if seen is not None and now - float(seen[0]) < dedup_window:
+            Store.event(c, now, "deduplicated", reason="same notification seen "
+                        f"{now - float(seen[0]):.1f}s ago (HA copy or resend)", group_key=n.group_key[:200])
+            return {"deduplicated": True, "alerts": len(n.alerts)}
+        c.execute("INSERT INTO deliveries (key, first_seen) VALUES (?, ?) "
+                  "ON CONFLICT(key) DO UPDATE SET first_seen = excluded.first_seen", (key, now))
+        c.execute("DELETE FROM deliveries WHERE first_seen < ?", (now - max(dedup_window, 3600.0) * 2,))
+        Store.event(c, now, "received", reason=f"{n.status} notification with {len(n.alerts)} alert(s)",
+                    group_key=n.group_key[:200], receiver=n.receiver)
+        outcomes = [_apply(c, config, a, now) for a in n.alerts]
+    return {"deduplicated": False, "alerts": len(n.alerts), "outcomes": outcomes}
+
+
+def _apply(c: sqlite3.Connection, config: Config, alert: Alert, now: float) -> str:
+    backend = route(alert, config)
+    if backend is None:
+        Store.event(c, now, "ignored", reason="no configured backend matches this alert "
+                    "(backend / instance label)", **_brief(alert),
+                    labels={k[:100]: v[:200] for k, v in list(alert.labels.items())[:30]})
+        return "ignored"
+    active = Store.active_incident(c, backend.name)
+    if not alert.wants_restart:
+        Store.event(c, now, "signal", backend.name, active["id"] if active else None,
+                    reason=f"{alert.name or 'alert'} {alert.status}: recorded as a signal "
+                    "(no remediation=\"restart\" label)", **_brief(alert))
+        return "signal"
+    if alert.status == "firing":
+        return _firing(c, backend.name, active, alert, now)
+    return _resolved(c, backend.name, active, alert, now)
+
+
+def _firing(c: sqlite3.Connection, backend: str, active: sqlite3.Row | None, alert: Alert, now: float) -> str:
+    if active is None:
+        cur = c.execute("INSERT INTO incidents (backend, state, opened_at, updated_at) VALUES (?,?,?,?)",
+                        (backend, OPEN, now, now))
+        incident_id = int(cur.lastrowid or 0)
+        Store.event(c, now, "incident_opened", backend, incident_id,
+                    reason=f"{alert.name or 'alert'} firing", **_brief(alert))
+        result = "incident_opened"
+    else:
+        incident_id = int(active["id"])
+        known = c.execute("SELECT 1 FROM incident_alerts WHERE incident_id=? AND fingerprint=? AND starts_at=?",
+                          (incident_id, alert.fingerprint, alert.starts_at)).fetchone()
+        Store.event(c, now, "absorbed", backend, incident_id,
+                    reason=f"{alert.name or 'alert'} firing {'(repeat)' if known else '(new alert)'} "
+                    f"absorbed into incident {incident_id} ({active['state']})", **_brief(alert))
+        result = "absorbed"
+    c.execute(
+        "INSERT INTO incident_alerts (incident_id, fingerprint, starts_at, alertname, status) VALUES (?,?,?,?,?) "
+        "ON CONFLICT(incident_id, fingerprint, starts_at) DO UPDATE SET status = 'firing'",
+        (incident_id, alert.fingerprint, alert.starts_at, alert.name[:200], "firing"),
+    )
+    return result
+
+
+def _resolved(c: sqlite3.Connection, backend: str, active: sqlite3.Row | None, alert: Alert, now: float) -> str:
+    if active is None:
+        Store.event(c, now, "signal", backend, None,
+                    reason=f"{alert.name or 'alert'} resolved; no active incident", **_brief(alert))
+        return "signal"
+    incident_id = int(active["id"])
+    c.execute("UPDATE incident_alerts SET status = 'resolved' WHERE incident_id=? AND fingerprint=? "
+              "AND (starts_at=? OR ?='')", (incident_id, alert.fingerprint, alert.starts_at, alert.starts_at))
+    firing = c.execute("SELECT count(*) FROM incident_alerts WHERE incident_id=? AND status='firing'",
+                       (incident_id,)).fetchone()[0]
+    if firing:
+        Store.event(c, now, "signal", backend, incident_id,
+                    reason=f"{alert.name or 'alert'} resolved; {firing} alert(s) of the incident still firing",
+                    **_brief(alert))
+        return "signal"
+    if active["state"] in (OPEN, OBSERVED, NEEDS_ACK):
+        Store.set_state(c, incident_id, now, CLOSED, close_reason="resolved")
+        Store.event(c, now, "resolved", backend, incident_id,
+                    reason=f"all alerts of incident {incident_id} resolved; closed", **_brief(alert))
+        return "resolved"
+    Store.event(c, now, "signal", backend, incident_id,
+                reason=f"alerts resolved while {active['state']}; the incident closes after warm-up",
+                **_brief(alert))
+    return "signal"

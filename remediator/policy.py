@@ -1,0 +1,158 @@
+"""The pure restart decision: backoff, budget, breaker, busy markers, verification -> `Decision`.
+
+No I/O and no clock of its own: every input, including `now`, is in `Facts`. The authority calls
+`decide(facts, None)` first (cheap gates; answers VERIFY when they all pass), verifies the backend,
+then calls `decide(fresh_facts, verification)` and acts on the answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llm_health.config import Backoff, Breaker, Budget
+
+# decision kinds (also the audit event kinds and the `decision` label of the metrics)
+DEFERRED_BREAKER = "deferred_breaker"
+DEFERRED_BUDGET = "deferred_budget"
+DEFERRED_BACKOFF = "deferred_backoff"
+DEFERRED_MARKER = "deferred_marker"
+DEFERRED_UNKNOWN = "deferred_unknown"
+VERIFY = "verify"
+VERIFIED_HEALTHY = "verified_healthy"
+RESTARTED_BY_OTHER = "restarted_by_other"
+RESTART = "restart"
+WOULD_RESTART = "would_restart"
+NOT_CONFIGURED = "not_configured"
+
+HEALTHY_OUTCOMES = ("progress", "idle_ok")
+RESTART_OUTCOMES = ("no_progress", "down")
+
+
+@dataclass(frozen=True)
+class Marker:
+    id: str
+    backend: str
+    owner: str
+    expires_at: float
+
+    def valid(self, now: float) -> bool:
+        return self.expires_at > now
+
+
+@dataclass(frozen=True)
+class Facts:
+    now: float
+    backend: str
+    restarts: tuple[float, ...] = ()          # start times of this backend's restart attempts
+    fleet_restarts: tuple[float, ...] = ()    # all backends' attempts since the last breaker reset
+    breaker_open: bool = False
+    markers: tuple[Marker, ...] = ()
+    has_action: bool = True                   # a restart argv is configured
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class Settings:
+    backoff: Backoff = field(default_factory=Backoff)
+    budget: Budget = field(default_factory=Budget)
+    breaker: Breaker = field(default_factory=Breaker)
+    unknown_retry: float = 5.0                # re-verify this long after an "unknown" verification
+
+
+@dataclass(frozen=True)
+class Decision:
+    kind: str
+    reason: str
+    retry_at: float | None = None             # when to look again (deferrals)
+    opens_breaker: bool = False
+
+    @property
+    def deferred(self) -> bool:
+        return self.kind.startswith("deferred_")
+
+
+def backoff_delay(restarts: tuple[float, ...], backoff: Backoff) -> float:
+    """Delay after the last restart: initial * factor^(n-1), capped, n = restarts in the current streak
+    (a gap of `stable_after` or more between two restarts starts a new streak)."""
+    if not restarts:
+        return 0.0
+    ordered = sorted(restarts)
+    streak = 1
+    for prev, cur in zip(ordered, ordered[1:], strict=False):
+        streak = 1 if cur - prev >= backoff.stable_after else streak + 1
+    return min(backoff.cap, backoff.initial * backoff.factor ** (streak - 1))
+
+
+def next_allowed(restarts: tuple[float, ...], now: float, backoff: Backoff) -> float | None:
+    """The earliest time another restart is allowed, or None when nothing holds it back."""
+    if not restarts:
+        return None
+    last = max(restarts)
+    if now - last >= backoff.stable_after:
+        return None
+    at = last + backoff_delay(restarts, backoff)
+    return at if at > now else None
+
+
+def _in_window(times: tuple[float, ...], now: float, window: float) -> list[float]:
+    return sorted(t for t in times if now - t < window)
+
+
+def gates(facts: Facts, s: Settings) -> Decision | None:
+    """The cheap checks, in order; None when none of them holds the restart back."""
+    now = facts.now
+    if facts.breaker_open:
+        return Decision(DEFERRED_BREAKER, "fleet circuit breaker is open (reset via POST /api/breaker/reset)")
+    recent = _in_window(facts.restarts, now, s.budget.window)
+    if len(recent) >= s.budget.restarts:
+        retry = recent[0] + s.budget.window if recent else None
+        return Decision(
+            DEFERRED_BUDGET,
+            f"restart budget used: {len(recent)} of {s.budget.restarts} in {s.budget.window:g}s",
+            retry_at=retry,
+        )
+    allowed = next_allowed(facts.restarts, now, s.backoff)
+    if allowed is not None:
+        return Decision(DEFERRED_BACKOFF, f"backoff: next restart allowed in {allowed - now:.1f}s", retry_at=allowed)
+    fleet = _in_window(facts.fleet_restarts, now, s.breaker.window)
+    if len(fleet) >= s.breaker.restarts:
+        return Decision(
+            DEFERRED_BREAKER,
+            f"fleet circuit breaker opened: {len(fleet)} restarts across the fleet in {s.breaker.window:g}s "
+            f"(limit {s.breaker.restarts})",
+            opens_breaker=True,
+        )
+    valid = sorted((m for m in facts.markers if m.valid(now)), key=lambda m: m.expires_at)
+    if valid:
+        m = valid[-1]
+        return Decision(
+            DEFERRED_MARKER,
+            f"busy marker {m.id} by {m.owner!r} until {m.expires_at:.0f} ({m.expires_at - now:.0f}s left)",
+            retry_at=valid[0].expires_at,
+        )
+    return None
+
+
+def decide(facts: Facts, verification: object | None, s: Settings) -> Decision:
+    """`verification` is anything with `outcome` and `reason` (exporter.check.Verification) or None."""
+    if not facts.has_action:
+        return Decision(NOT_CONFIGURED, "no restart action configured for this backend")
+    blocked = gates(facts, s)
+    if blocked is not None:
+        return blocked
+    if verification is None:
+        return Decision(VERIFY, "gates passed; verify with fresh direct readings")
+    outcome = str(getattr(verification, "outcome", "unknown"))
+    why = str(getattr(verification, "reason", ""))
+    if outcome in HEALTHY_OUTCOMES:
+        return Decision(VERIFIED_HEALTHY, f"verified healthy ({outcome}): {why}")
+    if outcome == "restarted":
+        return Decision(RESTARTED_BY_OTHER, f"another process answers now (restarted by someone else): {why}")
+    if outcome in RESTART_OUTCOMES:
+        kind = WOULD_RESTART if facts.dry_run else RESTART
+        return Decision(kind, f"verified {outcome}: {why}")
+    return Decision(
+        DEFERRED_UNKNOWN,
+        f"verification {outcome}: cannot tell, not acting (fail closed): {why}",
+        retry_at=facts.now + s.unknown_retry,
+    )
