@@ -1,1 +1,17 @@
-"""A simulated vLLM OpenAI-compatible server for tests and fire drills."""
+"""A simulated vLLM OpenAI-compatible server for tests and fire drills.
+
+* `simulator.engine.Engine`: continuous batching with an injected clock (`advance_to(t)`).
+* `simulator.metrics.render(engines, flavour)`: the `/metrics` page (v0/v1, multiprocess, N engines).
+* `simulator.server.Simulator(SimConfig(...))`: the HTTP server (`with Simulator(cfg) as sim: sim.url`).
+* `llm-health sim --port P [--control-port C] ...` / `python -m simulator ...`: the same as a process.
+* `python -m simulator.ctl restart|fault NAME|stats URL`: control it without a shell (exit 0 on 2xx).
+
+Faults (`POST /sim/fault {"fault": NAME, "seconds"?: n}`, on the main or the control port):
+none, stall (engine stops stepping; /health 200, /metrics frozen), hang (main port accepts but never
+answers), crash (main port refused), restart (in-flight requests fail 500, port closed for
+--restart-seconds, then a new process: new start time, counters reset), slow_metrics.
+`seconds` (engine seconds, divided by --time-scale): stall/hang clear themselves after it; crash
+restarts after it; restart uses it as downtime; slow_metrics delays /metrics by it (default 3).
+`none` after a crash brings the port back as a new process. Other faults while the port is down -> 409.
+`/sim/*` requests are not counted in `/sim/stats`.
+"""

@@ -1,0 +1,60 @@
+"""Control a running simulator without a shell: a ready restart action for the remediator.
+
+    python -m simulator.ctl restart http://127.0.0.1:C [--seconds N]
+    python -m simulator.ctl fault NAME http://127.0.0.1:C [--seconds N]
+    python -m simulator.ctl stats http://127.0.0.1:C
+
+URL is the simulator's control port (or main port). Exit 0 on a 2xx answer, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import requests
+
+from simulator.server import FAULTS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m simulator.ctl", description=__doc__.splitlines()[0])
+    parser.add_argument("--timeout", type=float, default=5.0, help="HTTP timeout in seconds (default 5)")
+    sub = parser.add_subparsers(dest="action", required=True)
+    restart = sub.add_parser("restart", help="restart the simulated process (revives crash/hang)")
+    restart.add_argument("url")
+    restart.add_argument("--seconds", type=float, default=None, help="downtime (default: the server's)")
+    fault = sub.add_parser("fault", help="inject a fault")
+    fault.add_argument("name", choices=FAULTS)
+    fault.add_argument("url")
+    fault.add_argument("--seconds", type=float, default=None)
+    stats = sub.add_parser("stats", help="print /sim/stats")
+    stats.add_argument("url")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    base = args.url.rstrip("/")
+    try:
+        if args.action == "stats":
+            resp = requests.get(f"{base}/sim/stats", timeout=args.timeout)
+        else:
+            name = "restart" if args.action == "restart" else args.name
+            body: dict[str, object] = {"fault": name}
+            if args.seconds is not None:
+                body["seconds"] = args.seconds
+            resp = requests.post(f"{base}/sim/fault", json=body, timeout=args.timeout)
+    except requests.RequestException as exc:
+        print(f"simulator.ctl: {args.action} {base}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        print(json.dumps(resp.json(), indent=None if args.action != "stats" else 2))
+    except ValueError:
+        print(resp.text)
+    return 0 if 200 <= resp.status_code < 300 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,275 @@
+"""The `/metrics` page of a simulated vLLM server, with vLLM's real names, types, HELP and labels.
+
+Two engine flavours (see /work/shared/reference/vllm-metrics-facts.md):
+* `v1` (like 0.11+): labels `model_name` + `engine`, `vllm:kv_cache_usage_perc`,
+  prefix-cache counters, `vllm:engine_sleep_state`, `*_created` series (single process).
+* `v0` (like 0.6-0.7 with the in-process frontend): label `model_name` only,
+  `vllm:gpu_cache_usage_perc`, `vllm:num_requests_swapped`, no `*_created`.
+`multiprocess=True` drops `process_*`, `python_*` and `*_created` and orders the page like
+prometheus_client's MultiProcessCollector (counters, gauges, histograms; `_sum` before buckets).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import resource
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from prometheus_client.utils import floatToGoString
+
+from simulator.engine import Engine, Histogram
+
+Labels = dict[str, str]
+
+
+@dataclass(frozen=True)
+class Flavour:
+    engine: str = "v1"  # "v0" | "v1"
+    multiprocess: bool = False
+    model: str = "sim-model"
+
+
+@dataclass
+class Family:
+    name: str  # for counters: the name without _total (as prometheus_client declares it)
+    type: str  # gauge | counter | histogram
+    help: str
+    samples: list[tuple[str, Labels, float]] = field(default_factory=list)
+    created: list[tuple[Labels, float]] = field(default_factory=list)
+
+    @property
+    def wire_name(self) -> str:
+        return self.name + "_total" if self.type == "counter" else self.name
+
+
+def _labels(labels: Labels) -> str:
+    if not labels:
+        return ""
+    inner = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
+    return "{" + inner + "}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def _line(name: str, labels: Labels, value: float) -> str:
+    return f"{name}{_labels(labels)} {floatToGoString(value)}\n"
+
+
+def _histogram_samples(fam: Family, labels: Labels, hist: Histogram, multiprocess: bool) -> None:
+    buckets = [
+        (fam.name + "_bucket", {**labels, "le": floatToGoString(bound)}, float(count))
+        for bound, count in hist.cumulative()
+    ]
+    count = (fam.name + "_count", labels, float(hist.count))
+    total = (fam.name + "_sum", labels, float(hist.total))
+    if multiprocess:
+        fam.samples.extend([total, *buckets, count])
+    else:
+        fam.samples.extend([*buckets, count, total])
+
+
+def _cache_config_labels(engine: Engine, flavour: Flavour) -> Labels:
+    labels = {
+        "block_size": str(engine.block_size),
+        "cache_dtype": "auto",
+        "calculate_kv_scales": "False",
+        "cpu_offload_gb": "0",
+        "enable_prefix_caching": "True" if flavour.engine == "v1" else "False",
+        "gpu_memory_utilization": "0.9",
+        "is_attention_free": "False",
+        "num_cpu_blocks": "None" if flavour.engine == "v1" else "4096",
+        "num_gpu_blocks": str(engine.kv_blocks),
+        "num_gpu_blocks_override": "None",
+        "sliding_window": "None",
+        "swap_space_bytes": "4294967296",
+    }
+    if flavour.engine == "v1":
+        labels["prefix_caching_hash_algo"] = "sha256"
+        labels["engine"] = str(engine.index)
+    return labels
+
+
+def vllm_families(engines: Sequence[Engine], flavour: Flavour, created: float) -> list[Family]:
+    v1 = flavour.engine == "v1"
+    with_created = v1 and not flavour.multiprocess
+
+    def base(engine: Engine) -> Labels:
+        labels = {"model_name": flavour.model}
+        if v1:
+            labels["engine"] = str(engine.index)
+        return labels
+
+    def gauge(name: str, help_text: str, value_of) -> Family:  # noqa: ANN001
+        fam = Family(name, "gauge", help_text)
+        for e in engines:
+            fam.samples.append((name, base(e), float(value_of(e))))
+        return fam
+
+    def counter(name: str, help_text: str, value_of) -> Family:  # noqa: ANN001
+        fam = Family(name, "counter", help_text)
+        for e in engines:
+            fam.samples.append((name + "_total", base(e), float(value_of(e))))
+            if with_created:
+                fam.created.append((base(e), created))
+        return fam
+
+    def histogram(name: str, help_text: str, hist_of) -> Family:  # noqa: ANN001
+        fam = Family(name, "histogram", help_text)
+        for e in engines:
+            _histogram_samples(fam, base(e), hist_of(e), flavour.multiprocess)
+            if with_created:
+                fam.created.append((base(e), created))
+        return fam
+
+    cache_info = Family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig")
+    for e in engines if v1 else engines[:1]:
+        cache_info.samples.append(("vllm:cache_config_info", _cache_config_labels(e, flavour), 1.0))
+
+    success = Family("vllm:request_success", "counter", "Count of successfully processed requests.")
+    for e in engines:
+        for reason, n in e.stats.request_success.items():
+            labels = {**base(e), "finished_reason": reason}
+            success.samples.append(("vllm:request_success_total", labels, float(n)))
+            if with_created:
+                success.created.append((labels, created))
+
+    running_help = (
+        "Number of requests in model execution batches." if v1 else "Number of requests currently running on GPU."
+    )
+    fams: list[Family] = []
+    if not v1:
+        fams.append(cache_info)
+    fams.append(gauge("vllm:num_requests_running", running_help, lambda e: e.stats.running))
+    if not v1:
+        fams.append(gauge("vllm:num_requests_swapped", "Number of requests swapped to CPU.", lambda e: 0))
+    fams.append(gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+                      lambda e: e.stats.waiting))
+    if v1:
+        sleep = Family(
+            "vllm:engine_sleep_state",
+            "gauge",
+            "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; "
+            "weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
+        )
+        for e in engines:
+            for state, value in (("awake", 1.0), ("weights_offloaded", 0.0), ("discard_all", 0.0)):
+                sleep.samples.append(("vllm:engine_sleep_state", {**base(e), "sleep_state": state}, value))
+        fams.append(sleep)
+        fams.append(gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+                          lambda e: e.stats.kv_usage))
+        fams.append(counter("vllm:prefix_cache_queries",
+                            "Prefix cache queries, in terms of number of queried tokens.",
+                            lambda e: e.stats.prefix_cache_queries))
+        fams.append(counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+                            lambda e: e.stats.prefix_cache_hits))
+    else:
+        fams.append(gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.",
+                          lambda e: e.stats.kv_usage))
+        fams.append(gauge("vllm:cpu_cache_usage_perc", "CPU KV-cache usage. 1 means 100 percent usage.",
+                          lambda e: 0))
+    fams.append(counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
+                        lambda e: e.stats.preemptions))
+    fams.append(counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
+                        lambda e: e.stats.prompt_tokens))
+    fams.append(counter("vllm:generation_tokens", "Number of generation tokens processed.",
+                        lambda e: e.stats.generation_tokens))
+    fams.append(success)
+    fams.append(histogram("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+                          lambda e: e.stats.iteration_tokens))
+    fams.append(histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                          lambda e: e.stats.ttft))
+    fams.append(histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+                          lambda e: e.stats.e2e))
+    if v1:
+        fams.append(cache_info)
+    return fams
+
+
+def _memory() -> tuple[float, float]:
+    try:
+        with open("/proc/self/statm") as f:
+            pages = f.read().split()
+        size = os.sysconf("SC_PAGE_SIZE")
+        return float(int(pages[0]) * size), float(int(pages[1]) * size)
+    except (OSError, ValueError, IndexError):
+        rss = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+        return rss, rss
+
+
+def process_families(process_start_time: float) -> list[Family]:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    try:
+        open_fds = float(len(os.listdir("/proc/self/fd")))
+    except OSError:
+        open_fds = 0.0
+    max_fds = float(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    gc_collected = Family("python_gc_objects_collected", "counter", "Objects collected during gc")
+    gc_uncollectable = Family("python_gc_objects_uncollectable", "counter", "Uncollectable objects found during GC")
+    gc_collections = Family("python_gc_collections", "counter", "Number of times this generation was collected")
+    for gen, st in enumerate(gc.get_stats()):
+        labels = {"generation": str(gen)}
+        gc_collected.samples.append(("python_gc_objects_collected_total", labels, float(st["collected"])))
+        gc_uncollectable.samples.append(("python_gc_objects_uncollectable_total", labels, float(st["uncollectable"])))
+        gc_collections.samples.append(("python_gc_collections_total", labels, float(st["collections"])))
+    info = Family("python_info", "gauge", "Python platform information")
+    major, minor, patch = platform.python_version_tuple()
+    info.samples.append(("python_info", {"implementation": platform.python_implementation(), "major": major,
+                                         "minor": minor, "patchlevel": patch,
+                                         "version": platform.python_version()}, 1.0))
+    vm = Family("process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.")
+    rss = Family("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.")
+    vm_bytes, rss_bytes = _memory()
+    vm.samples.append(("process_virtual_memory_bytes", {}, vm_bytes))
+    rss.samples.append(("process_resident_memory_bytes", {}, rss_bytes))
+    start = Family("process_start_time_seconds", "gauge", "Start time of the process since unix epoch in seconds.")
+    start.samples.append(("process_start_time_seconds", {}, process_start_time))
+    cpu = Family("process_cpu_seconds", "counter", "Total user and system CPU time spent in seconds.")
+    cpu.samples.append(("process_cpu_seconds_total", {}, usage.ru_utime + usage.ru_stime))
+    fds = Family("process_open_fds", "gauge", "Number of open file descriptors.")
+    fds.samples.append(("process_open_fds", {}, open_fds))
+    mfds = Family("process_max_fds", "gauge", "Maximum number of open file descriptors.")
+    mfds.samples.append(("process_max_fds", {}, max_fds))
+    return [gc_collected, gc_uncollectable, gc_collections, info, vm, rss, start, cpu, fds, mfds]
+
+
+def format_families(fams: Sequence[Family], multiprocess: bool) -> str:
+    out: list[str] = []
+    if multiprocess:
+        order = {"counter": 0, "gauge": 1, "histogram": 2}
+        fams = sorted(fams, key=lambda f: order.get(f.type, 3))
+    for fam in fams:
+        out.append(f"# HELP {fam.wire_name} {fam.help}\n")
+        out.append(f"# TYPE {fam.wire_name} {fam.type}\n")
+        out.extend(_line(name, labels, value) for name, labels, value in fam.samples)
+        if fam.created and not multiprocess:
+            cname = fam.name + "_created"
+            out.append(f"# HELP {cname} {fam.help}\n")
+            out.append(f"# TYPE {cname} gauge\n")
+            out.extend(_line(cname, labels, value) for labels, value in fam.created)
+    return "".join(out)
+
+
+def render(
+    engines: Engine | Sequence[Engine],
+    flavour: Flavour | str = "v1",
+    *,
+    process_start_time: float = 0.0,
+    created: float | None = None,
+) -> str:
+    """The exposition text of a server with these engines (one per DP rank, `engine="0"`...)."""
+    if isinstance(engines, Engine):
+        engines = [engines]
+    if isinstance(flavour, str):
+        flavour = Flavour(engine=flavour)
+    if flavour.engine not in ("v0", "v1"):
+        raise ValueError(f"unknown engine flavour {flavour.engine!r}")
+    fams: list[Family] = []
+    if not flavour.multiprocess:
+        fams.extend(process_families(process_start_time))
+    fams.extend(vllm_families(engines, flavour, process_start_time if created is None else created))
+    return format_families(fams, flavour.multiprocess)

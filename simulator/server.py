@@ -1,0 +1,778 @@
+"""The simulated vLLM HTTP server: OpenAI-compatible endpoints, /metrics, fault injection, stats.
+
+`Simulator` owns one simulated vLLM *process* (`SimProcess`: engines, start time) at a time and
+replaces it on a restart fault; the statistics in `/sim/stats` belong to the simulator and survive.
+A driver thread advances the engines with real time multiplied by `time_scale`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+from simulator.engine import Engine, RequestState, SimRequest
+from simulator.metrics import Flavour, render
+
+FAULTS = ("none", "stall", "hang", "crash", "restart", "slow_metrics")
+PROBE_HEADER = "X-LLM-Health-Probe"
+VERSIONS = {"v0": "0.6.6.post1", "v1": "0.11.2"}
+GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
+
+
+class BadRequest(ValueError):
+    """Client input that is refused with a 400 and changes nothing."""
+
+
+class FaultConflict(RuntimeError):
+    """A fault that cannot apply in the current state (409, changes nothing)."""
+
+
+@dataclass
+class SimConfig:
+    host: str = "127.0.0.1"
+    port: int = 0
+    control_port: int | None = None
+    model: str = "sim-model"
+    engine: str = "v1"
+    engines: int = 1
+    multiprocess: bool = False
+    no_metrics: bool = False
+    max_num_seqs: int = 12
+    step_seconds: float = 0.05
+    chunk_tokens: int = 512
+    kv_blocks: int = 2048
+    block_size: int = 16
+    prompt_tokens: int | None = None
+    restart_seconds: float = 1.0
+    time_scale: float = 1.0
+    idle_log_seconds: float = 10.0
+
+    def validate(self) -> None:
+        if self.engine not in ("v0", "v1"):
+            raise ValueError("--engine must be v0 or v1")
+        if self.engines < 1:
+            raise ValueError("--engines must be at least 1")
+        if self.engine == "v0" and self.engines > 1:
+            raise ValueError("--engine v0 has no engine label: use --engines 1")
+        if self.time_scale <= 0:
+            raise ValueError("--time-scale must be positive")
+        if self.restart_seconds < 0:
+            raise ValueError("--restart-seconds must be >= 0")
+        if self.prompt_tokens is not None and self.prompt_tokens < 1:
+            raise ValueError("--prompt-tokens must be at least 1")
+        for name in ("max_num_seqs", "chunk_tokens", "kv_blocks", "block_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.step_seconds <= 0:
+            raise ValueError("--step-seconds must be positive")
+
+
+class SimProcess:
+    """One life of the simulated vLLM process: its engines, clock origin and start time."""
+
+    def __init__(self, cfg: SimConfig) -> None:
+        self.cfg = cfg
+        self.t0 = time.monotonic()
+        self.start_time = time.time()
+        self.engines = [
+            Engine(
+                max_num_seqs=cfg.max_num_seqs,
+                step_seconds=cfg.step_seconds,
+                chunk_tokens=cfg.chunk_tokens,
+                kv_blocks=cfg.kv_blocks,
+                block_size=cfg.block_size,
+                flavour=cfg.engine,
+                idle_log_seconds=cfg.idle_log_seconds,
+                index=i,
+            )
+            for i in range(cfg.engines)
+        ]
+        self.created = self.start_time + 0.5  # metric objects are created after start-up work
+        self.dead: str | None = None  # "crash" / "restart" once this life is over
+        self._rr = itertools.cycle(self.engines)
+
+    def engine_time(self) -> float:
+        return (time.monotonic() - self.t0) * self.cfg.time_scale
+
+    def next_engine(self) -> Engine:
+        return next(self._rr)
+
+    @property
+    def running(self) -> int:
+        return sum(len(e.running) for e in self.engines)
+
+    @property
+    def waiting(self) -> int:
+        return sum(len(e.waiting) for e in self.engines)
+
+
+@dataclass
+class SimStats:
+    requests: dict[str, int] = field(default_factory=dict)
+    by_kind: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(("generation", "probe", "metrics", "health", "models", "other"), 0)
+    )
+    probes: int = 0
+    probes_while_busy: int = 0
+    generation_while_busy: int = 0
+    restarts: int = 0
+
+
+def request_kind(method: str, path: str, probe: bool) -> str:
+    if probe:
+        return "probe"
+    if method == "POST" and path in GENERATION_PATHS:
+        return "generation"
+    return {"/metrics": "metrics", "/health": "health", "/v1/models": "models"}.get(path, "other")
+
+
+def approx_prompt_tokens(prompt: Any) -> int:
+    """vLLM tokenises; we approximate: 1.3 tokens a word, or the length of a token-id list."""
+    if isinstance(prompt, list):
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return max(len(prompt), 1)
+        if all(isinstance(t, str) for t in prompt):
+            return max(sum(approx_prompt_tokens(t) for t in prompt), 1)
+        raise BadRequest("prompt must be a string, a list of strings or a list of token ids")
+    if isinstance(prompt, str):
+        return max(math.ceil(len(prompt.split()) * 1.3), 1)
+    raise BadRequest("prompt must be a string, a list of strings or a list of token ids")
+
+
+class _Listener(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, addr: tuple[str, int], sim: Simulator, control: bool) -> None:
+        self.sim = sim
+        self.control = control
+        self.alive = True
+        super().__init__(addr, _Handler)
+
+
+class Simulator:
+    """The simulated server: main listener, optional control listener, driver thread, faults."""
+
+    def __init__(self, cfg: SimConfig) -> None:
+        cfg.validate()
+        self.cfg = cfg
+        self.cond = threading.Condition(threading.RLock())
+        self.stats = SimStats()
+        self.process = SimProcess(cfg)
+        self.fault = "none"
+        self.slow_metrics_seconds = 3.0
+        self._fault_timer: threading.Timer | None = None
+        self._fault_epoch = 0
+        self.main: _Listener | None = None
+        self.control: _Listener | None = None
+        self.port = cfg.port
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def url(self) -> str:
+        return f"http://{self.cfg.host}:{self.port}"
+
+    @property
+    def control_url(self) -> str | None:
+        return f"http://{self.cfg.host}:{self.control.server_address[1]}" if self.control else None
+
+    def start(self) -> Simulator:
+        self._open_main()
+        if self.cfg.control_port is not None:
+            self.control = _Listener((self.cfg.host, self.cfg.control_port), self, control=True)
+            self._spawn(lambda: self.control.serve_forever(poll_interval=0.05), "sim-control")
+        self._spawn(self._drive, "sim-driver")
+        return self
+
+    def stop(self) -> None:
+        with self.cond:
+            self._stopping.set()
+            self._cancel_fault_timer()
+            self.process.dead = "stop"
+            for e in self.process.engines:
+                e.fail_all("server stopped")
+            self.cond.notify_all()
+        self._close_main()
+        if self.control is not None:
+            self.control.alive = False
+            self.control.shutdown()
+            self.control.server_close()
+        for t in self._threads:
+            t.join(timeout=5)
+
+    def __enter__(self) -> Simulator:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _spawn(self, target: Callable[[], None], name: str) -> threading.Thread:
+        t = threading.Thread(target=target, name=name, daemon=True)
+        t.start()
+        self._threads.append(t)
+        return t
+
+    def _open_main(self) -> None:
+        listener = _Listener((self.cfg.host, self.port), self, control=False)
+        self.port = listener.server_address[1]
+        self.main = listener
+        threading.Thread(
+            target=listener.serve_forever, kwargs={"poll_interval": 0.05}, name="sim-main", daemon=True
+        ).start()
+
+    def _close_main(self) -> None:
+        listener, self.main = self.main, None
+        if listener is None:
+            return
+        listener.alive = False
+        with self.cond:
+            self.cond.notify_all()
+        listener.shutdown()
+        listener.server_close()
+
+    # ------------------------------------------------------------------ engine driver
+    def _drive(self) -> None:
+        while not self._stopping.is_set():
+            with self.cond:
+                proc = self.process
+                if proc.dead is None:
+                    now = proc.engine_time()
+                    for e in proc.engines:
+                        if self.fault == "stall":
+                            e.freeze_until(now)
+                        else:
+                            e.advance_to(now)
+                    self.cond.notify_all()
+            real_step = self.cfg.step_seconds / self.cfg.time_scale
+            time.sleep(min(max(real_step / 4, 0.001), 0.01))
+
+    # ------------------------------------------------------------------ faults
+    def _cancel_fault_timer(self) -> None:
+        self._fault_epoch += 1
+        if self._fault_timer is not None:
+            self._fault_timer.cancel()
+            self._fault_timer = None
+
+    def _after(self, real_seconds: float, action: Callable[[], None]) -> None:
+        epoch = self._fault_epoch
+
+        def fire() -> None:
+            with self.cond:
+                if epoch != self._fault_epoch or self._stopping.is_set():
+                    return
+            action()
+
+        self._fault_timer = threading.Timer(real_seconds, fire)
+        self._fault_timer.daemon = True
+        self._fault_timer.start()
+
+    def set_fault(self, name: str, seconds: float | None = None) -> dict[str, Any]:
+        """Apply a fault (already validated); slow parts run in the background.
+
+        `seconds`: for stall/hang, clear the fault after that long; for crash, restart after that
+        long; for restart, the downtime (default --restart-seconds); for slow_metrics, the delay.
+        All are engine seconds (divided by --time-scale). Raises FaultConflict when the main
+        port is down and the fault needs it up.
+        """
+        with self.cond:
+            previous = self.fault
+            scaled = None if seconds is None else seconds / self.cfg.time_scale
+            down = previous in ("crash", "restart")
+            if name == "restart" and previous == "restart":
+                return self._fault_answer(previous)  # already restarting
+            if down and name not in ("none", "restart"):
+                raise FaultConflict(f"the main port is down ({previous}); send restart or none first")
+            self._cancel_fault_timer()
+            if name == "restart" or (name == "none" and previous == "crash"):
+                if name == "restart":
+                    downtime = scaled if scaled is not None else self.cfg.restart_seconds / self.cfg.time_scale
+                else:
+                    downtime = 0.0
+                self.fault = "restart"
+                if self.main is not None:
+                    self.main.alive = False
+                self._kill_process("restart")
+                self._spawn(lambda: self._restart(downtime), "sim-restart")
+            elif name == "none" and previous == "restart":
+                pass  # the restart in progress ends with fault none
+            elif name == "crash":
+                self.fault = "crash"
+                if self.main is not None:
+                    self.main.alive = False
+                self._kill_process("crash")
+                self._spawn(self._close_main, "sim-crash")
+                if scaled is not None:
+                    self._after(scaled, lambda: self.set_fault("restart", 0.0))
+            elif name in ("stall", "hang"):
+                self.fault = name
+                if scaled is not None:
+                    self._after(scaled, lambda: self.set_fault("none"))
+            elif name == "slow_metrics":
+                self.fault = name
+                self.slow_metrics_seconds = 3.0 if seconds is None else seconds
+            else:
+                self.fault = "none"
+            self.cond.notify_all()
+            return self._fault_answer(previous)
+
+    def _fault_answer(self, previous: str) -> dict[str, Any]:
+        return {"fault": self.fault, "previous": previous, "restarts": self.stats.restarts}
+
+    def _kill_process(self, reason: str) -> None:
+        proc = self.process
+        if proc.dead is None:
+            proc.dead = reason
+            for e in proc.engines:
+                e.fail_all(reason)
+
+    def _restart(self, downtime: float) -> None:
+        with self.cond:
+            self._kill_process("restart")
+            self.cond.notify_all()
+        self._close_main()
+        if downtime > 0:
+            self._stopping.wait(downtime)
+        if self._stopping.is_set():
+            return
+        with self.cond:
+            self.process = SimProcess(self.cfg)
+            self.stats.restarts += 1
+            self.fault = "none"
+            self.cond.notify_all()
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with self.cond:
+                    if self._stopping.is_set():
+                        return
+                    self._open_main()
+                return
+            except OSError:
+                if time.monotonic() > deadline or self._stopping.is_set():
+                    raise
+                time.sleep(0.05)
+
+    # ------------------------------------------------------------------ requests
+    def record_arrival(self, method: str, path: str, probe: bool) -> None:
+        with self.cond:
+            st = self.stats
+            key = f"{method} {path}"
+            st.requests[key] = st.requests.get(key, 0) + 1
+            kind = request_kind(method, path, probe)
+            st.by_kind[kind] += 1
+            busy = self.process.running + self.process.waiting > 0 and self.process.dead is None
+            if probe:
+                st.probes += 1
+                if busy:
+                    st.probes_while_busy += 1
+            elif kind == "generation" and busy:
+                st.generation_while_busy += 1
+
+    def wait_while_hung(self, listener: _Listener) -> bool:
+        """Block while the main port hangs; False if the listener died meanwhile (drop the connection)."""
+        with self.cond:
+            while self.fault == "hang" and listener.alive and not self._stopping.is_set():
+                self.cond.wait(0.2)
+            return listener.alive
+
+    def submit(self, prompt_tokens: int, max_tokens: int) -> tuple[SimProcess, SimRequest]:
+        if self.cfg.prompt_tokens is not None:
+            prompt_tokens = self.cfg.prompt_tokens
+        with self.cond:
+            proc = self.process
+            engine = proc.next_engine()
+            if self.fault == "stall":
+                engine.freeze_until(proc.engine_time())
+            else:
+                engine.advance_to(proc.engine_time())
+            try:
+                req = engine.submit(prompt_tokens, max_tokens)
+            except ValueError as exc:
+                raise BadRequest(str(exc)) from None
+            self.cond.notify_all()
+            return proc, req
+
+    def wait_tokens(self, req: SimRequest, seen: int, timeout: float = 0.5) -> None:
+        with self.cond:
+            if req.generated == seen and not req.done:
+                self.cond.wait(timeout)
+
+    def abort(self, proc: SimProcess, req: SimRequest) -> None:
+        with self.cond:
+            for e in proc.engines:
+                if req in e.running or req in e.waiting:
+                    e.abort(req)
+
+    def metrics_page(self) -> str:
+        with self.cond:
+            proc = self.process
+            flavour = Flavour(engine=self.cfg.engine, multiprocess=self.cfg.multiprocess, model=self.cfg.model)
+            return render(proc.engines, flavour, process_start_time=proc.start_time, created=proc.created)
+
+    def stats_json(self) -> dict[str, Any]:
+        with self.cond:
+            st = self.stats
+            return {
+                "requests": dict(st.requests),
+                "by_kind": dict(st.by_kind),
+                "probes": st.probes,
+                "probes_while_busy": st.probes_while_busy,
+                "generation_while_busy": st.generation_while_busy,
+                "running": self.process.running if self.process.dead is None else 0,
+                "waiting": self.process.waiting if self.process.dead is None else 0,
+                "fault": self.fault,
+                "restarts": st.restarts,
+                "process_start_time": self.process.start_time,
+                "engine": self.cfg.engine,
+                "url": self.url,
+                "port_open": self.main is not None,
+            }
+
+
+def parse_fault(body: Any) -> tuple[str, float | None]:
+    if not isinstance(body, dict):
+        raise BadRequest('body must be a JSON object like {"fault": "stall", "seconds": 5}')
+    unknown = set(body) - {"fault", "seconds"}
+    if unknown:
+        raise BadRequest(f"unknown field(s): {', '.join(sorted(unknown))} (allowed: fault, seconds)")
+    name = body.get("fault")
+    if not isinstance(name, str) or name not in FAULTS:
+        raise BadRequest(f"fault must be one of {', '.join(FAULTS)}; got {name!r}")
+    seconds = body.get("seconds")
+    if seconds is not None:
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds):
+            raise BadRequest(f"seconds must be a number; got {seconds!r}")
+        if seconds < 0:
+            raise BadRequest(f"seconds must be >= 0; got {seconds!r}")
+        seconds = float(seconds)
+    return name, seconds
+
+
+def parse_generation(path: str, body: Any, model: str) -> tuple[Any, int, bool]:
+    """(prompt, max_tokens, stream) of a completion request; BadRequest if malformed."""
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    requested = body.get("model")
+    if requested is not None and requested != model:
+        raise LookupError(f"The model `{requested}` does not exist.")
+    if path == "/v1/chat/completions":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("messages must be a non-empty list")
+        words: list[str] = []
+        for m in messages:
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise BadRequest("each message must be an object with a role and content")
+            content = m.get("content", "")
+            if isinstance(content, str):
+                words.append(content)
+            elif isinstance(content, list):
+                words.extend(str(part.get("text", "")) for part in content if isinstance(part, dict))
+            elif content is not None:
+                raise BadRequest("message content must be a string or a list of parts")
+        prompt: Any = " ".join(["<|im_start|>", *words])
+    else:
+        if "prompt" not in body:
+            raise BadRequest("prompt is required")
+        prompt = body["prompt"]
+    max_tokens = body.get("max_tokens", body.get("max_completion_tokens", 16))
+    if max_tokens is None:
+        max_tokens = 16
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise BadRequest(f"max_tokens must be a positive integer; got {max_tokens!r}")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest(f"stream must be a boolean; got {stream!r}")
+    return prompt, max_tokens, stream
+
+
+def token_text(i: int) -> str:
+    return f" tok{i}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Listener
+    server_version = "uvicorn"
+    sys_version = ""
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        pass
+
+    # ------------------------------------------------------------------ plumbing
+    @property
+    def sim(self) -> Simulator:
+        return self.server.sim
+
+    def _send_json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
+        body = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _send_text(self, status: int, text: str, content_type: str) -> None:
+        body = text.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _error(self, status: int, message: str) -> None:
+        self._send_json(status, {"error": message})
+
+    def _openai_error(self, status: int, message: str, kind: str) -> None:
+        self._send_json(status, {"object": "error", "message": message, "type": kind, "param": None, "code": status})
+
+    def _read_json(self) -> Any:
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            raise BadRequest("bad Content-Length header") from None
+        raw = self.rfile.read(length) if length > 0 else b""
+        if not raw:
+            raise BadRequest("request body must be JSON")
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise BadRequest(f"malformed JSON: {exc}") from None
+
+    def _drop(self) -> None:
+        """Close the connection without an answer (the server is gone)."""
+        self.close_connection = True
+
+    def do_GET(self) -> None:  # noqa: N802 - stdlib name
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:  # noqa: N802 - stdlib name
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:  # noqa: N802
+        self._dispatch("PUT")
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        self._dispatch("DELETE")
+
+    # ------------------------------------------------------------------ routing
+    def _dispatch(self, method: str) -> None:
+        path = urlsplit(self.path).path
+        try:
+            if path in ("/sim/fault", "/sim/stats"):
+                self._sim_route(method, path)
+                return
+            if self.server.control:
+                self._send_json(404, {"detail": "Not Found"})
+                return
+            if not self.server.alive:
+                self._drop()
+                return
+            probe = self.headers.get(PROBE_HEADER, "").strip() == "1"
+            self.sim.record_arrival(method, path, probe)
+            if not self.sim.wait_while_hung(self.server):
+                self._drop()
+                return
+            self._main_route(method, path)
+        except BadRequest as exc:
+            self._error(400, str(exc))
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    def _sim_route(self, method: str, path: str) -> None:
+        if not self.server.control:
+            if not self.server.alive:
+                self._drop()
+                return
+            if not self.sim.wait_while_hung(self.server):
+                self._drop()
+                return
+        if path == "/sim/stats":
+            if method != "GET":
+                self._send_json(405, {"error": "use GET /sim/stats"})
+                return
+            self._send_json(200, self.sim.stats_json())
+            return
+        if method != "POST":
+            self._send_json(405, {"error": 'use POST /sim/fault with {"fault": NAME, "seconds"?: n}'})
+            return
+        name, seconds = parse_fault(self._read_json())
+        try:
+            answer = self.sim.set_fault(name, seconds)
+        except FaultConflict as exc:
+            self._error(409, str(exc))
+            return
+        self._send_json(200, answer)
+
+    def _main_route(self, method: str, path: str) -> None:
+        sim = self.sim
+        routes: dict[str, tuple[str, Callable[[], None]]] = {
+            "/health": ("GET", self._health),
+            "/ping": ("GET", self._health),
+            "/version": ("GET", lambda: self._send_json(200, {"version": VERSIONS[sim.cfg.engine]})),
+            "/v1/models": ("GET", self._models),
+            "/metrics": ("GET", self._metrics),
+            "/v1/completions": ("POST", lambda: self._generate(path)),
+            "/v1/chat/completions": ("POST", lambda: self._generate(path)),
+        }
+        route = routes.get(path)
+        if route is None:
+            self._send_json(404, {"detail": "Not Found"})
+        elif route[0] != method:
+            self._send_json(405, {"detail": "Method Not Allowed"})
+        else:
+            route[1]()
+
+    def _health(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def _models(self) -> None:
+        sim = self.sim
+        card = {
+            "id": sim.cfg.model,
+            "object": "model",
+            "created": int(sim.process.start_time),
+            "owned_by": "vllm",
+            "root": sim.cfg.model,
+            "parent": None,
+            "max_model_len": sim.cfg.kv_blocks * sim.cfg.block_size,
+        }
+        self._send_json(200, {"object": "list", "data": [card]})
+
+    def _metrics(self) -> None:
+        sim = self.sim
+        if sim.cfg.no_metrics:
+            self._send_json(404, {"detail": "Not Found"})
+            return
+        with sim.cond:
+            delay = sim.slow_metrics_seconds / sim.cfg.time_scale if sim.fault == "slow_metrics" else 0.0
+        if delay > 0:
+            time.sleep(delay)
+        if not self.server.alive:
+            self._drop()
+            return
+        self._send_text(200, sim.metrics_page(), "text/plain; version=0.0.4; charset=utf-8")
+
+    # ------------------------------------------------------------------ generation
+    def _generate(self, path: str) -> None:
+        sim = self.sim
+        body = self._read_json()
+        try:
+            prompt, max_tokens, stream = parse_generation(path, body, sim.cfg.model)
+        except LookupError as exc:
+            self._openai_error(404, str(exc), "NotFoundError")
+            return
+        prompt_tokens = approx_prompt_tokens(prompt)
+        try:
+            proc, req = sim.submit(prompt_tokens, max_tokens)
+        except BadRequest as exc:
+            self._openai_error(400, str(exc), "BadRequestError")
+            return
+        chat = path == "/v1/chat/completions"
+        rid = ("chatcmpl-" if chat else "cmpl-") + f"{req.request_id:032x}"
+        created = int(time.time())
+        if stream:
+            self._stream(proc, req, rid, created, chat)
+        else:
+            self._complete(proc, req, rid, created, chat)
+
+    def _complete(self, proc: SimProcess, req: SimRequest, rid: str, created: int, chat: bool) -> None:
+        sim = self.sim
+        while not req.done:
+            sim.wait_tokens(req, req.generated)
+        if req.state is RequestState.FAILED:
+            if req.error == "crash":
+                self._drop()  # the process vanished: no answer at all
+            else:
+                self._openai_error(500, f"engine failed: {req.error}", "InternalServerError")
+            return
+        if not sim.wait_while_hung(self.server):
+            self._drop()
+            return
+        text = "".join(token_text(i) for i in range(req.generated))
+        reason = req.finished_reason or "length"
+        if chat:
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": reason,
+                "stop_reason": None,
+            }
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason, "stop_reason": None}
+        self._send_json(200, {
+            "id": rid,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": created,
+            "model": sim.cfg.model,
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": req.prompt_tokens,
+                "total_tokens": req.prompt_tokens + req.generated,
+                "completion_tokens": req.generated,
+            },
+        })
+
+    def _stream(self, proc: SimProcess, req: SimRequest, rid: str, created: int, chat: bool) -> None:
+        sim = self.sim
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        kind = "chat.completion.chunk" if chat else "text_completion"
+
+        def chunk(text: str | None, finish: str | None, first: bool = False) -> bytes:
+            if chat:
+                delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
+                if text is not None:
+                    delta["content"] = text
+                choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            payload = {"id": rid, "object": kind, "created": created, "model": sim.cfg.model, "choices": [choice]}
+            return f"data: {json.dumps(payload)}\n\n".encode()
+
+        sent = 0
+        try:
+            if chat:
+                self.wfile.write(chunk(None, None, first=True))
+                self.wfile.flush()
+            while True:
+                sim.wait_tokens(req, sent)
+                if req.error == "crash":
+                    return  # the process vanished: the stream just ends
+                while sent < req.generated:
+                    last = req.state is RequestState.FINISHED and sent == req.generated - 1
+                    self.wfile.write(chunk(token_text(sent), (req.finished_reason or "length") if last else None))
+                    sent += 1
+                self.wfile.flush()
+                if req.state is RequestState.FAILED:
+                    err = {"object": "error", "message": f"engine failed: {req.error}",
+                           "type": "InternalServerError", "param": None, "code": 500}
+                    self.wfile.write(f"data: {json.dumps({'error': err})}\n\n".encode())
+                    self.wfile.write(b"data: [DONE]\n\n")
+                    self.wfile.flush()
+                    return
+                if req.state is RequestState.FINISHED:
+                    self.wfile.write(b"data: [DONE]\n\n")
+                    self.wfile.flush()
+                    return
+        except (BrokenPipeError, ConnectionResetError):
+            sim.abort(proc, req)
+            raise
