@@ -1,15 +1,214 @@
-"""Placeholder: replaced by the issue that builds this subcommand."""
+"""`llm-health rules`: render the Prometheus rules from their templates, and check them with promtool.
+
+    llm-health rules render [--out DIR] [--vllm-selector 'job="vllm"'] [--stall-window 2m] ...
+    llm-health rules check [--dir DIR]
+
+The templates live in the package (llm_health/templates/rules/) so an installed copy can render them.
+Jinja delimiters are `<< >>`, `<% %>` and `<# #>`, so PromQL ranges and Prometheus' own `{{ }}`
+annotation templates pass through untouched. Bad settings raise ConfigError and write nothing.
+"""
 
 from __future__ import annotations
 
 import argparse
+import re
+import shutil
+import subprocess
 import sys
+import tempfile
+from dataclasses import dataclass, fields, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from llm_health.config import ConfigError
+
+TEMPLATE_PACKAGE = "llm_health"
+TEMPLATE_DIR = "templates/rules"
+OUTPUTS = {
+    "llm_health_records.yml.j2": "llm_health_records.yml",
+    "llm_health_alerts.yml.j2": "llm_health_alerts.yml",
+}
+DEFAULT_OUT = Path("rules")  # relative to the working directory (the repo root in a checkout)
+
+DURATION_RE = re.compile(r"^([0-9]+)(ms|s|m|h|d|w)$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+# One or more label matchers: name op "value", comma separated; values without quotes or backslashes
+# inside, so a selector can never close the braces it is placed in.
+_MATCHER = r'\s*[A-Za-z_][A-Za-z0-9_]*\s*(=|!=|=~|!~)\s*"[^"\\{}\n]*"\s*'
+SELECTOR_RE = re.compile(rf"^{_MATCHER}(,{_MATCHER})*$")
+URL_RE = re.compile(r"^https?://[^\s\"#{}<>]+$")
+
+
+def parse_duration(text: str, flag: str) -> float:
+    """Seconds in a Prometheus duration like 90s, 2m, 1h (one unit only)."""
+    match = DURATION_RE.match(text)
+    if not match or int(match.group(1)) == 0:
+        raise ConfigError(f"{flag}: {text!r} is not a Prometheus duration like 30s, 2m or 1h")
+    return int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+@dataclass(frozen=True)
+class RuleSettings:
+    """Everything a rendering can change. Field metadata is the command-line help."""
+
+    vllm_selector: str = 'job="vllm"'
+    exporter_selector: str = 'job="llm-health-exporter"'
+    stall_window: str = "2m"          # no progress with work present for this long = stalled
+    stall_for: str = "1m"             # ... on consecutive evaluations for this long before firing
+    down_for: str = "2m"
+    restart_window: str = "5m"        # LLMBackendRestarted looks back this far
+    restart_loop_threshold: int = 3   # more restarts than this in an hour = LLMBackendRestartLoop
+    rate_window: str = "1m"           # generation tokens / preemptions per second
+    kv_threshold: float = 0.85
+    kv_for: str = "10m"
+    preemption_rate_threshold: float = 0.0
+    preemption_for: str = "10m"
+    proxy_window: str = "15m"
+    no_metrics_for: str = "5m"
+    unknown_for: str = "10m"
+    missing_window: str = "1h"
+    missing_for: str = "5m"
+    min_backends_up: int = 1
+    proxy_down_for: str = "2m"
+    exporter_down_for: str = "5m"
+    probe_busy_window: str = "5m"
+    runbook_url: str = "https://github.com/llm-health/llm-health/blob/main/docs/runbooks.md"
+    exporter: bool = True             # False: rules over vLLM's metrics only (no exporter alerts/branches)
+
+    def validated(self) -> RuleSettings:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            flag = "--" + f.name.replace("_", "-")
+            if f.name.endswith("_selector"):
+                if not isinstance(value, str) or not SELECTOR_RE.match(value):
+                    raise ConfigError(f'{flag}: {value!r} must be label matchers like job="vllm"')
+            elif f.name == "runbook_url":
+                if not URL_RE.match(value):
+                    raise ConfigError(f"{flag}: {value!r} must be an http(s) URL without a fragment")
+            elif isinstance(value, bool):
+                continue
+            elif isinstance(value, str):
+                parse_duration(value, flag)
+        if not 0 < self.kv_threshold <= 1:
+            raise ConfigError(f"--kv-threshold: {self.kv_threshold} must be in (0, 1]")
+        if self.preemption_rate_threshold < 0:
+            raise ConfigError("--preemption-rate-threshold: must be >= 0")
+        if self.restart_loop_threshold < 1:
+            raise ConfigError("--restart-loop-threshold: must be >= 1")
+        if self.min_backends_up < 1:
+            raise ConfigError("--min-backends-up: must be >= 1")
+        return self
+
+    # helpers used by the templates
+    def seconds(self, duration: str) -> str:
+        value = parse_duration(duration, "duration")
+        return f"{value:g}"
+
+    @property
+    def kv_percent(self) -> str:
+        return f"{self.kv_threshold * 100:g}"
+
+
+def _environment() -> jinja2.Environment:
+    root = resources.files(TEMPLATE_PACKAGE).joinpath(TEMPLATE_DIR)
+    return jinja2.Environment(
+        loader=jinja2.FunctionLoader(lambda name: root.joinpath(name).read_text()),
+        variable_start_string="<<",
+        variable_end_string=">>",
+        block_start_string="<%",
+        block_end_string="%>",
+        comment_start_string="<#",
+        comment_end_string="#>",
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def render(settings: RuleSettings | None = None) -> dict[str, str]:
+    """File name -> rendered text. Raises ConfigError on bad settings."""
+    s = (settings or RuleSettings()).validated()
+    env = _environment()
+    return {out: env.get_template(src).render(s=s) for src, out in OUTPUTS.items()}
+
+
+def write_rendered(out_dir: Path, settings: RuleSettings | None = None) -> list[Path]:
+    """Render everything first, then write; a failure leaves `out_dir` untouched."""
+    texts = render(settings)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in texts.items():
+        target = out_dir / name
+        with tempfile.NamedTemporaryFile("w", dir=out_dir, delete=False, suffix=".tmp") as tmp:
+            tmp.write(text)
+        Path(tmp.name).replace(target)
+        written.append(target)
+    return written
+
+
+def promtool_check(paths: list[Path]) -> subprocess.CompletedProcess[str]:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        raise ConfigError("promtool not found on PATH (Debian: apt-get install prometheus)")
+    return subprocess.run([promtool, "check", "rules", *map(str, paths)], capture_output=True, text=True, check=False)
+
+
+def settings_from_args(args: argparse.Namespace) -> RuleSettings:
+    changes: dict[str, Any] = {}
+    for f in fields(RuleSettings):
+        value = getattr(args, f.name, None)
+        if value is not None:
+            changes[f.name] = value
+    return replace(RuleSettings(), **changes)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("rest", nargs=argparse.REMAINDER)
+    sub = parser.add_subparsers(dest="rules_command", metavar="ACTION")
+    sub.required = True
+    render_p = sub.add_parser("render", help="render the rule templates into DIR (default: the repo's rules/)")
+    render_p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: %(default)s)")
+    render_p.add_argument("--check", action="store_true", help="run promtool check rules on the result")
+    defaults = RuleSettings()
+    render_p.add_argument(
+        "--without-exporter", dest="exporter", action="store_false", default=None,
+        help="rules over vLLM's own metrics only: no exporter-based alerts or verdict branches",
+    )
+    for f in fields(RuleSettings):
+        default = getattr(defaults, f.name)
+        kind = type(default)
+        if kind is bool:
+            continue
+        render_p.add_argument(
+            "--" + f.name.replace("_", "-"),
+            type=kind,
+            default=None,
+            metavar=kind.__name__.upper() if kind is not str else "VALUE",
+            help=f"default: {default}",
+        )
+    check_p = sub.add_parser("check", help="promtool check rules on rendered rules")
+    check_p.add_argument("--dir", type=Path, default=DEFAULT_OUT, help="folder with rendered *.yml (default: %(default)s)")
+
+
+def _report_check(paths: list[Path]) -> int:
+    result = promtool_check(paths)
+    sys.stdout.write(result.stdout)
+    sys.stderr.write(result.stderr)
+    return 0 if result.returncode == 0 else 1
 
 
 def run(args: argparse.Namespace) -> int:
-    print("not built yet", file=sys.stderr)
-    return 2
+    if args.rules_command == "render":
+        written = write_rendered(args.out, settings_from_args(args))
+        for path in written:
+            print(f"wrote {path}")
+        return _report_check(written) if args.check else 0
+    paths = sorted(Path(args.dir).glob("*.yml"))
+    paths = [p for p in paths if p.stem in {Path(o).stem for o in OUTPUTS.values()}]
+    if not paths:
+        raise ConfigError(f"no rendered rules in {args.dir} (run `llm-health rules render --out {args.dir}`)")
+    return _report_check(paths)

@@ -1,0 +1,239 @@
+"""The rules bundle: rendering, conventions, metric names, and the example Prometheus/Alertmanager configs."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from test_rules_support import AMTOOL, PROMTOOL, REPO, RULE_FILES, RULES_DIR, alert_rules, all_exprs
+
+from llm_health import cli
+from llm_health.config import ConfigError
+from llm_health.rules import RuleSettings, render, write_rendered
+
+needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (make debs)")
+needs_amtool = pytest.mark.skipif(AMTOOL is None, reason="amtool not installed (make debs)")
+
+RESTART_ALERTS = {"LLMBackendStalled", "LLMBackendDown"}
+REQUIRED_ALERTS = {
+    "LLMBackendStalled", "LLMBackendDown", "LLMBackendRestarted", "LLMBackendRestartLoop", "LLMKVCachePressure",
+    "LLMPreemptions", "LLMMetricsBehindProxy", "LLMProxyDown", "LLMHealthExporterDown",
+    "LLMHealthProbeSentToBusyBackend",
+}
+FLEET_ALERTS = {"LLMProxyDown", "LLMHealthExporterDown", "LLMTooFewBackendsUp"}
+
+
+def test_checked_in_rules_are_a_fresh_render_of_the_defaults() -> None:
+    for name, text in render().items():
+        assert (RULES_DIR / name).read_text() == text, f"rules/{name} is stale: run `llm-health rules render`"
+
+
+def test_alert_conventions() -> None:
+    rules = alert_rules()
+    assert REQUIRED_ALERTS <= set(rules)
+    runbooks = (REPO / "docs" / "runbooks.md").read_text()
+    for name, rule in rules.items():
+        assert re.fullmatch(r"LLM[A-Z][A-Za-z]+", name)
+        labels = rule.get("labels") or {}
+        assert labels.get("severity") in {"critical", "warning", "info"}, name
+        assert ("remediation" in labels) == (name in RESTART_ALERTS), name
+        if name in RESTART_ALERTS:
+            assert labels["remediation"] == "restart"
+        annotations = rule["annotations"]
+        assert {"summary", "description", "runbook_url"} <= set(annotations), name
+        assert annotations["runbook_url"].endswith("#" + name.lower())
+        assert f"\n## {name}\n" in runbooks, f"docs/runbooks.md has no section for {name}"
+        if name not in FLEET_ALERTS:
+            # per-backend alerts keep the backend label through their aggregations
+            assert "by (backend" in rule["expr"] or re.match(r"\s*backend:", rule["expr"]), name
+
+
+def test_recording_rule_names_follow_level_metric_operations() -> None:
+    for path in RULE_FILES:
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            for rule in group["rules"]:
+                if "record" in rule:
+                    assert re.fullmatch(r"backend(_instance_engine)?:[a-z0-9_]+:[a-z0-9_]+", rule["record"]), rule["record"]
+
+
+@needs_promtool
+def test_promtool_check_rules_and_lint() -> None:
+    result = subprocess.run(
+        [PROMTOOL, "check", "rules", "--lint=all", "--lint-fatal", *map(str, RULE_FILES)],
+        capture_output=True, text=True, check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@needs_promtool
+def test_render_with_custom_settings_via_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = cli.main([
+        "rules", "render", "--out", str(tmp_path), "--check",
+        "--vllm-selector", 'job="inference", cluster=~"eu-.*"', "--exporter-selector", 'job="lh"',
+        "--stall-window", "5m", "--kv-threshold", "0.9", "--restart-loop-threshold", "7",
+    ])
+    assert rc == 0, capsys.readouterr()
+    alerts = (tmp_path / "llm_health_alerts.yml").read_text()
+    records = (tmp_path / "llm_health_records.yml").read_text()
+    assert 'vllm:num_requests_running{job="inference", cluster=~"eu-.*"}[5m]' in records
+    assert 'job="vllm"' not in records + alerts
+    assert "backend:vllm_kv_cache_usage:max > 0.9\n" in alerts
+    assert "backend:vllm_restarts:count_1h > 7\n" in alerts
+    assert 'llm_health_probes_total{job="lh"}' in alerts
+    assert cli.main(["rules", "check", "--dir", str(tmp_path)]) == 0
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        RuleSettings(vllm_selector='job="vllm"} or vector(1) or {x="'),
+        RuleSettings(vllm_selector="job=vllm"),
+        RuleSettings(stall_window="2 minutes"),
+        RuleSettings(stall_window="0m"),
+        RuleSettings(kv_threshold=85.0),
+        RuleSettings(restart_loop_threshold=0),
+        RuleSettings(runbook_url="javascript:alert(1)"),
+    ],
+)
+def test_bad_settings_are_refused_and_write_nothing(settings: RuleSettings, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError):
+        write_rendered(tmp_path / "out", settings)
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_reports_bad_input_with_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["rules", "render", "--out", str(tmp_path), "--stall-window", "soon"]) == 2
+    assert "--stall-window" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- vLLM metric names ---------------------------------------------------------------------------
+
+VLLM_NAME = re.compile(r"(?<![A-Za-z0-9_:])vllm:[A-Za-z0-9_:]+")
+
+
+def known_vllm_names() -> set[str]:
+    names: set[str] = set()
+    for entry in yaml.safe_load((RULES_DIR / "vllm_metric_names.yml").read_text())["metrics"]:
+        if entry["type"] == "histogram":
+            names.update(entry["name"] + suffix for suffix in ("_bucket", "_count", "_sum"))
+        else:
+            names.add(entry["name"])
+    return names
+
+
+def dashboard_exprs() -> list[tuple[str, str]]:
+    found: list[tuple[str, str]] = []
+
+    def walk(node: object, where: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in {"expr", "query", "definition"} and isinstance(value, str):
+                    found.append((where, value))
+                else:
+                    walk(value, where)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item, where)
+
+    for path in sorted((REPO / "dashboards").glob("*.json")):
+        walk(json.loads(path.read_text()), path.name)
+    return found
+
+
+def unknown_names(exprs: list[tuple[str, str]]) -> list[str]:
+    known = known_vllm_names()
+    return sorted({f"{where}: {name}" for where, expr in exprs for name in VLLM_NAME.findall(expr) if name not in known})
+
+
+def test_rules_and_dashboards_query_only_exported_vllm_names() -> None:
+    exprs = [("rules", e) for e in all_exprs()] + dashboard_exprs()
+    assert any(VLLM_NAME.search(e) for _, e in exprs)
+    assert unknown_names(exprs) == []
+
+
+def test_metric_name_check_catches_the_llm_d_bug() -> None:
+    bad = [("llm-d", "rate(vllm:num_preemptions[5m])"), ("x", "vllm:iteration_tokens_total > 0")]
+    assert unknown_names(bad) == ["llm-d: vllm:num_preemptions", "x: vllm:iteration_tokens_total"]
+
+
+# --- example configs --------------------------------------------------------------------------------
+
+AM_CONFIG = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
+
+
+@needs_amtool
+def test_alertmanager_example_passes_amtool() -> None:
+    result = subprocess.run([AMTOOL, "check-config", str(AM_CONFIG)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@needs_amtool
+@pytest.mark.parametrize(
+    ("labels", "receivers"),
+    [
+        (["alertname=LLMBackendStalled", "backend=a", "remediation=restart", "severity=critical"],
+         "llm-health-remediator,operators"),
+        (["alertname=LLMBackendDown", "backend=a", "remediation=restart", "severity=critical"],
+         "llm-health-remediator,operators"),
+        (["alertname=LLMBackendRestartLoop", "backend=a", "severity=warning"], "operators"),
+        (["alertname=LLMHealthProbeSentToBusyBackend", "backend=a", "severity=warning"], "operators"),
+    ],
+)
+def test_only_restart_alerts_reach_the_remediator(labels: list[str], receivers: str) -> None:
+    result = subprocess.run(
+        [AMTOOL, "config", "routes", "test", f"--config.file={AM_CONFIG}", f"--verify.receivers={receivers}", *labels],
+        capture_output=True, text=True, check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_alertmanager_example_shape() -> None:
+    config = yaml.safe_load(AM_CONFIG.read_text())
+    hook = next(r for r in config["receivers"] if r["name"] == "llm-health-remediator")["webhook_configs"][0]
+    assert hook["url"] == "http://127.0.0.1:9411/webhook"
+    assert hook["http_config"]["authorization"]["type"] == "Bearer"
+    assert "credentials_file" in hook["http_config"]["authorization"]
+    inhibits = {(tuple(r["source_matchers"]), tuple(r["target_matchers"])) for r in config["inhibit_rules"]}
+    assert (('alertname="LLMBackendDown"',), ('alertname="LLMBackendStalled"',)) in inhibits
+    assert all(r["equal"] == ["backend"] for r in config["inhibit_rules"])
+
+
+@needs_promtool
+def test_prometheus_example_passes_promtool_and_loads_the_rules() -> None:
+    config = REPO / "deploy" / "prometheus" / "prometheus.yml"
+    result = subprocess.run([PROMTOOL, "check", "config", str(config)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "llm_health_alerts.yml" in result.stdout and "llm_health_records.yml" in result.stdout
+    parsed = yaml.safe_load(config.read_text())
+    vllm_job = next(j for j in parsed["scrape_configs"] if j["job_name"] == "vllm")
+    assert all("backend" in sc["labels"] for sc in vllm_job["static_configs"])
+
+
+def test_dashboards_are_scanned_when_present() -> None:
+    if list((REPO / "dashboards").glob("*.json")):
+        assert dashboard_exprs(), "dashboards exist but no expr was found in them: the name check would be vacuous"
+
+
+def test_dashboards_use_only_defined_recording_rules() -> None:
+    defined = {
+        rule["record"]
+        for path in RULE_FILES
+        for group in yaml.safe_load(path.read_text())["groups"]
+        for rule in group["rules"]
+        if "record" in rule
+    }
+    used = {name for _, expr in dashboard_exprs() for name in re.findall(r"\bbackend(?:_instance_engine)?:[a-z0-9_]+:[a-z0-9_]+", expr)}
+    assert used - defined == set()
+
+
+def test_rules_query_only_documented_exporter_series() -> None:
+    """llm_health_* names in the rules are the exporter series of docs/design.md (counters with _total)."""
+    design = (REPO / "docs" / "design.md").read_text()
+    documented = set(re.findall(r"`(llm_health_[a-z_]+)[{`]", design))
+    used = {name for expr in all_exprs() for name in re.findall(r"\bllm_health_[a-z_]+", expr)}
+    assert used and used <= documented, sorted(used - documented)

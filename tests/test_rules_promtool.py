@@ -1,0 +1,350 @@
+"""promtool unit tests for the rules: per alert, the cases that must fire and the traps that must not.
+
+The scenarios are written here in Python (so expected annotations follow the rules), emitted as
+rules/tests/llm_health_test.yml (checked in: `promtool test rules rules/tests/llm_health_test.yml`
+works without Python) and run through the real promtool. Scrape interval 15s everywhere.
+Regenerate the checked-in file with LLM_HEALTH_UPDATE_RULE_TESTS=1 pytest tests/test_rules_promtool.py.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from test_rules_support import (
+    EXPORTER,
+    PROMTOOL,
+    RULE_FILES,
+    RULES_DIR,
+    Scenario,
+    alert_rules,
+    promtool_document,
+    run_promtool_tests,
+    series,
+    target_labels,
+    vllm_backend,
+    vllm_labels,
+)
+
+pytestmark = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (make debs)")
+
+CHECKED_IN = RULES_DIR / "tests" / "llm_health_test.yml"
+N = 300  # samples per series: 75 minutes at 15s
+
+
+def exporter_series(name: str, labels: dict[str, str], values: str) -> dict[str, str]:
+    return series(name, {**EXPORTER, **labels}, values)
+
+
+def seq(*parts: str) -> str:
+    return " ".join(parts)
+
+
+def busy_and_probes() -> Scenario:
+    s = Scenario("busy at 12/12 slots for an hour; probes only count against busy backends")
+    s.add(vllm_backend("busy", running=f"12x{N}", waiting=f"30x{N}", progress=f"0+300x{N}", up=f"1x{N}", kv=f"0.8x{N}"))
+    s.add(exporter_series("llm_health_probes_total", {"backend": "busy", "result": "ok"}, f"5x{N}"))
+    # Busy at every reading; the probe counter moves at 30m: our principle broken.
+    s.add(vllm_backend("busyprobed", running=f"12x{N}", waiting=f"3x{N}", progress=f"0+300x{N}", up=f"1x{N}"))
+    s.add(exporter_series("llm_health_probes_total", {"backend": "busyprobed", "result": "ok"}, "5x120 6x180"))
+    # Idle backend probed every minute: fine.
+    s.add(vllm_backend("idleprobed", running=f"0x{N}", waiting=f"0x{N}", progress=f"100x{N}", up=f"1x{N}"))
+    s.add(exporter_series("llm_health_probes_total", {"backend": "idleprobed", "result": "ok"}, f"0+0.25x{N}"))
+    # Busy except one reading at 30m (the probe went in that idle moment): fine.
+    s.add(vllm_backend("burstprobed", running="12x119 0 12x180", waiting="0x119 0 0x180", progress=f"0+300x{N}", up=f"1x{N}"))
+    s.add(exporter_series("llm_health_probes_total", {"backend": "burstprobed", "result": "ok"}, "5x120 6x180"))
+    for at in ("30m", "60m"):
+        s.silent(at, "LLMBackendStalled")
+        s.silent(at, "LLMBackendRestarted")
+        s.silent(at, "LLMKVCachePressure")
+    s.silent("29m", "LLMHealthProbeSentToBusyBackend")
+    s.expect("32m", "LLMHealthProbeSentToBusyBackend", {"backend": "busyprobed"})
+    s.silent("36m", "LLMHealthProbeSentToBusyBackend")
+    s.state("60m", "busy", 2)
+    s.state("60m", "idleprobed", 1)
+    s.value(
+        "60m",
+        'backend:vllm_generation_tokens:rate{backend="busy"}',
+        [('backend:vllm_generation_tokens:rate{backend="busy"}', 20)],
+    )
+    s.value(
+        "60m",
+        'backend:vllm_requests_in_flight:sum{backend="busy"}',
+        [('backend:vllm_requests_in_flight:sum{backend="busy"}', 42)],
+    )
+    return s
+
+
+def stalls() -> Scenario:
+    s = Scenario("stalled from counters (V1 and V0), and from the exporter's verdict")
+    # V1: progress until 5m, then everything frozen with work present.
+    s.add(vllm_backend("stuck", running=f"3x{N}", waiting=f"2x{N}", progress=f"0+100x20 2000x{N}", up=f"1x{N}"))
+    # V0 wedged: its iteration count keeps growing from idle zero observations; that is not progress.
+    s.add(
+        vllm_backend(
+            "v0stuck", v1=False, running=f"2x{N}", waiting=f"0x{N}", progress=f"0+50x8 400x{N}",
+            iteration_count=f"0+1x{N}", up=f"1x{N}",
+        )
+    )
+    # Only waiting (running can read 0 inside a wedge).
+    s.add(vllm_backend("queued", running=f"0x{N}", waiting=f"7x{N}", progress=f"0+100x20 2000x{N}", up=f"1x{N}"))
+    # Data parallel: engine 0 keeps serving, engine 1 wedges at 5m with work: the backend is stalled.
+    s.add(vllm_backend("dp", running=f"3x{N}", waiting=f"0x{N}", progress=f"0+100x{N}", up=f"1x{N}"))
+    s.add(vllm_backend("dp", running=f"2x{N}", waiting=f"0x{N}", progress=f"0+100x20 2000x{N}", up=f"1x{N}",
+                       engine="1", target=False))
+    # vLLM looks fine, the exporter says stalled from 2m.
+    s.add(vllm_backend("expstuck", running=f"1x{N}", waiting=f"0x{N}", progress=f"0+10x{N}", up=f"1x{N}"))
+    s.add(exporter_series("llm_health_verdict_code", {"backend": "expstuck"}, f"2x8 5x{N}"))
+    s.silent("3m", "LLMBackendStalled")
+    s.expect("4m", "LLMBackendStalled", {"backend": "expstuck"})
+    s.expect("6m", "LLMBackendStalled", {"backend": "expstuck"}, {"backend": "v0stuck"})
+    s.expect("7m30s", "LLMBackendStalled", {"backend": "expstuck"}, {"backend": "v0stuck"})
+    s.expect(
+        "8m30s", "LLMBackendStalled",
+        {"backend": "expstuck"}, {"backend": "v0stuck"}, {"backend": "stuck"}, {"backend": "queued"}, {"backend": "dp"},
+    )
+    s.state("6m", "stuck", 2)
+    s.state("8m", "stuck", 5)
+    s.state("8m", "v0stuck", 5)
+    s.state("8m", "expstuck", 2)
+    s.state("8m", "dp", 5)
+    s.value(
+        "8m",
+        'backend:vllm_engine_progress:rate_stall_window{backend="stuck"}',
+        [('backend:vllm_engine_progress:rate_stall_window{backend="stuck"}', 0)],
+    )
+    return s
+
+
+def traps() -> Scenario:
+    s = Scenario("traps: long prefill, V0 idle, restart mid-window, scrape gaps")
+    # A long prefill on V1: counters frozen for the whole run, only the KV gauge moves.
+    s.add(vllm_backend("prefill", running=f"1x{N}", waiting=f"0x{N}", progress=f"5000x{N}", up=f"1x{N}", kv=f"0.1+0.002x{N}"))
+    # V0 idle: iteration count grows from zero observations, nothing else moves, no work.
+    s.add(vllm_backend("v0idle", v1=False, running=f"0x{N}", waiting=f"0x{N}", progress=f"400x{N}", iteration_count=f"0+1x{N}", up=f"1x{N}"))
+    # Restart at ~10m15s: one failed scrape, new start time, counters from 0.
+    s.add(
+        vllm_backend(
+            "restart", running=f"4x40 stale 4x{N}", waiting=f"0x40 stale 0x{N}",
+            progress=f"0+100x40 stale 0+100x{N}", up=f"1x40 0 1x{N}", kv=f"0.3x40 stale 0.3x{N}",
+            start_time=f"1000x40 stale 2000x{N}",
+        )
+    )
+    # The same restart without process_start_time_seconds (multiprocess mode): counter resets.
+    s.add(
+        vllm_backend(
+            "mprestart", running=f"4x40 stale 4x{N}", waiting=f"0x40 stale 0x{N}",
+            progress=f"0+100x40 stale 0+100x{N}", up=f"1x40 0 1x{N}", kv=f"0.3x40 stale 0.3x{N}",
+            start_time=None,
+        )
+    )
+    # Prometheus itself saw nothing for 5 minutes (no samples at all), counters were moving slowly.
+    s.add(
+        vllm_backend(
+            "gap", running=f"3x40 _x20 3x{N}", waiting=f"0x40 _x20 0x{N}", progress=f"0+100x40 _x20 6100+100x{N}",
+            up=f"1x40 _x20 1x{N}", kv=f"0.3x40 _x20 0.3x{N}", start_time=f"1000x40 _x20 1000x{N}",
+        )
+    )
+    # 90 s of failed scrapes (up 0, stale markers) on a busy backend: shorter than the down grace.
+    s.add(
+        vllm_backend(
+            "shortgap", running=f"3x40 stale _x5 3x{N}", waiting=f"0x40 stale _x5 0x{N}",
+            progress=f"0+100x40 stale _x5 4700+100x{N}", up=f"1x40 0x6 1x{N}",
+            kv=f"0.3x40 stale _x5 0.3x{N}", start_time=f"1000x40 stale _x5 1000x{N}",
+        )
+    )
+    for at in ("10m15s", "11m", "12m", "13m", "15m", "17m", "20m", "40m"):
+        s.silent(at, "LLMBackendStalled")
+    for at in ("10m15s", "11m", "12m", "13m"):
+        s.silent(at, "LLMBackendDown")
+    s.expect("11m", "LLMBackendRestarted", {"backend": "mprestart"}, {"backend": "restart"})
+    s.expect("15m", "LLMBackendRestarted", {"backend": "mprestart"}, {"backend": "restart"})
+    s.silent("16m", "LLMBackendRestarted")
+    s.silent("20m", "LLMBackendRestartLoop")
+    s.silent("12m", "LLMMetricsBehindProxy")  # a real restart: start time goes up, never down
+    s.state("20m", "prefill", 2)
+    s.state("20m", "v0idle", 1)
+    s.state("10m15s", "restart", 0)  # one failed scrape: unknown, not down
+    s.state("12m", "restart", 3)
+    s.state("10m30s", "shortgap", 0)
+    s.state("20m", "gap", 2)
+    return s
+
+
+def restarts_and_proxies() -> Scenario:
+    s = Scenario("restart loops; a target answered by two processes (behind a proxy)")
+    s.add(
+        vllm_backend(
+            "loop", running=f"0x{N}", waiting=f"0x{N}", progress=f"0+10x{N}", up=f"1x{N}",
+            start_time=seq(*(f"{1000 * (i + 1)}x39" for i in range(6)), f"9000x{N}"),
+        )
+    )
+    s.add(
+        vllm_backend(
+            "mploop", running=f"0x{N}", waiting=f"0x{N}", up=f"1x{N}", start_time=None,
+            progress=seq(*("1+10x39" for _ in range(6)), f"0+10x{N}"),
+        )
+    )
+    # Two processes behind one address answer alternate scrapes.
+    starts = " ".join("1000" if i % 2 == 0 else "2000" for i in range(N))
+    counters = " ".join(str(50_000 + 40 * i) if i % 2 == 0 else str(300 + 40 * i) for i in range(N))
+    s.add(
+        vllm_backend(
+            "proxied", running=f"2x{N}", waiting=f"0x{N}", progress=counters, up=f"1x{N}", start_time=starts,
+            instance="lb.example:8000",
+        )
+    )
+    s.silent("35m", "LLMBackendRestartLoop")  # 3 restarts in the hour: not more than 3
+    s.expect("45m", "LLMBackendRestartLoop", {"backend": "loop"}, {"backend": "mploop"})
+    s.expect("5m", "LLMMetricsBehindProxy", {"backend": "proxied", "instance": "lb.example:8000"})
+    for at in ("5m", "30m", "45m"):
+        s.silent(at, "LLMBackendStalled")
+    s.expect("30m15s", "LLMBackendRestarted", {"backend": "loop"}, {"backend": "mploop"})
+    s.silent("36m", "LLMBackendRestarted")
+    s.state("5m", "proxied", 2)
+    return s
+
+
+def down_and_gone() -> Scenario:
+    s = Scenario("down backends; every backend gone")
+    s.add(vllm_backend("down", running="1x20 stale", waiting="0x20 stale", progress="0+10x20 stale", up=f"1x20 0x{N}",
+                       kv="0.3x20 stale", start_time="1000x20 stale"))
+    s.add(vllm_backend("expdown", running=f"0x{N}", waiting=f"0x{N}", progress=f"10x{N}", up=f"1x{N}"))
+    s.add(exporter_series("llm_health_verdict_code", {"backend": "expdown"}, f"1x20 6x{N}"))
+    s.add(series("up", EXPORTER, f"1x{N}"))
+    s.silent("6m30s", "LLMBackendDown")
+    s.expect("7m30s", "LLMBackendDown", {"backend": "down"}, {"backend": "expdown"})
+    s.state("6m", "down", 0)
+    s.state("7m30s", "down", 6)
+    s.silent("7m30s", "LLMBackendStalled")
+    s.silent("7m30s", "LLMTooFewBackendsUp")
+    s.silent("7m30s", "LLMHealthExporterDown")
+    return s
+
+
+def all_gone() -> Scenario:
+    s = Scenario("all backends gone: scrape targets vanished, no up series at all")
+    for b in ("a", "b"):
+        s.add(vllm_backend(b, running="1x20 stale", waiting="0x20 stale", progress="0+10x20 stale", up="1x20 stale",
+                           kv="0.3x20 stale", start_time="1000x20 stale"))
+    s.silent("6m", "LLMTooFewBackendsUp")
+    s.expect("8m", "LLMTooFewBackendsUp", {})
+    s.silent("8m", "LLMBackendDown")
+    s.silent("8m", "LLMBackendStalled")
+    s.silent("9m", "LLMBackendTargetMissing")
+    s.expect("11m", "LLMBackendTargetMissing", {"backend": "a"}, {"backend": "b"})
+    # The exporter is gone too (never scraped here).
+    s.expect("11m", "LLMHealthExporterDown", {})
+    return s
+
+
+def all_down() -> Scenario:
+    s = Scenario("all backends down: scraped, failing")
+    for b in ("a", "b"):
+        s.add(series("up", target_labels(b), "1x20 0x100"))
+    s.expect("8m", "LLMTooFewBackendsUp", {})
+    s.expect("8m", "LLMBackendDown", {"backend": "a"}, {"backend": "b"})
+    return s
+
+
+def capacity() -> Scenario:
+    s = Scenario("KV pressure (no double counting of the two KV names), preemptions, no metrics, unknown")
+    s.add(vllm_backend("kvboth", running=f"4x{N}", waiting=f"0x{N}", progress=f"0+100x{N}", up=f"1x{N}", kv=f"0.9x{N}"))
+    s.add(series("vllm:gpu_cache_usage_perc", vllm_labels("kvboth"), f"0.9x{N}"))
+    s.add(vllm_backend("kvv0", v1=False, running=f"4x{N}", waiting=f"0x{N}", progress=f"0+100x{N}", up=f"1x{N}", kv=f"0.5x{N}"))
+    s.add(vllm_backend("preempt", running=f"4x{N}", waiting=f"5x{N}", progress=f"0+100x{N}", up=f"1x{N}"))
+    s.add(series("vllm:num_preemptions_total", vllm_labels("preempt"), f"0+1x{N}"))
+    s.add(series("up", target_labels("nometrics"), f"1x{N}"))
+    s.add(series("up", EXPORTER, f"1x{N}"))
+    s.add(exporter_series("llm_health_verdict_code", {"backend": "unk"}, f"0x{N}"))
+    s.add(exporter_series("llm_health_proxy_up", {"proxy": "lb"}, f"1x8 0x{N}"))
+    s.value("1m", 'backend:vllm_kv_cache_usage:max{backend=~"kv.*"}', [
+        ('backend:vllm_kv_cache_usage:max{backend="kvboth"}', 0.9),
+        ('backend:vllm_kv_cache_usage:max{backend="kvv0"}', 0.5),
+    ])
+    s.silent("9m", "LLMKVCachePressure")
+    s.expect("11m", "LLMKVCachePressure", {"backend": "kvboth"})
+    s.silent("9m", "LLMPreemptions")
+    s.expect("12m", "LLMPreemptions", {"backend": "preempt"})
+    s.silent("4m", "LLMBackendNoMetrics")
+    s.expect("6m", "LLMBackendNoMetrics", {"backend": "nometrics"})
+    s.state("6m", "nometrics", 4)
+    s.silent("9m", "LLMBackendVerdictUnknown")
+    s.expect("11m", "LLMBackendVerdictUnknown", {"backend": "unk"})
+    s.silent("3m", "LLMProxyDown")
+    s.expect("5m", "LLMProxyDown", {"proxy": "lb"})
+    s.silent("11m", "LLMHealthExporterDown")
+    s.silent("11m", "LLMBackendStalled")
+    return s
+
+
+def exporter_down() -> Scenario:
+    s = Scenario("exporter scraped and failing; exporter restarted verdict")
+    s.add(series("up", EXPORTER, f"1x8 0x{N}"))
+    s.add(exporter_series("llm_health_verdict_code", {"backend": "x"}, f"1x8 3 1x{N}"))
+    s.silent("6m", "LLMHealthExporterDown")
+    s.expect("7m30s", "LLMHealthExporterDown", {})
+    s.silent("2m", "LLMBackendRestarted")
+    s.expect("2m15s", "LLMBackendRestarted", {"backend": "x"})
+    s.silent("2m30s", "LLMBackendRestarted")
+    return s
+
+
+SCENARIOS = [busy_and_probes, stalls, traps, restarts_and_proxies, down_and_gone, all_gone, all_down, capacity, exporter_down]
+
+
+def build_document(rule_files: list[Path] | None = None, written_as: list[str] | None = None) -> dict:
+    return promtool_document([make() for make in SCENARIOS], rule_files, written_as=written_as)
+
+
+def test_checked_in_promtool_file_is_current() -> None:
+    relative = [f"../{p.name}" for p in RULE_FILES]
+    text = yaml.safe_dump(build_document(written_as=relative), sort_keys=False, width=200)
+    header = "# Generated by tests/test_rules_promtool.py; run: promtool test rules rules/tests/llm_health_test.yml\n"
+    if os.environ.get("LLM_HEALTH_UPDATE_RULE_TESTS"):
+        CHECKED_IN.parent.mkdir(parents=True, exist_ok=True)
+        CHECKED_IN.write_text(header + text)
+    assert CHECKED_IN.exists() and CHECKED_IN.read_text() == header + text, (
+        "rules/tests/llm_health_test.yml is stale: LLM_HEALTH_UPDATE_RULE_TESTS=1 pytest tests/test_rules_promtool.py"
+    )
+
+
+def test_promtool_scenarios_pass(tmp_path: Path) -> None:
+    result = run_promtool_tests(build_document(), tmp_path / "llm_health_test.yml")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_alert_has_a_firing_case_and_a_trap() -> None:
+    fires: set[str] = set()
+    silent: set[str] = set()
+    for make in SCENARIOS:
+        for case in make().alerts:  # exp_alerts: the expected label sets
+            (fires if case["exp_alerts"] else silent).add(case["alertname"])
+    names = set(alert_rules())
+    assert names - fires == set(), f"alerts never shown firing: {sorted(names - fires)}"
+    assert names - silent == set(), f"alerts never shown silent: {sorted(names - silent)}"
+
+
+def test_promtool_reports_a_wrong_expectation(tmp_path: Path) -> None:
+    """The harness can fail: the busy hour must not be called stalled."""
+    s = Scenario("deliberately wrong")
+    s.add(vllm_backend("busy", running="12x40", waiting="0x40", progress="0+300x40", up="1x40"))
+    s.expect("8m", "LLMBackendStalled", {"backend": "busy"})
+    result = run_promtool_tests(promtool_document([s]), tmp_path / "wrong.yml")
+    assert result.returncode == 1
+    assert "LLMBackendStalled" in result.stderr + result.stdout
+
+
+def test_rules_only_render_keeps_the_vllm_verdicts(tmp_path: Path) -> None:
+    """`--without-exporter`: for operators who only scrape vLLM. Same verdicts from counters alone."""
+    from llm_health.rules import RuleSettings, write_rendered
+
+    files = write_rendered(tmp_path, RuleSettings(exporter=False))
+    assert not any("llm_health_" in e.replace("backend:llm_health_state", "") for e in
+                   [r["expr"] for r in alert_rules(files).values()])
+    assert {"LLMHealthExporterDown", "LLMProxyDown", "LLMHealthProbeSentToBusyBackend"}.isdisjoint(alert_rules(files))
+    scenarios = [traps(), restarts_and_proxies(), all_down()]
+    result = run_promtool_tests(promtool_document(scenarios, files), tmp_path / "rules_only_test.yml")
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -1,0 +1,184 @@
+"""Helpers shared by the rules tests: build promtool unit-test files from scenarios, run promtool.
+
+(No tests here; the name keeps the file in the rules tests' family.)
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+RULES_DIR = REPO / "rules"
+RULE_FILES = [RULES_DIR / "llm_health_records.yml", RULES_DIR / "llm_health_alerts.yml"]
+PROMTOOL = shutil.which("promtool")
+AMTOOL = shutil.which("amtool")
+
+VLLM_JOB = 'job="vllm"'
+EXPORTER = {"job": "llm-health-exporter", "instance": "127.0.0.1:9410"}
+
+
+def alert_rules(rule_files: list[Path] | None = None) -> dict[str, dict[str, Any]]:
+    rules: dict[str, dict[str, Any]] = {}
+    for path in rule_files or RULE_FILES:
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            for rule in group["rules"]:
+                if "alert" in rule:
+                    rules[rule["alert"]] = rule
+    return rules
+
+
+def all_exprs(rule_files: list[Path] | None = None) -> list[str]:
+    exprs = []
+    for path in rule_files or RULE_FILES:
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            exprs.extend(rule["expr"] for rule in group["rules"])
+    return exprs
+
+
+_LABEL_REF = re.compile(r"\{\{\s*\$labels\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+
+
+def expand_annotations(rule: dict[str, Any], labels: dict[str, str]) -> dict[str, str]:
+    """What Prometheus makes of the rule's annotations for an alert with these labels."""
+    out = {}
+    for key, text in (rule.get("annotations") or {}).items():
+        expanded = _LABEL_REF.sub(lambda m: labels.get(m.group(1), ""), text)
+        assert "{{" not in expanded, f"annotation {key} uses a template this helper cannot expand: {text}"
+        out[key] = expanded
+    return out
+
+
+def series(name: str, labels: dict[str, str], values: str) -> dict[str, str]:
+    inner = ", ".join(f'{k}="{v}"' for k, v in labels.items())
+    return {"series": f"{name}{{{inner}}}", "values": values}
+
+
+def vllm_labels(backend: str, *, v1: bool = True, instance: str | None = None, engine: str = "0") -> dict[str, str]:
+    labels = {"job": "vllm", "backend": backend, "instance": instance or f"{backend}.example:8000", "model_name": "m"}
+    if v1:
+        labels["engine"] = engine
+    return labels
+
+
+def target_labels(backend: str, instance: str | None = None) -> dict[str, str]:
+    return {"job": "vllm", "backend": backend, "instance": instance or f"{backend}.example:8000"}
+
+
+def vllm_backend(
+    backend: str,
+    *,
+    running: str,
+    waiting: str,
+    progress: str,
+    up: str,
+    kv: str = "0.3+0x400",
+    start_time: str | None = "1000+0x400",
+    v1: bool = True,
+    iteration_count: str | None = None,
+    instance: str | None = None,
+    engine: str = "0",
+    target: bool = True,
+) -> list[dict[str, str]]:
+    """The series of one vLLM target. `progress` drives every token counter; `iteration_count`
+    defaults to `progress` (V1 semantics). `target=False`: only the engine's series (a second DP engine)."""
+    vl = vllm_labels(backend, v1=v1, instance=instance, engine=engine)
+    tl = target_labels(backend, instance)
+    out = [series("up", tl, up)] if target else []
+    out += [
+        series("vllm:num_requests_running", vl, running),
+        series("vllm:num_requests_waiting", vl, waiting),
+        series("vllm:generation_tokens_total", vl, progress),
+        series("vllm:prompt_tokens_total", vl, progress),
+        series("vllm:iteration_tokens_total_sum", vl, progress),
+        series("vllm:iteration_tokens_total_count", vl, iteration_count or progress),
+        series("vllm:request_success_total", {**vl, "finished_reason": "stop"}, progress),
+        series("vllm:kv_cache_usage_perc" if v1 else "vllm:gpu_cache_usage_perc", vl, kv),
+    ]
+    if start_time is not None and target:
+        out.append(series("process_start_time_seconds", tl, start_time))
+    return out
+
+
+@dataclass
+class Scenario:
+    """One promtool `tests:` entry."""
+
+    name: str
+    interval: str = "15s"
+    input_series: list[dict[str, str]] = field(default_factory=list)
+    alerts: list[dict[str, Any]] = field(default_factory=list)
+    exprs: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, items: list[dict[str, str]] | dict[str, str]) -> Scenario:
+        self.input_series.extend(items if isinstance(items, list) else [items])
+        return self
+
+    def expect(self, at: str, alertname: str, *label_sets: dict[str, str]) -> Scenario:
+        """`alertname` fires at `at` exactly for these label sets (expr labels; the rule's own labels and
+        annotations are added when the document is built, from the rule files it runs against)."""
+        self.alerts.append({"eval_time": at, "alertname": alertname, "exp_alerts": [dict(ls) for ls in label_sets]})
+        return self
+
+    def silent(self, at: str, alertname: str) -> Scenario:
+        return self.expect(at, alertname)
+
+    def value(self, at: str, expr: str, samples: list[tuple[str, float]]) -> Scenario:
+        self.exprs.append(
+            {
+                "expr": expr,
+                "eval_time": at,
+                "exp_samples": [{"labels": labels, "value": value} for labels, value in samples],
+            }
+        )
+        return self
+
+    def state(self, at: str, backend: str, code: int) -> Scenario:
+        return self.value(
+            at,
+            f'backend:llm_health_state:code{{backend="{backend}"}}',
+            [(f'backend:llm_health_state:code{{backend="{backend}"}}', code)],
+        )
+
+    def as_dict(self, rules: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "interval": self.interval, "input_series": self.input_series}
+        if self.alerts:
+            out["alert_rule_test"] = [
+                {**case, "exp_alerts": [_expected(rules[case["alertname"]], labels) for labels in case["exp_alerts"]]}
+                for case in self.alerts
+            ]
+        if self.exprs:
+            out["promql_expr_test"] = self.exprs
+        return out
+
+
+def _expected(rule: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
+    full = {**labels, **(rule.get("labels") or {})}
+    return {"exp_labels": full, "exp_annotations": expand_annotations(rule, full)}
+
+
+def promtool_document(
+    scenarios: list[Scenario], rule_files: list[Path] | None = None, *, written_as: list[str] | None = None
+) -> dict[str, Any]:
+    """The promtool test file for `rule_files` (default: the checked-in rules); `written_as` replaces
+    the paths written into the file (e.g. relative ones for the checked-in test file)."""
+    files = rule_files or RULE_FILES
+    rules = alert_rules(files)
+    return {
+        "rule_files": written_as or [str(p) for p in files],
+        "evaluation_interval": "15s",
+        "group_eval_order": ["llm-health.records", "llm-health.alerts"],
+        "tests": [s.as_dict(rules) for s in scenarios],
+    }
+
+
+def run_promtool_tests(document: dict[str, Any], path: Path) -> subprocess.CompletedProcess[str]:
+    assert PROMTOOL, "promtool not installed (make debs)"
+    path.write_text(yaml.safe_dump(document, sort_keys=False, width=200))
+    return subprocess.run([PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True, check=False, timeout=120)
