@@ -1,15 +1,194 @@
-"""Placeholder: replaced by the issue that builds this subcommand."""
+"""`llm-health check URL` (one-shot verdict, Nagios exit codes) and `verify(...)` for the remediator.
+
+Both take a few fresh, direct readings of the server's /metrics a little apart and compare them
+with the same rules as the exporter (exporter.verdict): engine progress is judged from counters,
+a probe goes out only when the last reading shows no work, counters of two processes are never
+compared.
+
+`verify()` outcomes (docs/design.md §3): progress | idle_ok | no_progress | down | restarted | unknown.
+`check` exit codes: 0 idle/busy/restarted, 1 no_metrics/unknown, 2 stalled/down.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from exporter.backend import Target, observe
+from exporter.probe import Prober
+from exporter.reading import Reading
+from exporter.verdict import (
+    PROBE_OK,
+    READ_ERROR,
+    READ_NOT_FOUND,
+    READ_OK,
+    READ_REFUSED,
+    READ_TIMEOUT,
+    Observation,
+    Verdict,
+    other_process,
+    progressed,
+)
+from llm_health.config import ConfigError, _check_url
+
+PROGRESS = "progress"
+IDLE_OK = "idle_ok"
+NO_PROGRESS = "no_progress"
+DOWN = "down"
+RESTARTED = "restarted"
+UNKNOWN = "unknown"
+OUTCOMES = (PROGRESS, IDLE_OK, NO_PROGRESS, DOWN, RESTARTED, UNKNOWN)
+
+
+@dataclass(frozen=True)
+class Verification:
+    outcome: str          # one of OUTCOMES
+    reason: str
+    in_flight: float      # running + waiting at the last good reading (0 when unknown)
+
+
+def _work(r: Reading) -> str:
+    return f"{r.running:g} running, {r.waiting:g} waiting"
+
+
+def _examine(
+    url: str,
+    readings: int,
+    interval: float,
+    read_timeout: float,
+    probe_timeout: float,
+    sleep: Callable[[float], None],
+    clock: Callable[[], float],
+    probe: bool,
+    model: str = "",
+) -> tuple[Verification, Verdict]:
+    target = Target(url, read_timeout)
+    seen: list[tuple[Observation, float]] = []
+    try:
+        for i in range(max(1, readings)):
+            if i:
+                sleep(interval)
+            seen.append((observe(target), clock()))
+    finally:
+        target.close()
+    good = [(o.reading, t) for o, t in seen if o.outcome == READ_OK and o.reading and o.reading.has_engine_metrics]
+    outcomes = [o.outcome for o, _ in seen]
+
+    # another process answered between two readings: someone restarted it
+    for (a, _), (b, _) in zip(good, good[1:], strict=False):
+        why = other_process(a, b)
+        if why:
+            return Verification(RESTARTED, f"another process answered: {why}", b.work), Verdict.RESTARTED
+
+    if not good:
+        if all(o in (READ_REFUSED, READ_ERROR) for o in outcomes):
+            detail = seen[-1][0].detail or seen[-1][0].outcome
+            return Verification(DOWN, f"every reading failed ({len(seen)}): {detail}", 0.0), Verdict.DOWN
+        no_metrics = [o for o, _ in seen if o.outcome in (READ_OK, READ_NOT_FOUND)]
+        if no_metrics and len(no_metrics) == len(seen):
+            if all(o.cheap_ok is False for o in no_metrics):
+                return (Verification(DOWN, "no engine metrics and /health, /v1/models fail on every reading", 0.0),
+                        Verdict.DOWN)
+            return (Verification(UNKNOWN, "no engine metrics on /metrics; /health or /v1/models answer", 0.0),
+                    Verdict.NO_METRICS)
+        if READ_TIMEOUT in outcomes:
+            return (Verification(UNKNOWN, f"/metrics timed out ({outcomes.count(READ_TIMEOUT)} of {len(seen)})", 0.0),
+                    Verdict.UNKNOWN)
+        return Verification(UNKNOWN, f"no usable reading ({', '.join(outcomes)})", 0.0), Verdict.UNKNOWN
+
+    # the engine moved between two readings
+    for (a, ta), (b, tb) in zip(good, good[1:], strict=False):
+        for key, eng in b.engines.items():
+            old = a.engines.get(key)
+            if old is not None and progressed(old, eng):
+                dt = max(tb - ta, 1e-9)
+                tps = max(b.generation_tokens() - a.generation_tokens(), 0.0) / dt
+                return (Verification(PROGRESS, f"{_work(b)}, engine progressing ({tps:.0f} tokens/s)", b.work),
+                        Verdict.BUSY if b.work > 0 else Verdict.IDLE)
+
+    last = good[-1][0]
+    if last.work <= 0:
+        if not probe:
+            return Verification(UNKNOWN, f"{_work(last)}; not probed", 0.0), Verdict.IDLE
+        return _probe_idle(url, target, probe_timeout, read_timeout, last, model)
+
+    if len(good) >= 2 and len(good) == len(seen) and all(r.work > 0 for r, _ in good):
+        quiet = good[-1][1] - good[0][1]
+        return (Verification(NO_PROGRESS, f"{_work(last)}, no engine progress for {quiet:.0f} s "
+                             f"across {len(good)} readings", last.work), Verdict.STALLED)
+    return (Verification(UNKNOWN, f"{_work(last)}; not enough readings to judge progress "
+                         f"({', '.join(outcomes)})", last.work), Verdict.UNKNOWN)
+
+
+def _probe_idle(
+    url: str, target: Target, probe_timeout: float, read_timeout: float, last: Reading, model: str
+) -> tuple[Verification, Verdict]:
+    """Idle: ask for an answer. A failure is retried once after a fresh reading that is still idle."""
+    prober = Prober(url, probe_timeout, model)
+    try:
+        failures: list[str] = []
+        for _attempt in range(2):
+            result = prober.probe()
+            if result.result == PROBE_OK:
+                return (Verification(IDLE_OK, f"{_work(last)}; probe answered in {result.seconds:.2f} s", 0.0),
+                        Verdict.IDLE)
+            failures.append(f"{result.result}" + (f": {result.detail}" if result.detail else ""))
+            again = observe(Target(url, read_timeout))
+            if again.outcome != READ_OK or again.reading is None or not again.reading.has_engine_metrics:
+                break
+            if again.reading.work > 0 or other_process(last, again.reading):
+                return (Verification(UNKNOWN, f"probe {failures[-1]}; then the server changed "
+                                     f"({_work(again.reading)})", again.reading.work), Verdict.UNKNOWN)
+        if len(failures) >= 2:
+            return Verification(DOWN, f"idle and the probe failed twice ({'; '.join(failures)})", 0.0), Verdict.DOWN
+        return Verification(UNKNOWN, f"idle, probe {failures[-1]}, then /metrics failed", 0.0), Verdict.UNKNOWN
+    finally:
+        prober.close()
+
+
+def verify(
+    url: str,
+    *,
+    readings: int = 2,
+    interval: float = 5.0,
+    read_timeout: float = 5.0,
+    probe_timeout: float = 10.0,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.time,
+    model: str = "",
+) -> Verification:
+    """Fresh direct readings of one server, `interval` apart: may it be restarted? (see module doc)"""
+    return _examine(url, readings, interval, read_timeout, probe_timeout, sleep, clock, True, model)[0]
+
+
+EXIT_CODES = {
+    Verdict.IDLE: 0, Verdict.BUSY: 0, Verdict.RESTARTED: 0,
+    Verdict.NO_METRICS: 1, Verdict.UNKNOWN: 1,
+    Verdict.STALLED: 2, Verdict.DOWN: 2,
+}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("rest", nargs=argparse.REMAINDER)
+    parser.add_argument("url", help="the server itself, e.g. http://10.0.0.5:8000 (never a proxy)")
+    parser.add_argument("--interval", type=float, default=5.0, help="seconds between readings (default 5)")
+    parser.add_argument("--readings", type=int, default=2, help="number of readings (default 2)")
+    parser.add_argument("--timeout", type=float, default=5.0, help="/metrics timeout (default 5)")
+    parser.add_argument("--probe-timeout", type=float, default=10.0, help="idle probe timeout (default 10)")
+    parser.add_argument("--model", default="", help="model for the probe (default: first of /v1/models)")
+    parser.add_argument("--no-probe", action="store_true", help="never send a generation request")
 
 
 def run(args: argparse.Namespace) -> int:
-    print("not built yet", file=sys.stderr)
-    return 2
+    if args.readings < 1 or args.interval < 0 or args.timeout <= 0 or args.probe_timeout <= 0:
+        raise ConfigError("--readings must be >= 1, --interval >= 0, timeouts > 0")
+    url = _check_url(args.url, "url")
+    result, verdict = _examine(url, args.readings, args.interval, args.timeout, args.probe_timeout,
+                               time.sleep, time.time, not args.no_probe, args.model)
+    code = EXIT_CODES[verdict]
+    label = {0: "OK", 1: "UNKNOWN", 2: "CRITICAL"}[code]
+    print(f"{label}: {verdict.value} - {result.reason}")
+    sys.stdout.flush()
+    return code

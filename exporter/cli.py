@@ -1,15 +1,105 @@
-"""Placeholder: replaced by the issue that builds this subcommand."""
+"""`llm-health exporter`: read every backend's /metrics directly, judge it, probe only idle ones.
+
+    llm-health exporter --config llm-health.yml
+    llm-health exporter --backend gpu-a=http://10.0.0.5:8000 --proxy lb=http://10.0.0.9:8080 \\
+        --interval 15 --stall-after 120 --listen 127.0.0.1:9410
+
+Flags override the file's `exporter:` settings; --backend/--proxy add to its lists.
+"""
 
 from __future__ import annotations
 
 import argparse
+import resource
+import signal
 import sys
+import threading
+from dataclasses import replace
+from types import FrameType
+
+from exporter.app import ExporterServer
+from exporter.cycle import Fleet
+from llm_health.config import Backend, Config, ConfigError, Proxy, load_config, parse_named_url
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("rest", nargs=argparse.REMAINDER)
+    parser.add_argument("--config", help="shared llm-health YAML file")
+    parser.add_argument("--backend", action="append", default=[], metavar="NAME=URL",
+                        help="a vLLM server, read directly (repeatable)")
+    parser.add_argument("--proxy", action="append", default=[], metavar="NAME=URL",
+                        help="a proxy, checked through GET /v1/models only (repeatable)")
+    parser.add_argument("--interval", type=float, help="seconds between cycles (default 15)")
+    parser.add_argument("--stall-after", type=float, help="seconds without progress before stalled (default 120)")
+    parser.add_argument("--down-after", type=int, help="consecutive failures before down (default 2)")
+    parser.add_argument("--read-timeout", type=float, help="per-backend /metrics timeout (default 5)")
+    parser.add_argument("--probe-timeout", type=float, help="idle probe timeout (default 10)")
+    parser.add_argument("--probe-every", type=float, help="min seconds between probes of one backend")
+    parser.add_argument("--listen", metavar="HOST:PORT", help="where to serve /metrics and /verdicts")
+
+
+def build_config(args: argparse.Namespace) -> Config:
+    config = load_config(args.config) if args.config else Config()
+    backends = list(config.backends)
+    proxies = list(config.proxies)
+    for spec in args.backend:
+        name, url = parse_named_url(spec, "--backend")
+        backends.append(Backend(name=name, url=url))
+    for spec in args.proxy:
+        name, url = parse_named_url(spec, "--proxy")
+        proxies.append(Proxy(name=name, url=url))
+    names = [b.name for b in backends] + [p.name for p in proxies]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"duplicate name(s) {', '.join(dupes)}")
+    if not backends and not proxies:
+        raise ConfigError("nothing to watch: give --config or at least one --backend/--proxy")
+    overrides = {
+        "interval": args.interval, "stall_after": args.stall_after, "down_after": args.down_after,
+        "read_timeout": args.read_timeout, "probe_timeout": args.probe_timeout,
+        "probe_every": args.probe_every, "listen": args.listen,
+    }
+    for key, value in overrides.items():
+        if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
+            raise ConfigError(f"--{key.replace('_', '-')}: must be >= 0")
+    settings = replace(config.exporter, **{k: v for k, v in overrides.items() if v is not None})
+    if settings.interval <= 0:
+        raise ConfigError("--interval: must be > 0")
+    parse_listen(settings.listen)
+    return replace(config, backends=tuple(backends), proxies=tuple(proxies), exporter=settings)
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"listen: expected HOST:PORT, got {listen!r}")
+    return host or "127.0.0.1", int(port)
+
+
+def raise_fd_limit(wanted: int) -> None:
+    """One kept-alive connection per backend: make sure a big fleet fits in the open-file limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            pass
 
 
 def run(args: argparse.Namespace) -> int:
-    print("not built yet", file=sys.stderr)
-    return 2
+    config = build_config(args)
+    raise_fd_limit(2 * (len(config.backends) + len(config.proxies)) + 256)
+    host, port = parse_listen(config.exporter.listen)
+    fleet = Fleet(config.backends, config.proxies, config.exporter)
+    server = ExporterServer(fleet, host, port)
+
+    def stop(_signum: int, _frame: FrameType | None) -> None:
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    print(f"llm-health exporter: {len(config.backends)} backend(s), {len(config.proxies)} proxy(ies), "
+          f"interval {config.exporter.interval:g} s, stall after {config.exporter.stall_after:g} s, "
+          f"listening on http://{host}:{port}", file=sys.stderr, flush=True)
+    server.serve_forever()
+    return 0

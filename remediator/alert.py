@@ -43,6 +43,7 @@ class Notification:
     status: str
     group_key: str
     alerts: tuple[Alert, ...]
+    sender: str = ""          # externalURL of the Alertmanager that sent it: audit only, never a key
 
     def dedup_key(self) -> str:
         """Identical for HA copies and resends of one notification; never uses externalURL."""
@@ -115,4 +116,5 @@ def parse_notification(data: Any) -> Notification:
         status=status,
         group_key=_str(data.get("groupKey"), "groupKey", default="")[:2000],
         alerts=alerts,
+        sender=_str(data.get("externalURL"), "externalURL", default="")[:200],
     )

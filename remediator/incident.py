@@ -40,13 +40,14 @@ def ingest(store: Store, config: Config, n: Notification, now: float, dedup_wind
         seen = c.execute("SELECT first_seen FROM deliveries WHERE key = ?", (key,)).fetchone()
         if seen is not None and now - float(seen[0]) < dedup_window:
             Store.event(c, now, "deduplicated", reason="same notification seen "
-                        f"{now - float(seen[0]):.1f}s ago (HA copy or resend)", group_key=n.group_key[:200])
+                        f"{now - float(seen[0]):.1f}s ago (HA copy or resend)", group_key=n.group_key[:200],
+                        sender=n.sender)
             return {"deduplicated": True, "alerts": len(n.alerts)}
         c.execute("INSERT INTO deliveries (key, first_seen) VALUES (?, ?) "
                   "ON CONFLICT(key) DO UPDATE SET first_seen = excluded.first_seen", (key, now))
         c.execute("DELETE FROM deliveries WHERE first_seen < ?", (now - max(dedup_window, 3600.0) * 2,))
         Store.event(c, now, "received", reason=f"{n.status} notification with {len(n.alerts)} alert(s)",
-                    group_key=n.group_key[:200], receiver=n.receiver)
+                    group_key=n.group_key[:200], receiver=n.receiver, sender=n.sender)
         outcomes = [_apply(c, config, a, now) for a in n.alerts]
     return {"deduplicated": False, "alerts": len(n.alerts), "outcomes": outcomes}
 

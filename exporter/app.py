@@ -1,0 +1,106 @@
+"""The exporter's HTTP service: GET /metrics (Prometheus), GET /verdicts (JSON), GET /health.
+
+`/verdicts` answers one JSON object:
+
+```json
+{"backends": [{"backend": "gpu-a", "url": "...", "verdict": "busy", "code": 2,
+               "reason": "12 running, 3 waiting, engine progressing (840 tokens/s)",
+               "since": 1764470000.0, "in_flight": 15, "tokens_per_second": 840.0,
+               "last_progress": 1764470042.1, "probes": {"ok": 3, "error": 0, "timeout": 0}}],
+ "proxies": [{"proxy": "lb", "url": "...", "up": true}],
+ "cycles": 42, "cycle_seconds": 0.012, "at": 1764470042.5}
+```
+(`up` is null before the first check.)
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.exposition import generate_latest
+
+from exporter.collector import FleetCollector
+from exporter.cycle import Fleet, Snapshot
+from exporter.verdict import CODES
+
+
+def verdicts_document(snap: Snapshot) -> dict[str, Any]:
+    return {
+        "backends": [
+            {
+                "backend": b.name,
+                "url": b.url,
+                "verdict": b.verdict.value,
+                "code": CODES[b.verdict],
+                "reason": b.reason,
+                "since": b.since,
+                "in_flight": b.in_flight,
+                "tokens_per_second": round(b.tokens_per_second, 3),
+                "last_progress": b.last_progress,
+                "probes": b.probes,
+            }
+            for b in snap.backends
+        ],
+        "proxies": [{"proxy": p.name, "url": p.url, "up": p.up} for p in snap.proxies],
+        "cycles": snap.cycles,
+        "cycle_seconds": snap.cycle_seconds,
+        "at": snap.at,
+    }
+
+
+class ExporterServer:
+    """The fleet loop in a thread plus the HTTP listener."""
+
+    def __init__(self, fleet: Fleet, host: str, port: int) -> None:
+        self.fleet = fleet
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(FleetCollector(fleet.snapshot))
+        ProcessCollector(registry=self.registry)  # the exporter's own process_* series
+        registry = self.registry
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet access log
+                return
+
+            def _send(self, status: int, body: bytes, ctype: str) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server API
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    self._send(200, generate_latest(registry), "text/plain; version=0.0.4; charset=utf-8")
+                elif path == "/verdicts":
+                    body = json.dumps(verdicts_document(fleet.snapshot()), indent=1).encode()
+                    self._send(200, body, "application/json")
+                elif path in ("/health", "/"):
+                    self._send(200, b"ok\n", "text/plain")
+                else:
+                    self._send(404, b"not found\n", "text/plain")
+
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.httpd.daemon_threads = True
+        self.stop = threading.Event()
+        self._loop = threading.Thread(target=fleet.run_forever, args=(self.stop,), name="fleet", daemon=True)
+
+    def serve_forever(self) -> None:
+        self._loop.start()
+        try:
+            self.httpd.serve_forever(poll_interval=0.2)
+        finally:
+            self.stop.set()
+            self.httpd.server_close()
+            self.fleet.close()
+
+    def shutdown(self) -> None:
+        self.stop.set()
+        self.httpd.shutdown()

@@ -1,0 +1,59 @@
+"""prometheus_client custom collector: the exporter's series, built from the latest fleet snapshot.
+
+Series and labels are the contract of docs/design.md §3 (rules and dashboards read them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from exporter.cycle import Snapshot
+from exporter.verdict import CODES, PROBE_RESULTS, READ_RESULTS, Verdict
+
+
+class FleetCollector(Collector):
+    def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._snapshot()
+        verdict = GaugeMetricFamily(
+            "llm_health_verdict", "1 for the backend's current verdict, 0 for the others",
+            labels=["backend", "verdict"])
+        code = GaugeMetricFamily(
+            "llm_health_verdict_code",
+            "Current verdict as a number: " + ", ".join(f"{v.value}={c}" for v, c in CODES.items()),
+            labels=["backend"])
+        in_flight = GaugeMetricFamily(
+            "llm_health_in_flight_requests", "Running + waiting requests at the last reading", labels=["backend"])
+        tps = GaugeMetricFamily(
+            "llm_health_generation_tokens_per_second",
+            "Generation tokens per second between the last two readings", labels=["backend"])
+        progress = GaugeMetricFamily(
+            "llm_health_last_progress_timestamp_seconds",
+            "Unix time when engine progress was last observed (0 = never)", labels=["backend"])
+        probes = CounterMetricFamily(
+            "llm_health_probes", "Idle probes sent, by result", labels=["backend", "result"])
+        readings = CounterMetricFamily(
+            "llm_health_readings", "Readings of /metrics, by result", labels=["backend", "result"])
+        for b in snap.backends:
+            for v in Verdict:
+                verdict.add_metric([b.name, v.value], 1.0 if b.verdict == v else 0.0)
+            code.add_metric([b.name], float(CODES[b.verdict]))
+            in_flight.add_metric([b.name], b.in_flight)
+            tps.add_metric([b.name], b.tokens_per_second)
+            progress.add_metric([b.name], b.last_progress or 0.0)
+            for r in PROBE_RESULTS:
+                probes.add_metric([b.name, r], float(b.probes.get(r, 0)))
+            for r in READ_RESULTS:
+                readings.add_metric([b.name, r], float(b.readings.get(r, 0)))
+        proxy = GaugeMetricFamily("llm_health_proxy_up", "1 when GET /v1/models through the proxy answers 200",
+                                  labels=["proxy"])
+        for p in snap.proxies:
+            proxy.add_metric([p.name], 1.0 if p.up else 0.0)
+        cycle = GaugeMetricFamily("llm_health_cycle_duration_seconds", "Duration of the last fleet cycle")
+        cycle.add_metric([], snap.cycle_seconds)
+        yield from (verdict, code, in_flight, tps, progress, probes, readings, proxy, cycle)

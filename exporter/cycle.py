@@ -1,0 +1,235 @@
+"""One cycle over the fleet: concurrent readings, verdicts, probes for idle backends.
+
+* Every backend is read in a thread pool with its own timeout; the cycle waits at most
+  `read_timeout` for the answers, so a hung backend delays nobody: it is judged "timeout" this
+  cycle and its read stays in flight (never two reads of one backend at once).
+* Probes run in their own pool and never block a cycle; a finished probe's result is judged in the
+  next cycle. At most one probe in flight per backend, at most one per `max(interval, probe_every)`,
+  and only after a fresh reading that shows no work.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+
+from exporter.backend import Target, observe, proxy_up
+from exporter.probe import Prober
+from exporter.verdict import (
+    PROBE_RESULTS,
+    READ_OK,
+    READ_RESULTS,
+    READ_TIMEOUT,
+    BackendState,
+    Observation,
+    ProbeResult,
+    Thresholds,
+    Verdict,
+    judge,
+)
+from llm_health.config import Backend, ExporterSettings, Proxy
+
+
+@dataclass
+class BackendSlot:
+    backend: Backend
+    target: Target
+    prober: Prober
+    state: BackendState
+    read: Future[Observation] | None = None
+    probe: Future[ProbeResult] | None = None
+    last_probe_cycle: float | None = None      # scheduled start of the cycle that sent the last probe
+    readings: dict[str, int] = field(default_factory=lambda: dict.fromkeys(READ_RESULTS, 0))
+    probes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PROBE_RESULTS, 0))
+    probes_sent: int = 0
+
+
+@dataclass
+class ProxySlot:
+    proxy: Proxy
+    target: Target
+    check: Future[bool] | None = None
+    up: bool | None = None
+
+
+@dataclass(frozen=True)
+class BackendView:
+    """What the service shows of one backend (a snapshot, safe to read from any thread)."""
+
+    name: str
+    url: str
+    verdict: Verdict
+    reason: str
+    since: float
+    in_flight: float
+    tokens_per_second: float
+    last_progress: float | None
+    readings: dict[str, int]
+    probes: dict[str, int]
+    probes_sent: int
+
+
+@dataclass(frozen=True)
+class ProxyView:
+    name: str
+    url: str
+    up: bool | None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    backends: tuple[BackendView, ...] = ()
+    proxies: tuple[ProxyView, ...] = ()
+    cycle_seconds: float = 0.0
+    cycles: int = 0
+    at: float = 0.0
+
+
+class Fleet:
+    """All configured backends and proxies, and the loop that judges them."""
+
+    def __init__(
+        self,
+        backends: Sequence[Backend],
+        proxies: Sequence[Proxy],
+        settings: ExporterSettings,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.thresholds = Thresholds.from_settings(settings)
+        self.clock = clock
+        now = clock()
+        self.backends = [
+            BackendSlot(
+                backend=b,
+                target=Target(b.url, settings.read_timeout),
+                prober=Prober(b.url, settings.probe_timeout, settings.probe_model or b.model),
+                state=BackendState(since=now),
+            )
+            for b in backends
+        ]
+        self.proxies = [ProxySlot(p, Target(p.url, settings.read_timeout)) for p in proxies]
+        n = len(self.backends) + len(self.proxies)
+        self._reads = ThreadPoolExecutor(max_workers=max(2, min(256, n)), thread_name_prefix="read")
+        self._probes = ThreadPoolExecutor(max_workers=max(2, min(64, len(self.backends))),
+                                          thread_name_prefix="probe")
+        self._lock = threading.Lock()
+        self._snapshot = Snapshot(at=now)
+        self._publish(0.0, 0)
+
+    # ---- one cycle -------------------------------------------------------------------------
+    def run_cycle(self, scheduled: float | None = None) -> float:
+        """Read, judge, maybe probe; returns the cycle's duration in seconds."""
+        started = time.monotonic()
+        scheduled = started if scheduled is None else scheduled
+        pending: list[Future] = []
+        for slot in self.backends:
+            if slot.read is None:
+                slot.read = self._reads.submit(observe, slot.target)
+            pending.append(slot.read)
+        for pslot in self.proxies:
+            if pslot.check is None:
+                pslot.check = self._reads.submit(proxy_up, pslot.target)
+            pending.append(pslot.check)
+        wait(pending, timeout=self.settings.read_timeout + 0.05)
+        now = self.clock()
+        for slot in self.backends:
+            self._judge(slot, now, scheduled)
+        for pslot in self.proxies:
+            if pslot.check is not None and pslot.check.done():
+                pslot.up = bool(pslot.check.result())
+                pslot.check = None
+            elif pslot.check is not None:
+                pslot.up = False  # no answer within the read timeout
+        duration = time.monotonic() - started
+        self._publish(duration, self._snapshot.cycles + 1)
+        return duration
+
+    def _judge(self, slot: BackendSlot, now: float, scheduled: float) -> None:
+        read = slot.read
+        if read is not None and read.done():
+            slot.read = None
+            try:
+                obs = read.result()
+            except Exception as exc:  # noqa: BLE001 - never let one backend break the cycle
+                obs = Observation(outcome="error", detail=f"{type(exc).__name__}: {exc}")
+        else:
+            obs = Observation(outcome=READ_TIMEOUT,
+                              detail=f"no answer within {self.settings.read_timeout:g} s")
+        probe = slot.probe
+        if probe is not None and probe.done():
+            slot.probe = None
+            try:
+                result = probe.result()
+            except Exception as exc:  # noqa: BLE001
+                result = ProbeResult("error", f"{type(exc).__name__}: {exc}")
+            slot.probes[result.result] = slot.probes.get(result.result, 0) + 1
+            obs = Observation(outcome=obs.outcome, reading=obs.reading, detail=obs.detail,
+                              cheap_ok=obs.cheap_ok, probe=result)
+        slot.readings[obs.outcome] = slot.readings.get(obs.outcome, 0) + 1
+        slot.state = judge(slot.state, obs, now, self.thresholds)
+        if self._may_probe(slot, obs, scheduled):
+            slot.last_probe_cycle = scheduled
+            slot.probes_sent += 1
+            slot.probe = self._probes.submit(slot.prober.probe)
+
+    def _may_probe(self, slot: BackendSlot, obs: Observation, scheduled: float) -> bool:
+        """Only after a fresh reading with no work, one at a time, at most once per probe gap."""
+        reading = obs.reading
+        if obs.outcome != READ_OK or reading is None or not reading.has_engine_metrics or reading.work > 0:
+            return False
+        if slot.probe is not None:
+            return False
+        gap = max(self.settings.interval, self.settings.probe_every)
+        return slot.last_probe_cycle is None or scheduled - slot.last_probe_cycle >= gap - 1e-6
+
+    # ---- the loop --------------------------------------------------------------------------
+    def run_forever(self, stop: threading.Event) -> None:
+        """Fixed-rate cycles every `interval` seconds until `stop` is set (an overrun skips ahead)."""
+        interval = max(self.settings.interval, 0.01)
+        next_at = time.monotonic()
+        while not stop.is_set():
+            try:
+                self.run_cycle(scheduled=next_at)
+            except Exception:  # noqa: BLE001 - a bug in one cycle must not end the loop
+                traceback.print_exc(file=sys.stderr)
+            next_at += interval
+            now = time.monotonic()
+            if next_at < now:
+                next_at = now  # overran: start the next cycle at once, probes still spaced by `gap`
+            stop.wait(next_at - now)
+
+    def close(self) -> None:
+        self._reads.shutdown(wait=False, cancel_futures=True)
+        self._probes.shutdown(wait=False, cancel_futures=True)
+
+    # ---- what the service shows ------------------------------------------------------------
+    def _publish(self, duration: float, cycles: int) -> None:
+        backends = tuple(
+            BackendView(
+                name=s.backend.name,
+                url=s.backend.url,
+                verdict=s.state.verdict,
+                reason=s.state.reason,
+                since=s.state.since,
+                in_flight=s.state.in_flight,
+                tokens_per_second=s.state.tokens_per_second,
+                last_progress=s.state.last_progress,
+                readings=dict(s.readings),
+                probes=dict(s.probes),
+                probes_sent=s.probes_sent,
+            )
+            for s in self.backends
+        )
+        proxies = tuple(ProxyView(p.proxy.name, p.proxy.url, p.up) for p in self.proxies)
+        with self._lock:
+            self._snapshot = Snapshot(backends, proxies, duration, cycles, self.clock())
+
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            return self._snapshot

@@ -1,0 +1,196 @@
+"""Samples -> `Reading`: what one /metrics page says about a server's engines and its process.
+
+Per engine (vLLM's `engine` label, SGLang's `dp_rank`, else "0"): running, waiting, KV usage and
+the progress counters, i.e. the series that move only when the engine steps. Counters with extra
+labels (`finished_reason`, `model_name`, `mode`) are summed per engine.
+
+Process identity: `process_start_time_seconds` and the `*_created` series (V1 single process).
+Multiprocess pages have neither; there a counter going backwards is the restart signal
+(checked in `verdict.py`, which owns the comparison of two readings).
+
+Flavours: `v0`, `v1` (vLLM), `sglang`, `llamacpp`. vLLM V0 observes `iteration_tokens_total`
+with a 0 every 10 s while idle, so its `_count` is a progress signal on V1 only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from exporter.parser import Page, Sample, parse
+
+V0_HELP = "currently running on GPU"
+V1_HELP = "in model execution batches"
+
+# progress counters: wire name -> short name (shared across flavours where the meaning matches)
+VLLM_COUNTERS = {
+    "vllm:iteration_tokens_total_sum": "iteration_tokens_sum",
+    "vllm:iteration_tokens_total_count": "iteration_count",
+    "vllm:generation_tokens_total": "generation_tokens",
+    "vllm:prompt_tokens_total": "prompt_tokens",
+    "vllm:request_success_total": "finished_requests",
+    "vllm:num_preemptions_total": "preemptions",
+    "vllm:prefix_cache_queries_total": "prefix_cache_queries",
+    "vllm:gpu_prefix_cache_queries_total": "gpu_prefix_cache_queries",
+}
+VLLM_RUNNING = "vllm:num_requests_running"
+VLLM_WAITING = "vllm:num_requests_waiting"
+VLLM_KV = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+
+SGLANG_COUNTERS = {
+    "sglang:generation_tokens_total": "generation_tokens",
+    "sglang:prompt_tokens_total": "prompt_tokens",
+    "sglang:cuda_graph_passes_total": "forward_passes",
+    "sglang:cached_tokens_total": "cached_tokens",
+}
+SGLANG_RUNNING = "sglang:num_running_reqs"
+SGLANG_WAITING = ("sglang:num_queue_reqs", "sglang:num_grammar_queue_reqs")
+SGLANG_KV = ("sglang:token_usage",)
+
+LLAMACPP_COUNTERS = {
+    "llamacpp:n_decode_total": "decode_calls",
+    "llamacpp:tokens_predicted_total": "generation_tokens",
+    "llamacpp:prompt_tokens_total": "prompt_tokens",
+}
+LLAMACPP_RUNNING = "llamacpp:requests_processing"
+LLAMACPP_WAITING = ("llamacpp:requests_deferred",)
+LLAMACPP_KV = ("llamacpp:kv_cache_usage_ratio",)
+
+PROCESS_START = "process_start_time_seconds"
+
+WANTED: frozenset[str] = frozenset(
+    {*VLLM_COUNTERS, VLLM_RUNNING, VLLM_WAITING, *VLLM_KV,
+     *SGLANG_COUNTERS, SGLANG_RUNNING, *SGLANG_WAITING, *SGLANG_KV,
+     *LLAMACPP_COUNTERS, LLAMACPP_RUNNING, *LLAMACPP_WAITING, *LLAMACPP_KV,
+     PROCESS_START}
+)
+ENGINE_PREFIXES = ("vllm", "sglang", "llamacpp")
+
+
+def wanted(name: str) -> bool:
+    return name in WANTED or (name.endswith("_created") and name.startswith("vllm:"))
+
+
+@dataclass
+class EngineReading:
+    running: float = 0.0
+    waiting: float = 0.0
+    kv_usage: float | None = None
+    counters: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def work(self) -> float:
+        return self.running + self.waiting
+
+
+@dataclass
+class Reading:
+    flavour: str                                  # v0 | v1 | sglang | llamacpp | none
+    engines: dict[str, EngineReading]
+    process_start: float | None = None
+    created: dict[str, float] = field(default_factory=dict)  # series key -> creation time
+
+    @property
+    def has_engine_metrics(self) -> bool:
+        return bool(self.engines)
+
+    @property
+    def running(self) -> float:
+        return sum(e.running for e in self.engines.values())
+
+    @property
+    def waiting(self) -> float:
+        return sum(e.waiting for e in self.engines.values())
+
+    @property
+    def work(self) -> float:
+        return self.running + self.waiting
+
+    def generation_tokens(self) -> float:
+        return sum(e.counters.get("generation_tokens", 0.0) for e in self.engines.values())
+
+
+def _series_key(s: Sample) -> str:
+    return s.name + "{" + ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) + "}"
+
+
+def _flavour(page: Page, samples: list[Sample]) -> str:
+    prefixes = page.prefixes
+    if "vllm" in prefixes:
+        help_text = page.helps.get(VLLM_RUNNING, "")
+        if V0_HELP in help_text:
+            return "v0"
+        if V1_HELP in help_text:
+            return "v1"
+        for s in samples:
+            if "engine" in s.labels or s.name == "vllm:kv_cache_usage_perc" or s.name.endswith("_created"):
+                return "v1"
+        return "v0"  # unknown vLLM version: the conservative choice (iteration _count not trusted)
+    if "sglang" in prefixes:
+        return "sglang"
+    if "llamacpp" in prefixes:
+        return "llamacpp"
+    return "none"
+
+
+def _engine_of(flavour: str, labels: dict[str, str]) -> str | None:
+    """Engine key of a sample, or None when the sample belongs to a replica we do not read."""
+    if flavour == "sglang":
+        if labels.get("tp_rank", "0") != "0" or labels.get("pp_rank", "0") != "0":
+            return None
+        return labels.get("dp_rank", "0")
+    return labels.get("engine", "0")
+
+
+def from_page(page: Page) -> Reading:
+    samples = page.samples
+    flavour = _flavour(page, samples)
+    if flavour == "v0" or flavour == "v1":
+        counters, running, waiting, kvs = VLLM_COUNTERS, VLLM_RUNNING, (VLLM_WAITING,), VLLM_KV
+    elif flavour == "sglang":
+        counters, running, waiting, kvs = SGLANG_COUNTERS, SGLANG_RUNNING, SGLANG_WAITING, SGLANG_KV
+    elif flavour == "llamacpp":
+        counters, running, waiting, kvs = LLAMACPP_COUNTERS, LLAMACPP_RUNNING, LLAMACPP_WAITING, LLAMACPP_KV
+    else:
+        counters, running, waiting, kvs = {}, "", (), ()
+    reading = Reading(flavour=flavour, engines={})
+    engines = reading.engines
+    has_running = False
+    for s in samples:
+        name = s.name
+        if name == PROCESS_START:
+            reading.process_start = s.value
+            continue
+        if name.endswith("_created"):
+            reading.created[_series_key(s)] = s.value
+            continue
+        key = _engine_of(flavour, s.labels)
+        if key is None:
+            continue
+        short = counters.get(name)
+        if short is not None:
+            if flavour == "v0" and short == "iteration_count":
+                continue
+            eng = engines.get(key)
+            if eng is None:
+                eng = engines[key] = EngineReading()
+            eng.counters[short] = eng.counters.get(short, 0.0) + s.value
+        elif name == running:
+            has_running = True
+            eng = engines.get(key) or engines.setdefault(key, EngineReading())
+            eng.running += s.value
+        elif name in waiting:
+            eng = engines.get(key) or engines.setdefault(key, EngineReading())
+            eng.waiting += s.value
+        elif name in kvs:
+            eng = engines.get(key) or engines.setdefault(key, EngineReading())
+            if eng.kv_usage is None:
+                eng.kv_usage = s.value
+    if not has_running:
+        # without a running-requests gauge we cannot tell idle from busy: treat as no engine metrics
+        reading.engines = {}
+    return reading
+
+
+def read_text(text: str) -> Reading:
+    """Exposition text -> Reading (the one call the exporter makes per backend and interval)."""
+    return from_page(parse(text, keep=wanted, helps=(VLLM_RUNNING,)))

@@ -1,0 +1,306 @@
+"""The verdict: pure. `judge(previous state, observation, now, settings) -> new state`.
+
+No I/O and no clock of its own: everything it knows arrives in the `Observation`, and time is the
+`now` argument. See docs/design.md §3 for the names and codes shared with rules and dashboards.
+
+* busy       work present and the engine moved since the previous reading (union of counters + KV gauge)
+* stalled    work present, no progress in >= `stall_readings` consecutive readings AND >= stall_after s
+* idle       no work present (only now may the exporter probe)
+* restarted  another process answered (start time / *_created changed, or a counter went backwards)
+* down       refused / errors / an idle backend failing its probe, `down_after` times in a row
+* no_metrics /metrics 404 or without engine series; judged by cheap endpoints only
+* unknown    not enough readings yet, or data missing (never "healthy", never "stalled")
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+from exporter.reading import EngineReading, Reading
+
+
+class Verdict(StrEnum):
+    UNKNOWN = "unknown"
+    IDLE = "idle"
+    BUSY = "busy"
+    RESTARTED = "restarted"
+    NO_METRICS = "no_metrics"
+    STALLED = "stalled"
+    DOWN = "down"
+
+    @property
+    def code(self) -> int:
+        return CODES[self]
+
+
+CODES: dict[Verdict, int] = {
+    Verdict.UNKNOWN: 0,
+    Verdict.IDLE: 1,
+    Verdict.BUSY: 2,
+    Verdict.RESTARTED: 3,
+    Verdict.NO_METRICS: 4,
+    Verdict.STALLED: 5,
+    Verdict.DOWN: 6,
+}
+
+# outcome of one /metrics read (the `result` label of llm_health_readings_total)
+READ_OK = "ok"
+READ_REFUSED = "refused"
+READ_TIMEOUT = "timeout"
+READ_ERROR = "error"
+READ_NOT_FOUND = "not_found"
+READ_RESULTS = (READ_OK, READ_REFUSED, READ_TIMEOUT, READ_ERROR, READ_NOT_FOUND)
+
+PROBE_OK = "ok"
+PROBE_ERROR = "error"
+PROBE_TIMEOUT = "timeout"
+PROBE_RESULTS = (PROBE_OK, PROBE_ERROR, PROBE_TIMEOUT)
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    stall_after: float = 120.0
+    down_after: int = 2
+    stall_readings: int = 2   # consecutive no-progress readings (each compared with its predecessor)
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> Thresholds:
+        """From ExporterSettings (or anything with stall_after / down_after)."""
+        return cls(stall_after=float(settings.stall_after), down_after=max(1, int(settings.down_after)))
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    result: str            # ok | error | timeout
+    detail: str = ""
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one cycle learned about one backend."""
+
+    outcome: str                          # READ_* of the /metrics read
+    reading: Reading | None = None        # parsed page when outcome is ok
+    detail: str = ""                      # error text for the reason
+    cheap_ok: bool | None = None          # /health or /v1/models answered (asked when there are no metrics)
+    probe: ProbeResult | None = None      # a probe that finished since the previous judgement
+
+
+@dataclass(frozen=True)
+class EngineTrack:
+    stuck_since: float | None = None      # since when its counters are frozen with work present
+    frozen_readings: int = 0              # consecutive readings without progress, with work present
+
+
+@dataclass(frozen=True)
+class BackendState:
+    verdict: Verdict = Verdict.UNKNOWN
+    reason: str = "no reading yet"
+    since: float = 0.0                    # when this verdict began
+    last: Reading | None = None           # previous good reading (same process as the next, hopefully)
+    last_at: float | None = None          # when `last` was taken
+    engines: dict[str, EngineTrack] = field(default_factory=dict)
+    failures: int = 0                     # consecutive failed readings / failed probes of an idle backend
+    slow_since: float | None = None       # first of consecutive /metrics timeouts while work was present
+    last_progress: float | None = None    # clock time of the last observed engine progress
+    in_flight: float = 0.0
+    tokens_per_second: float = 0.0
+    probe_failures: int = 0
+
+
+def _work_text(r: Reading | EngineReading) -> str:
+    return f"{r.running:g} running, {r.waiting:g} waiting"
+
+
+def progressed(old: EngineReading, new: EngineReading) -> bool:
+    for name, value in new.counters.items():
+        before = old.counters.get(name)
+        if before is not None and value > before:
+            return True
+    return old.kv_usage is not None and new.kv_usage is not None and new.kv_usage != old.kv_usage
+
+
+def other_process(old: Reading, new: Reading) -> str:
+    """Why `new` comes from another process than `old` ("" when it does not)."""
+    if old.process_start is not None and new.process_start is not None:
+        if abs(new.process_start - old.process_start) > 1e-3:
+            return "process start time changed"
+    for key, value in new.created.items():
+        before = old.created.get(key)
+        if before is not None and abs(before - value) > 1e-3:
+            return f"{key.split('{', 1)[0]} changed"
+    for engine, eng in new.engines.items():
+        prev = old.engines.get(engine)
+        if prev is None:
+            continue
+        for name, value in eng.counters.items():
+            before = prev.counters.get(name)
+            if before is not None and value < before:
+                return f"counter {name} went backwards ({before:g} -> {value:g})"
+    if old.flavour != new.flavour and "none" not in (old.flavour, new.flavour):
+        return f"engine flavour changed ({old.flavour} -> {new.flavour})"
+    return ""
+
+
+def _become(prev: BackendState, verdict: Verdict, reason: str, now: float, **changes: Any) -> BackendState:
+    since = prev.since if prev.verdict == verdict else now
+    return replace(prev, verdict=verdict, reason=reason, since=since, **changes)
+
+
+def judge(prev: BackendState | None, obs: Observation, now: float, settings: Thresholds | Any) -> BackendState:
+    """The new state of one backend after one observation at time `now`.
+
+    `settings`: Thresholds, or ExporterSettings (anything with stall_after and down_after).
+    """
+    if not isinstance(settings, Thresholds):
+        settings = Thresholds.from_settings(settings)
+    if prev is None:
+        prev = BackendState(since=now)
+    if obs.outcome == READ_OK and obs.reading is not None and obs.reading.has_engine_metrics:
+        return _judge_reading(prev, obs, obs.reading, now, settings)
+    if obs.outcome in (READ_OK, READ_NOT_FOUND):
+        return _judge_no_metrics(prev, obs, now, settings)
+    if obs.outcome == READ_TIMEOUT:
+        return _judge_timeout(prev, obs, now, settings)
+    return _judge_failure(prev, obs, now, settings)
+
+
+def _failed(prev: BackendState, what: str, now: float, settings: Thresholds, **changes: Any) -> BackendState:
+    failures = prev.failures + 1
+    if failures >= settings.down_after:
+        return _become(prev, Verdict.DOWN, f"{what} ({failures} in a row)", now,
+                       failures=failures, in_flight=0.0, tokens_per_second=0.0, **changes)
+    return _become(prev, Verdict.UNKNOWN, f"{what} ({failures} of {settings.down_after} before down)", now,
+                   failures=failures, in_flight=0.0, tokens_per_second=0.0, **changes)
+
+
+def _judge_failure(prev: BackendState, obs: Observation, now: float, settings: Thresholds) -> BackendState:
+    what = {"refused": "connection refused"}.get(obs.outcome, "/metrics error")
+    if obs.detail and obs.detail != what:
+        what = f"{what}: {obs.detail}"
+    return _failed(prev, what, now, settings, slow_since=None)
+
+
+def _judge_timeout(prev: BackendState, obs: Observation, now: float, settings: Thresholds) -> BackendState:
+    """A slow /metrics while work was present is a busy event loop until proven otherwise."""
+    last = prev.last
+    if last is None or last.work <= 0:
+        return _failed(prev, "/metrics timed out", now, settings, slow_since=None)
+    slow_since = prev.slow_since if prev.slow_since is not None else now
+    # the last moment the engine was known to move: the last good reading, or the start of its freeze
+    stuck = [t.stuck_since for t in prev.engines.values() if t.stuck_since is not None]
+    anchor = min(stuck) if stuck else (prev.last_at if prev.last_at is not None else slow_since)
+    quiet = now - anchor
+    failures = prev.failures + 1
+    text = (f"/metrics timed out {failures} time(s) in a row; last reading {_work_text(last)}; "
+            f"no progress seen for {quiet:.0f} s")
+    if failures >= settings.stall_readings and quiet >= settings.stall_after:
+        return _become(prev, Verdict.STALLED, text, now, failures=failures, slow_since=slow_since,
+                       tokens_per_second=0.0)
+    return _become(prev, Verdict.UNKNOWN, text + f" (stalled after {settings.stall_after:g} s)", now,
+                   failures=failures, slow_since=slow_since, tokens_per_second=0.0)
+
+
+def _judge_no_metrics(prev: BackendState, obs: Observation, now: float, settings: Thresholds) -> BackendState:
+    page = "/metrics not found" if obs.outcome == READ_NOT_FOUND else "/metrics has no engine series"
+    if obs.cheap_ok is False:
+        return _failed(prev, f"{page}; /health and /v1/models fail", now, settings, slow_since=None)
+    cheap = "; /health or /v1/models answered" if obs.cheap_ok else ""
+    return _become(prev, Verdict.NO_METRICS, page + cheap, now, failures=0, slow_since=None,
+                   in_flight=0.0, tokens_per_second=0.0, probe_failures=0)
+
+
+def _judge_reading(
+    prev: BackendState, obs: Observation, reading: Reading, now: float, settings: Thresholds
+) -> BackendState:
+    base: dict[str, Any] = {"failures": 0, "slow_since": None, "last": reading, "last_at": now,
+                            "in_flight": reading.work}
+    last = prev.last
+    if last is None or not last.has_engine_metrics:
+        tracks = {e: EngineTrack(stuck_since=now if r.work > 0 else None) for e, r in reading.engines.items()}
+        if reading.work <= 0:
+            return _idle(prev, obs, now, settings, engines=tracks, tokens_per_second=0.0, **base)
+        return _become(prev, Verdict.UNKNOWN, f"first reading: {_work_text(reading)}", now,
+                       engines=tracks, tokens_per_second=0.0, probe_failures=0, **base)
+    changed = other_process(last, reading)
+    if changed:
+        tracks = {e: EngineTrack(stuck_since=now if r.work > 0 else None) for e, r in reading.engines.items()}
+        return _become(prev, Verdict.RESTARTED, f"another process answered: {changed}; {_work_text(reading)}",
+                       now, engines=tracks, tokens_per_second=0.0, probe_failures=0, **base)
+
+    elapsed = max(now - (prev.last_at if prev.last_at is not None else now), 1e-9)
+    tps = max(reading.generation_tokens() - last.generation_tokens(), 0.0) / elapsed
+    tracks: dict[str, EngineTrack] = {}
+    any_progress = False
+    worst: tuple[str, EngineReading, EngineTrack] | None = None   # the engine closest to stalled
+    busy_engines = 0
+    for key, eng in reading.engines.items():
+        old = last.engines.get(key)
+        track = prev.engines.get(key, EngineTrack())
+        moved = old is not None and progressed(old, eng)
+        any_progress = any_progress or moved
+        if eng.work <= 0:
+            tracks[key] = EngineTrack()
+            continue
+        if moved:
+            tracks[key] = EngineTrack()
+            busy_engines += 1
+            continue
+        if old is None:
+            tracks[key] = EngineTrack(stuck_since=now)
+        else:
+            stuck_since = track.stuck_since
+            if stuck_since is None:
+                # counters as they are were last seen at the previous reading (if it had work), else now
+                stuck_since = prev.last_at if (old.work > 0 and prev.last_at is not None) else now
+            tracks[key] = EngineTrack(stuck_since=stuck_since, frozen_readings=track.frozen_readings + 1)
+        t = tracks[key]
+        since = now if t.stuck_since is None else t.stuck_since
+        if worst is None or since < (now if worst[2].stuck_since is None else worst[2].stuck_since):
+            worst = (key, eng, t)
+    last_progress = now if any_progress else prev.last_progress
+    base.update(engines=tracks, tokens_per_second=tps, last_progress=last_progress)
+    multi = len(reading.engines) > 1
+
+    if worst is not None:
+        key, eng, t = worst
+        quiet = now - (t.stuck_since if t.stuck_since is not None else now)
+        prefix = f"engine {key}: " if multi else ""
+        text = f"{prefix}{_work_text(eng)}, no engine progress for {quiet:.0f} s"
+        if t.frozen_readings >= settings.stall_readings and quiet >= settings.stall_after:
+            return _become(prev, Verdict.STALLED, text, now, probe_failures=0, **base)
+        if busy_engines == 0:
+            return _become(prev, Verdict.UNKNOWN, f"{text} (stalled after {settings.stall_after:g} s)", now,
+                           probe_failures=0, **base)
+    if busy_engines > 0:
+        return _become(prev, Verdict.BUSY, f"{_work_text(reading)}, engine progressing ({tps:.0f} tokens/s)",
+                       now, probe_failures=0, **base)
+    return _idle(prev, obs, now, settings, **base)
+
+
+def _idle(prev: BackendState, obs: Observation, now: float, settings: Thresholds, **changes: Any) -> BackendState:
+    reading: Reading = changes["last"]
+    text = f"{_work_text(reading)}"
+    probe = obs.probe
+    if probe is None:
+        if prev.verdict == Verdict.RESTARTED:
+            # another process answered and is idle: it stays "restarted" until it answers a probe
+            return _become(prev, Verdict.RESTARTED, prev.reason.split("; now ")[0] + f"; now {text}, "
+                           "awaiting the probe's answer", now, **changes)
+        if prev.probe_failures:
+            text += f"; last probe failed ({prev.probe_failures} of {settings.down_after})"
+        return _become(prev, Verdict.IDLE, text, now, **changes)
+    if probe.result == PROBE_OK:
+        return _become(prev, Verdict.IDLE, f"{text}; probe answered in {probe.seconds:.2f} s", now,
+                       probe_failures=0, **changes)
+    failures = prev.probe_failures + 1
+    detail = f"probe {probe.result}" + (f": {probe.detail}" if probe.detail else "")
+    if failures >= settings.down_after:
+        changes["in_flight"] = 0.0
+        return _become(prev, Verdict.DOWN, f"idle and {detail} ({failures} in a row)", now,
+                       probe_failures=failures, **changes)
+    return _become(prev, Verdict.IDLE, f"{text}; {detail} ({failures} of {settings.down_after} before down)",
+                   now, probe_failures=failures, **changes)

@@ -1,0 +1,119 @@
+"""The whole pipeline for real: simulated vLLM -> exporter + Prometheus (our rules) -> Alertmanager
+-> remediator -> restart through the simulator's fault API.
+
+Every scenario starts its own stack on free loopback ports and stops every process afterwards,
+also when it fails (the Stack context manager). Assertions are on the remediator's audit log and
+the simulator's own /sim/stats.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from dashboard_queries import dashboards_queries
+
+from llm_health.stack import Stack
+
+pytestmark = pytest.mark.e2e
+
+
+def kinds(stack: Stack, backend: str) -> list[str]:
+    return [e["kind"] for e in stack.events(backend)]
+
+
+def restarted(stack: Stack, backend: str) -> int:
+    return kinds(stack, backend).count("restarted")
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    with Stack(tmp_path / "stack") as s:
+        yield s
+
+
+def stall_with_work(stack: Stack, backend: str) -> None:
+    """Put requests in flight, then wedge the engine (counters freeze, /health stays 200)."""
+    load = stack.fill_slots(backend, 2)
+    stack.wait(lambda: stack.sims[backend].stats()["running"] >= 2, 20, f"requests running on {backend}")
+    stack.sims[backend].fault("stall")
+    load.stop()
+
+
+def test_stalled_backend_is_restarted_once_and_the_busy_one_is_left_alone(stack: Stack) -> None:
+    batch = stack.fill_slots("sim-b", 12)
+    try:
+        stack.wait(lambda: stack.sims["sim-b"].stats()["running"] == 12, 20, "sim-b at 12 of 12 slots")
+        stack.wait(lambda: stack.verdicts()["sim-b"]["verdict"] == "busy", 20, "sim-b judged busy")
+        probes_before = stack.sims["sim-b"].stats()["probes"]
+
+        stall_with_work(stack, "sim-a")
+        stack.wait(lambda: stack.verdicts()["sim-a"]["verdict"] == "stalled", 30, "sim-a judged stalled")
+        stack.wait(lambda: "recovered" in kinds(stack, "sim-a"), 60, "sim-a restarted and recovered")
+        stack.wait(lambda: not stack.firing("LLMBackendStalled", "sim-a"), 30, "stall alert resolved")
+        stack.wait(lambda: stack.verdicts()["sim-a"]["verdict"] in ("idle", "busy"), 20, "sim-a serving")
+
+        a, b = stack.sims["sim-a"].stats(), stack.sims["sim-b"].stats()
+        assert a["restarts"] == 1, a
+        assert restarted(stack, "sim-a") == 1
+        # the busy backend: never restarted, never probed while it had work
+        assert b["restarts"] == 0, b
+        assert restarted(stack, "sim-b") == 0
+        assert b["probes"] == probes_before, "a probe was sent to the saturated backend"
+        assert b["probes_while_busy"] == 0
+        assert stack.sims["sim-b"].stats()["running"] == 12, "the batch kept every slot"
+        assert not stack.firing("LLMBackendStalled", "sim-b")
+        assert not stack.firing("LLMHealthProbeSentToBusyBackend")
+
+        # every dashboard panel's query runs against this Prometheus; the core ones have data
+        empty: list[str] = []
+        for dashboard, title, expr in dashboards_queries():
+            result = stack.query(expr)  # raises on a query error
+            if not result:
+                empty.append(f"{dashboard}: {title}")
+        must_have_data = [
+            "Verdict", "Requests running", "KV", "Probes", "Alerts received", "Decisions", "Restarts",
+        ]
+        missing = [t for t in empty if any(word.lower() in t.lower() for word in must_have_data)]
+        assert not missing, f"panels without data in a scenario that feeds them: {missing}"
+    finally:
+        batch.stop()
+
+
+def test_busy_marker_defers_the_restart_until_it_is_gone(stack: Stack) -> None:
+    marker = stack.set_busy("sim-a", owner="nightly-batch", ttl=300)
+    stall_with_work(stack, "sim-a")
+    stack.wait(lambda: "deferred_marker" in kinds(stack, "sim-a"), 60, "restart deferred by the marker")
+    deferral = next(e for e in stack.events("sim-a") if e["kind"] == "deferred_marker")
+    assert "nightly-batch" in (deferral.get("reason") or "")
+    assert stack.sims["sim-a"].stats()["restarts"] == 0
+    assert restarted(stack, "sim-a") == 0
+
+    stack.clear_busy(marker["id"])
+    stack.wait(lambda: restarted(stack, "sim-a") == 1, 60, "restart once the marker is gone")
+    stack.wait(lambda: "recovered" in kinds(stack, "sim-a"), 60, "sim-a recovered")
+    assert stack.sims["sim-a"].stats()["restarts"] == 1
+
+
+def test_crashed_backend_is_down_restarted_once_and_back_to_idle(stack: Stack) -> None:
+    stack.sims["sim-a"].fault("crash")
+    stack.wait(lambda: stack.verdicts()["sim-a"]["verdict"] == "down", 30, "sim-a judged down")
+    stack.wait(lambda: "recovered" in kinds(stack, "sim-a"), 60, "sim-a restarted and recovered")
+    stack.wait(lambda: stack.verdicts()["sim-a"]["verdict"] == "idle", 30, "sim-a idle again")
+    assert restarted(stack, "sim-a") == 1
+    assert stack.sims["sim-a"].stats()["restarts"] == 1
+    assert restarted(stack, "sim-b") == 0
+
+
+def test_two_clustered_alertmanagers_deliver_duplicates_and_still_one_restart(tmp_path: Path) -> None:
+    with Stack(tmp_path / "stack", alertmanager_replicas=2, peer_timeout="10ms") as stack:
+        stall_with_work(stack, "sim-a")
+        stack.wait(lambda: "recovered" in kinds(stack, "sim-a"), 90, "sim-a restarted and recovered")
+        deliveries = [e for e in stack.events() if e["kind"] in ("received", "deduplicated")]
+        senders = {e["detail"].get("sender") for e in deliveries}
+        assert senders == {stack.alertmanager_url(0), stack.alertmanager_url(1)}, (
+            f"both replicas should have delivered (peer timeout 10ms): {senders}")
+        assert any(e["kind"] == "deduplicated" for e in deliveries)
+        assert restarted(stack, "sim-a") == 1
+        assert stack.sims["sim-a"].stats()["restarts"] == 1
