@@ -339,7 +339,7 @@ def test_every_backend_is_scraped_with_its_backend_label(
 def test_prometheus_loads_the_repo_rules(services: dict[str, dict[str, Any]], prometheus: dict[str, Any]) -> None:
     mounts = {b.target: b.source for b in binds(services["prometheus"])}
     assert mounts["/etc/prometheus/rules"] == "./rules"
-    assert prometheus["rule_files"] == ["/etc/prometheus/rules/*.yml"]
+    assert prometheus["rule_files"] == ["/etc/prometheus/rules/llm_health_*.yml"]
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
@@ -415,13 +415,13 @@ def test_grafana_provisioning_matches_the_mounts(services: dict[str, dict[str, A
 
 def test_job_names_in_the_rules_are_scraped(prometheus: dict[str, Any]) -> None:
     jobs = {j["job_name"] for j in prometheus["scrape_configs"]}
-    referenced = {m for path in (ROOT / "rules").glob("*.yml") for m in re.findall(r'job="([^"]+)"', path.read_text())}
+    referenced = {m for path in (ROOT / "rules").glob("llm_health_*.yml") for m in re.findall(r'job="([^"]+)"', path.read_text())}
     assert referenced <= jobs, f"rules select jobs the compose Prometheus does not have: {sorted(referenced - jobs)}"
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
 def test_prometheus_config_with_the_repo_rules_passes_promtool(prometheus: dict[str, Any], tmp_path: Path) -> None:
-    config = dict(prometheus, rule_files=[str(ROOT / "rules" / "*.yml")])
+    config = dict(prometheus, rule_files=[str(ROOT / "rules" / "llm_health_*.yml")])
     path = tmp_path / "prometheus.yml"
     path.write_text(yaml.safe_dump(config))
     result = subprocess.run(["promtool", "check", "config", str(path)], capture_output=True, text=True, timeout=60)
