@@ -66,6 +66,7 @@ class ExporterSettings:
     probe_timeout: float = 10.0     # the idle probe (max_tokens 1)
     probe_every: float = 0.0        # min seconds between probes of one backend; 0 = every interval
     probe_model: str = ""           # model for the probe; default: first id of /v1/models
+    api_key_file: str = ""          # file whose stripped content is sent as `Authorization: Bearer` on /v1/*
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,8 @@ class RemediatorSettings:
     min_ready: int = 0
     alertmanager_url: str = ""           # for silences during a restart (API v2)
     agent_listen: str = ""               # HAProxy agent-check endpoint host:port, empty = off
+    haproxy_socket: str = ""             # HAProxy stats socket: during a drain its scur must reach 0 too
+    haproxy_proxy: str = "vllm"          # the HAProxy backend (proxy) whose servers are our backends
     poll_interval: float = 1.0           # how often the authority looks for work
     backoff: Backoff = field(default_factory=Backoff)
     budget: Budget = field(default_factory=Budget)

@@ -18,10 +18,12 @@ from flask import Blueprint, Flask, Response, current_app, jsonify, render_templ
 from werkzeug.exceptions import HTTPException
 
 from llm_health.config import Config, ConfigError
-from remediator import policy
+from remediator import fleet, policy
+from remediator.agent import AgentListener, FleetAgent
 from remediator.alert import PayloadError, parse_notification
 from remediator.authority import Authority, Verifier, WarmupCheck, state_path
 from remediator.incident import ingest
+from remediator.lifecycle import LifecycleState
 from remediator.marker import file_markers
 from remediator.store import CLOSED, NEEDS_ACK, OBSERVED, Store
 
@@ -32,12 +34,13 @@ class Ctx:
     """What the request handlers need; kept in app.extensions['remediator']."""
 
     def __init__(self, config: Config, store: Store, token: str, clock: Callable[[], float],
-                 authority: Authority | None) -> None:
+                 authority: Authority | None, agent: AgentListener | None = None) -> None:
         self.config = config
         self.store = store
         self.token = token
         self.clock = clock
         self.authority = authority
+        self.agent = agent
 
 
 def ctx() -> Ctx:
@@ -118,6 +121,7 @@ def backends_view() -> list[dict[str, Any]]:
     r = c.config.remediator
     out = []
     busy_dir = c.config.resolve_path(r.busy_dir) if r.busy_dir else None
+    lifecycles = fleet.all_rows(conn)
     for b in c.config.backends:
         inc = Store.active_incident(conn, b.name)
         last = conn.execute("SELECT kind, reason, at FROM events WHERE backend = ? AND kind NOT IN "
@@ -133,6 +137,8 @@ def backends_view() -> list[dict[str, Any]]:
         out.append({
             "backend": b.name,
             "url": b.url,
+            "host": b.host,
+            "lifecycle": fleet.view(lifecycles.get(b.name)),
             "restart_configured": bool(b.restart),
             "incident": dict(inc) if inc else None,
             "last_decision": dict(last) if last else None,
@@ -294,7 +300,41 @@ def metrics() -> Any:
     lines += ["# HELP llm_health_remediator_breaker_open 1 while the fleet circuit breaker is open.",
               "# TYPE llm_health_remediator_breaker_open gauge",
               f"llm_health_remediator_breaker_open {int(Store.breaker(conn)['open'])}"]
+    lines += lifecycle_metrics(conn)
     return Response("\n".join(lines) + "\n", mimetype="text/plain; version=0.0.4")
+
+
+def lifecycle_metrics(conn: Any) -> list[str]:
+    config = ctx().config
+    rows = fleet.all_rows(conn)
+    lines = ["# HELP llm_health_remediator_lifecycle_state 1 for the lifecycle state each backend is in, 0 for "
+             "the others.",
+             "# TYPE llm_health_remediator_lifecycle_state gauge"]
+    since = ["# HELP llm_health_remediator_lifecycle_since_seconds Unix time of the backend's last lifecycle "
+             "transition (0 = not looked at yet).",
+             "# TYPE llm_health_remediator_lifecycle_since_seconds gauge"]
+    for b in config.backends:
+        r = rows.get(b.name)
+        current = r["state"] if r else fleet.UNSEEN.value
+        for st in LifecycleState:
+            lines.append(f"llm_health_remediator_lifecycle_state{_labels(backend=b.name, state=st.value)} "
+                         f"{int(st.value == current)}")
+        since.append(f"llm_health_remediator_lifecycle_since_seconds{_labels(backend=b.name)} "
+                     f"{float(r['since']) if r else 0.0:.3f}")
+    lines += since
+    lines += ["# HELP llm_health_remediator_escalations_total Restarts that need a person (warm-up timeout, "
+              "action timeout, never ready).",
+              "# TYPE llm_health_remediator_escalations_total counter"]
+    store = ctx().store
+    esc = store.counters("escalations")
+    for b in config.backends:
+        lines.append(f"llm_health_remediator_escalations_total{_labels(backend=b.name)} {esc.get(b.name, 0)}")
+    lines += ["# HELP llm_health_remediator_silences_total Alertmanager silences around restarts, by result.",
+              "# TYPE llm_health_remediator_silences_total counter"]
+    sil = store.counters("silences")
+    for result in ("created", "create_failed", "expired", "expire_failed"):
+        lines.append(f"llm_health_remediator_silences_total{_labels(result=result)} {sil.get(result, 0)}")
+    return lines
 
 
 @status.get("/healthz")
@@ -345,12 +385,15 @@ def create_app(
     store = Store(state_path(config))
     store.init()
     authority = None
+    agent = None
     if start_authority:
         authority = Authority(store, config, verifier=verifier, warmup_check=warmup_check, clock=clock)
         authority.start()
+        if config.remediator.agent_listen:
+            agent = AgentListener(config.remediator.agent_listen, FleetAgent(store, config).status_for).start()
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = config.remediator.max_body_bytes
-    app.extensions["remediator"] = Ctx(config, store, token, clock, authority)
+    app.extensions["remediator"] = Ctx(config, store, token, clock, authority, agent)
     app.register_blueprint(webhook)
     app.register_blueprint(api)
     app.register_blueprint(status)

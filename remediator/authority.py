@@ -5,10 +5,16 @@ claim (OPEN -> RESTARTING) is an atomic state transition inside BEGIN IMMEDIATE 
 intent (an `actions` row, which is what the budget and backoff count) BEFORE the argv runs, so two
 authorities, or one that crashed mid-restart, can never repeat a restart.
 
-The restart procedure is a sequence of explicit steps, each a method, so that draining, silences,
-load-balancer agent state and per-host mutexes can slot in between later:
+The restart procedure is a sequence of explicit steps, each a method, and each backend's lifecycle
+(remediator/lifecycle.py, persisted by remediator/fleet.py) follows it:
 
-    consider (gates) -> verify -> claim (intent) -> act -> warm up -> recovered | needs_ack
+    consider (gates, host mutex) -> verify -> min_ready floor -> silence
+      -> drain (READY -> DRAINING; the agent answers `drain`; wait for in-flight work or the timeout)
+      -> claim (intent; DRAINING -> STOPPED) -> act (STOPPED -> INITIALIZING)
+      -> warm up (INITIALIZING -> READY, recovered | -> ERROR, escalated, needs_ack) -> expire the silence
+
+A backend that is already down skips the drain (READY -> STOPPED). Progress seen during the drain calls
+the restart off (DRAINING -> READY): the engine is evidently not stalled (principle 1).
 """
 
 from __future__ import annotations
@@ -28,13 +34,31 @@ import requests
 
 from llm_health.config import Backend, Config
 from remediator import action as act
-from remediator import policy
+from remediator import fleet, inflight, lifecycle, policy
+from remediator.inflight import InFlight
+from remediator.lifecycle import LifecycleState
 from remediator.marker import file_markers
-from remediator.store import CLOSED, NEEDS_ACK, OBSERVED, OPEN, RESTARTING, WARMING, Store
+from remediator.silence import SilenceError, create_silence, expire_silence
+from remediator.store import (
+    CLOSED,
+    DRAINING,
+    NEEDS_ACK,
+    OBSERVED,
+    OPEN,
+    RESTART_STATES,
+    RESTARTING,
+    WARMING,
+    Store,
+)
 
 log = logging.getLogger("llm_health.remediator")
 
 LEASE = "authority"
+S = LifecycleState
+DEFERRED_HOST = "deferred_host"
+DEFERRED_MIN_READY = "deferred_min_ready"
+SILENCE_MARGIN = 60.0          # seconds a restart's silence outlasts drain + action + warm-up
+SILENCE_TIMEOUT = 3.0          # HTTP timeout towards Alertmanager (never blocks a restart for long)
 
 
 @dataclass(frozen=True)
@@ -46,6 +70,7 @@ class SimpleVerification:
 
 Verifier = Callable[[Backend], Any]                  # -> object with .outcome and .reason
 WarmupCheck = Callable[[Backend], tuple[bool, str]]  # -> (ready, why)
+InFlightReader = Callable[[Backend], InFlight]
 Runner = Callable[[Sequence[str], float, dict[str, str]], act.ActionResult]
 
 
@@ -70,8 +95,9 @@ def default_verifier(config: Config) -> Verifier:
     return verify_backend
 
 
-def default_warmup_check(config: Config, verifier: Verifier) -> WarmupCheck:
-    """Ready = /health 200, /v1/models 200 (listing the configured model), and a healthy verification."""
+def default_answer_check(config: Config) -> WarmupCheck:
+    """/health 200 and /v1/models 200 listing the configured model; no generation request. Used for a
+    backend seen for the first time (start-up: INITIALIZING -> READY)."""
     timeout = config.exporter.read_timeout
 
     def check(backend: Backend) -> tuple[bool, str]:
@@ -88,6 +114,20 @@ def default_warmup_check(config: Config, verifier: Verifier) -> WarmupCheck:
                     return False, f"/v1/models does not list {backend.model!r} yet"
         except (requests.RequestException, ValueError, AttributeError) as exc:
             return False, f"not answering: {exc.__class__.__name__}"
+        return True, "answers /health and /v1/models"
+
+    return check
+
+
+def default_warmup_check(config: Config, verifier: Verifier) -> WarmupCheck:
+    """Warm = /health 200, /v1/models 200 (listing the configured model), and a healthy verification:
+    engine progress, or (idle) a one-token request that succeeds (exporter.check.verify)."""
+    answers = default_answer_check(config)
+
+    def check(backend: Backend) -> tuple[bool, str]:
+        ok, why = answers(backend)
+        if not ok:
+            return False, why
         v = verifier(backend)
         outcome = str(getattr(v, "outcome", "unknown"))
         if outcome in policy.HEALTHY_OUTCOMES:
@@ -95,6 +135,16 @@ def default_warmup_check(config: Config, verifier: Verifier) -> WarmupCheck:
         return False, f"verify {outcome}: {getattr(v, 'reason', '')}"
 
     return check
+
+
+def default_in_flight(config: Config) -> InFlightReader:
+    r = config.remediator
+
+    def read(backend: Backend) -> InFlight:
+        sock = str(config.resolve_path(r.haproxy_socket)) if r.haproxy_socket else ""
+        return inflight.read_in_flight(backend, config.exporter.read_timeout, sock, r.haproxy_proxy)
+
+    return read
 
 
 def _runner(argv: Sequence[str], timeout: float, env: dict[str, str]) -> act.ActionResult:
@@ -112,12 +162,17 @@ class Authority:
         clock: Callable[[], float] = time.time,
         runner: Runner = _runner,
         holder: str | None = None,
+        answer_check: WarmupCheck | None = None,
+        in_flight: InFlightReader | None = None,
     ) -> None:
         self.store = store
         self.config = config
         self.r = config.remediator
         self.verifier = verifier or default_verifier(config)
         self.warmup_check = warmup_check or default_warmup_check(config, self.verifier)
+        self.answer_check = answer_check or default_answer_check(config)
+        self.in_flight = in_flight or default_in_flight(config)
+        self._next_look: dict[str, float] = {}   # backend -> when to check its lifecycle again
         self.clock = clock
         self.runner = runner
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -190,6 +245,7 @@ class Authority:
         if not self._recovered:
             self.recover()
             self._recovered = True
+        self.look_after_lifecycles()
         for inc in self.store.active_incidents():
             if self._stop.is_set() or not self._holding.is_set():
                 return
@@ -202,6 +258,8 @@ class Authority:
             state = inc["state"]
             if state == OPEN:
                 self.consider(int(inc["id"]), backend)
+            elif state == DRAINING:
+                self.watch_drain(int(inc["id"]), backend)
             elif state == WARMING:
                 self.watch_warmup(int(inc["id"]), backend, float(inc["warm_deadline"] or 0))
             elif state == NEEDS_ACK:
@@ -209,8 +267,10 @@ class Authority:
 
     def recover(self) -> None:
         """After taking the lease: actions another (dead) holder started and never finished may have
-        restarted the backend. Count them (they are already in the budget) and never repeat them."""
+        restarted the backend. Count them (they are already in the budget) and never repeat them.
+        Their backends' lifecycle goes to ERROR (outcome unknown); a drain in progress simply resumes."""
         now = self.clock()
+        interrupted: set[str] = set()
         with self.store.tx() as c:
             rows = c.execute("SELECT * FROM actions WHERE result IS NULL AND holder != ?",
                              (self.holder,)).fetchall()
@@ -224,6 +284,62 @@ class Authority:
                             "happened; not repeated (acknowledge via POST /api/backends/<name>/ack, or "
                             "the incident closes when the backend answers again or the alert resolves)",
                             action_id=a["id"], holder=a["holder"])
+                if fleet.state_of(c, a["backend"]) != S.ERROR:
+                    fleet.move(c, a["backend"], S.ERROR, now, "interrupted mid-restart: outcome unknown",
+                               a["incident_id"])
+                self._escalate(c, a["backend"], a["incident_id"], now, "restart interrupted: outcome unknown")
+                interrupted.add(a["backend"])
+        for backend in sorted(interrupted):
+            self.unsilence(backend)      # ERROR: its alerts must reach people again
+
+    # -- lifecycle outside a restart ----------------------------------------------------------------
+    def look_after_lifecycles(self) -> None:
+        """Backends no restart of ours is carrying: a backend seen for the first time becomes READY once
+        it answers /health and /v1/models (or ERROR after warmup_timeout); an ERROR backend whose
+        incident was acknowledged becomes READY again once it is warm (full warm-up check)."""
+        now = self.clock()
+        todo: list[tuple[Backend, LifecycleState, float]] = []
+        c = self.store.conn()
+        rows = fleet.all_rows(c)
+        missing = [b.name for b in self.config.backends if b.name not in rows]
+        if missing:
+            with self.store.tx() as tx:
+                for name in missing:
+                    fleet.ensure(tx, name, now)
+            rows = fleet.all_rows(c)
+        active = {i["backend"]: i for i in self.store.active_incidents()}
+        for b in self.config.backends:
+            r = rows[b.name]
+            st = LifecycleState(r["state"])
+            inc = active.get(b.name)
+            if fleet.owned(r) or (inc is not None and inc["state"] in RESTART_STATES):
+                continue
+            if st == S.INITIALIZING or (st == S.ERROR and inc is None):
+                if self._next_look.get(b.name, 0.0) <= now:
+                    todo.append((b, st, float(r["since"])))
+        for b, st, since in todo:
+            if self._stop.is_set():
+                return
+            ready, why = self.answer_check(b) if st == S.INITIALIZING else self.warmup_check(b)
+            now = self.clock()
+            self._next_look[b.name] = now + self.r.warmup_poll
+            with self.store.tx() as c:
+                r = fleet.row(c, b.name)
+                if r is None or r["state"] != st.value or fleet.owned(r):
+                    continue
+                if ready:
+                    if st == S.ERROR:
+                        fleet.move(c, b.name, S.INITIALIZING, now, f"out of ERROR: {why}")
+                    fleet.move(c, b.name, S.READY, now, why)
+                elif st == S.INITIALIZING and lifecycle.warmup_expired(since, now, self.r.warmup_timeout):
+                    fleet.move(c, b.name, S.ERROR, now, f"not answering {self.r.warmup_timeout:g}s after it "
+                               f"was first seen: {why}")
+                    self._escalate(c, b.name, None, now, f"{b.name} never became ready: {why}")
+
+    def _escalate(self, c: Any, backend: str, incident_id: int | None, now: float, reason: str) -> None:
+        Store.bump(c, "escalations", backend)
+        Store.event(c, now, "escalated", backend, incident_id, reason=reason + "; needs a person (see the "
+                    "status page; acknowledge via POST /api/backends/<name>/ack)")
 
     # -- step 1: gates, verification, claim ---------------------------------------------------------
     def facts(self, c: Any, backend: Backend, now: float) -> policy.Facts:
@@ -242,6 +358,8 @@ class Authority:
     def consider(self, incident_id: int, backend: Backend) -> None:
         now = self.clock()
         d = policy.decide(self.facts(self.store.conn(), backend, now), None, self.settings)
+        if d.kind == policy.VERIFY:
+            d = self._host_gate(self.store.conn(), backend) or d
         if d.kind != policy.VERIFY:
             with self.store.tx() as c:
                 inc = c.execute("SELECT state FROM incidents WHERE id = ?", (incident_id,)).fetchone()
@@ -249,19 +367,132 @@ class Authority:
                     self._note(c, incident_id, backend.name, d, now)
             return
         verification = self.verifier(backend)
+        baseline = None
+        if str(getattr(verification, "outcome", "")) == "no_progress":
+            baseline = self.in_flight_now(backend)   # read outside the transaction: what the drain starts from
         now = self.clock()
         claimed: int | None = None
+        silence = False
         with self.store.tx() as c:
             inc = c.execute("SELECT * FROM incidents WHERE id = ?", (incident_id,)).fetchone()
             if inc is None or inc["state"] != OPEN:
                 return  # resolved or acknowledged while we verified
             d = policy.decide(self.facts(c, backend, now), verification, self.settings)
             if d.kind == policy.RESTART:
+                d = self._host_gate(c, backend) or self._floor_gate(c, backend, verification, now) or d
+            if d.kind == policy.RESTART:
                 if not self._still_holder(c, now):
                     return
-                claimed = self.claim(c, incident_id, backend, d, now)
+                claimed = self.begin(c, incident_id, backend, d, verification, baseline, now)
+                silence = claimed is not None or fleet.state_of(c, backend.name) == S.DRAINING
             else:
                 self._note(c, incident_id, backend.name, d, now)
+        if silence:
+            self.silence(incident_id, backend)
+        if claimed is not None:
+            self.act(incident_id, claimed, backend)
+
+    # -- the lifecycle gates: per-host mutex and the fleet floor -------------------------------------
+    def _host_gate(self, c: Any, backend: Backend) -> policy.Decision | None:
+        ok, why = lifecycle.may_start(backend.name, backend.host, fleet.gate_states(c, self.config),
+                                      fleet.hosts(self.config))
+        return None if ok else policy.Decision(DEFERRED_HOST, f"per-host mutex: {why}; waiting until it is "
+                                               "READY or ERROR")
+
+    def _floor_gate(self, c: Any, backend: Backend, verification: Any, now: float) -> policy.Decision | None:
+        ok, why = lifecycle.may_drain(backend.name, fleet.gate_states(c, self.config), self.r.min_ready,
+                                      self._serves_nothing(c, backend, verification))
+        if ok:
+            return None
+        return policy.Decision(DEFERRED_MIN_READY, f"fleet floor: {why}; a stalled backend still counts as up, "
+                               "so it waits", retry_at=now + self.settings.unknown_retry)
+
+    @staticmethod
+    def _serves_nothing(c: Any, backend: Backend, verification: Any) -> bool:
+        """Down (verified), or not READY in our lifecycle: taking it out lowers no capacity."""
+        if str(getattr(verification, "outcome", "")) == "down":
+            return True
+        return fleet.state_of(c, backend.name) != S.READY
+
+    # -- step 2: drain --------------------------------------------------------------------------------
+    def begin(self, c: Any, incident_id: int, backend: Backend, d: policy.Decision, verification: Any,
+              baseline: InFlight | None, now: float) -> int | None:
+        """Start the restart: drain a serving backend (returns None), or claim at once (returns the action
+        id) when there is nothing to drain."""
+        state = fleet.state_of(c, backend.name)
+        outcome = str(getattr(verification, "outcome", ""))
+        if state == S.READY and outcome != "down":
+            stalled = outcome == "no_progress"
+            timeout = self.r.stalled_drain_timeout if stalled else self.r.drain_timeout
+            baseline = baseline or InFlight(None, None, None, "not read")
+            if not fleet.move(c, backend.name, S.DRAINING, now,
+                              f"restart decided ({d.reason}); no new requests, waiting up to {timeout:g}s for "
+                              f"in-flight work ({baseline.describe()})", incident_id,
+                              drain_deadline=now + timeout, drain_baseline=inflight.dump(baseline.reading)):
+                return None
+            Store.set_state(c, incident_id, now, DRAINING, last_decision=policy.RESTART, last_note="",
+                            next_check_at=0.0)
+            Store.event(c, now, "draining", backend.name, incident_id,
+                        reason=f"{d.reason}; draining for up to {timeout:g}s "
+                        f"({'stalled: it finishes nothing' if stalled else 'drain_timeout'})")
+            return None
+        if state == S.READY:
+            if not fleet.move(c, backend.name, S.STOPPED, now, f"already down, nothing to drain: {d.reason}",
+                              incident_id):
+                return None
+        return self.claim(c, incident_id, backend, d, now)
+
+    def in_flight_now(self, backend: Backend) -> InFlight:
+        try:
+            return self.in_flight(backend)
+        except Exception as exc:  # noqa: BLE001 - an unreadable backend is "unknown", never "drained"
+            return InFlight(None, None, None, f"reading failed: {exc!r}")
+
+    def watch_drain(self, incident_id: int, backend: Backend) -> None:
+        seen = self.in_flight_now(backend)
+        now = self.clock()
+        claimed: int | None = None
+        unsilence = False
+        with self.store.tx() as c:
+            inc = c.execute("SELECT * FROM incidents WHERE id = ?", (incident_id,)).fetchone()
+            r = fleet.row(c, backend.name)
+            if inc is None or inc["state"] != DRAINING:
+                return
+            if r is None or r["state"] != S.DRAINING.value:
+                # not ours to drain any more (refused or changed by hand): stop, say so, retry from scratch
+                Store.set_state(c, incident_id, now, OPEN, last_decision="drain_lost", last_note="")
+                Store.event(c, now, "lifecycle_refused", backend.name, incident_id,
+                            reason=f"incident {incident_id} is draining but the lifecycle is "
+                            f"{r['state'] if r else 'missing'}; back to open")
+                return
+            deadline = float(r["drain_deadline"] or now)
+            moved = inflight.moved(inflight.load(r["drain_baseline"]), seen.reading)
+            if not seen.drained and not moved and now < deadline:
+                c.execute("UPDATE incidents SET next_check_at = ? WHERE id = ?",
+                          (now + self.r.poll_interval, incident_id))
+                return
+            if moved:
+                unsilence = True
+                fleet.move(c, backend.name, S.READY, now, f"restart called off: {moved}")
+                Store.set_state(c, incident_id, now, CLOSED, close_reason=policy.VERIFIED_HEALTHY,
+                                last_decision="restart_called_off")
+                Store.event(c, now, "restart_called_off", backend.name, incident_id,
+                            reason=f"{moved} ({seen.describe()}): not stalled, no restart; incident closed")
+            else:
+                blocked = policy.gates(self.facts(c, backend, now), self.settings)
+                if blocked is not None:
+                    unsilence = True
+                    fleet.move(c, backend.name, S.READY, now, f"restart called off: {blocked.reason}")
+                    Store.set_state(c, incident_id, now, OPEN, last_note="")
+                    self._note(c, incident_id, backend.name, blocked, now)
+                elif self._still_holder(c, now):
+                    why = ("in-flight work finished" if seen.drained
+                           else f"drain timeout, still {seen.describe()}")
+                    if fleet.move(c, backend.name, S.STOPPED, now, why, incident_id):
+                        d = policy.Decision(policy.RESTART, f"verified before the drain; drained: {why}")
+                        claimed = self.claim(c, incident_id, backend, d, now)
+        if unsilence:
+            self.unsilence(backend.name)
         if claimed is not None:
             self.act(incident_id, claimed, backend)
 
@@ -272,6 +503,11 @@ class Authority:
             (incident_id, backend.name, " ".join(backend.restart)[:2000], self.holder, now),
         )
         action_id = int(cur.lastrowid or 0)
+        st = fleet.state_of(c, backend.name)
+        if st == S.ERROR:
+            fleet.move(c, backend.name, S.INITIALIZING, now, f"restart started from ERROR: {d.reason}", incident_id)
+        elif st == S.INITIALIZING:
+            fleet.set_owner(c, backend.name, incident_id)   # never READY yet: the restart takes it over
         Store.set_state(c, incident_id, now, RESTARTING, last_decision=policy.RESTART, last_note="")
         Store.event(c, now, "restarting", backend.name, incident_id, reason=d.reason, action_id=action_id)
         return action_id
@@ -297,7 +533,7 @@ class Authority:
             return
         key = d.kind + (d.reason.split(" until ")[0] if d.kind == policy.DEFERRED_MARKER else "")
         inc = c.execute("SELECT last_note FROM incidents WHERE id = ?", (incident_id,)).fetchone()
-        next_check = d.retry_at if d.kind == policy.DEFERRED_UNKNOWN and d.retry_at else 0.0
+        next_check = d.retry_at if d.kind in (policy.DEFERRED_UNKNOWN, DEFERRED_MIN_READY) and d.retry_at else 0.0
         c.execute("UPDATE incidents SET last_note = ?, last_decision = ?, next_check_at = ?, updated_at = ? "
                   "WHERE id = ?", (key, d.kind, next_check, now, incident_id))
         if inc is None or inc["last_note"] != key:
@@ -309,6 +545,8 @@ class Authority:
                "LLM_HEALTH_ACTION": str(action_id)}
         result = self.runner(backend.restart, self.r.action_timeout, env)
         now = self.clock()
+        if result.result != act.OK:
+            self.unsilence(backend.name)     # nothing to warm up: its alerts must page people again
         with self.store.tx() as c:
             updated = c.execute(
                 "UPDATE actions SET result = ?, exit_code = ?, output = ?, finished_at = ? "
@@ -321,18 +559,27 @@ class Authority:
                             **detail)
                 return
             if result.result == act.OK:
+                if fleet.state_of(c, backend.name) == S.STOPPED:
+                    fleet.move(c, backend.name, S.INITIALIZING, now,
+                               f"restart action exited 0; warming up (up to {self.r.warmup_timeout:g}s)",
+                               incident_id)
                 Store.set_state(c, incident_id, now, WARMING, warm_deadline=now + self.r.warmup_timeout,
                                 last_decision="restarted")
                 Store.event(c, now, "restarted", backend.name, incident_id,
                             reason=f"restart action exited 0; warming up (up to {self.r.warmup_timeout:g}s)",
                             **detail)
             elif result.outcome_unknown:
+                fleet.move(c, backend.name, S.ERROR, now, f"restart action timed out after "
+                           f"{self.r.action_timeout:g}s: outcome unknown", incident_id)
+                self._escalate(c, backend.name, incident_id, now, "restart action timed out")
                 Store.set_state(c, incident_id, now, NEEDS_ACK, last_decision="failed")
                 Store.event(c, now, "failed", backend.name, incident_id,
                             reason=f"restart action timed out after {self.r.action_timeout:g}s: outcome unknown, "
                             "not retried (acknowledge via API, or it closes when the backend answers again)",
                             result=result.result, **detail)
             else:
+                fleet.move(c, backend.name, S.ERROR, now, f"restart action failed (exit {result.exit_code})",
+                           incident_id)
                 Store.set_state(c, incident_id, now, OPEN, last_decision="failed", last_note="")
                 Store.event(c, now, "failed", backend.name, incident_id,
                             reason=f"restart action failed (exit {result.exit_code}); next attempt only after "
@@ -342,18 +589,29 @@ class Authority:
     def watch_warmup(self, incident_id: int, backend: Backend, deadline: float) -> None:
         now = self.clock()
         if now > deadline:
+            self.unsilence(backend.name)
             with self.store.tx() as c:
+                inc = c.execute("SELECT state FROM incidents WHERE id = ?", (incident_id,)).fetchone()
+                if inc is None or inc["state"] != WARMING:
+                    return
+                why = f"not warm {self.r.warmup_timeout:g}s after the restart"
+                fleet.move(c, backend.name, S.ERROR, now, f"warm-up timeout: {why}", incident_id)
                 Store.set_state(c, incident_id, now, NEEDS_ACK, last_decision="warmup_timeout")
                 Store.event(c, now, "warmup_timeout", backend.name, incident_id,
-                            reason=f"not answering {self.r.warmup_timeout:g}s after the restart; needs a person")
+                            reason=f"{why}; needs a person, not restarted again")
+                self._escalate(c, backend.name, incident_id, now, f"warm-up timeout: {why}")
             return
         ready, why = self.warmup_check(backend)
+        if ready:
+            self.unsilence(backend.name)
         now = self.clock()
         with self.store.tx() as c:
             inc = c.execute("SELECT state FROM incidents WHERE id = ?", (incident_id,)).fetchone()
             if inc is None or inc["state"] != WARMING:
                 return
             if ready:
+                if fleet.state_of(c, backend.name) == S.INITIALIZING:
+                    fleet.move(c, backend.name, S.READY, now, f"warm: {why}", incident_id)
                 Store.set_state(c, incident_id, now, CLOSED, close_reason="recovered", last_decision="recovered")
                 Store.event(c, now, "recovered", backend.name, incident_id, reason=why + "; incident closed")
             else:
@@ -363,17 +621,79 @@ class Authority:
     def watch_recovery(self, incident_id: int, backend: Backend) -> None:
         """An incident with an unknown outcome closes by itself once the backend answers again."""
         ready, why = self.warmup_check(backend)
+        if ready:
+            self.unsilence(backend.name)
         now = self.clock()
         with self.store.tx() as c:
             inc = c.execute("SELECT state FROM incidents WHERE id = ?", (incident_id,)).fetchone()
             if inc is None or inc["state"] != NEEDS_ACK:
                 return
             if ready:
+                st = fleet.state_of(c, backend.name)
+                if st in (S.ERROR, S.STOPPED):
+                    fleet.move(c, backend.name, S.INITIALIZING, now, f"answers again: {why}", incident_id)
+                if fleet.state_of(c, backend.name) == S.INITIALIZING:
+                    fleet.move(c, backend.name, S.READY, now, f"warm: {why}", incident_id)
                 Store.set_state(c, incident_id, now, CLOSED, close_reason="recovered", last_decision="recovered")
                 Store.event(c, now, "recovered", backend.name, incident_id, reason=why + "; incident closed")
             else:
                 c.execute("UPDATE incidents SET next_check_at = ? WHERE id = ?",
                           (now + self.r.warmup_poll, incident_id))
+
+    # -- silences -----------------------------------------------------------------------------------
+    def silence(self, incident_id: int, backend: Backend) -> None:
+        """Mute the backend's alerts for the whole restart (it ends by itself if we crash). Failures are
+        recorded and never hold the restart back."""
+        am = self.r.alertmanager_url
+        if not am:
+            return
+        seconds = self.r.drain_timeout + self.r.action_timeout + self.r.warmup_timeout + SILENCE_MARGIN
+        try:
+            sid = create_silence(am, backend.name, seconds / 60.0,
+                                 f"llm-health remediator: restart of {backend.name} (incident {incident_id})",
+                                 "llm-health-remediator", timeout=SILENCE_TIMEOUT)
+        except SilenceError as exc:
+            now = self.clock()
+            with self.store.tx() as c:
+                Store.bump(c, "silences", "create_failed")
+                Store.event(c, now, "silence_failed", backend.name, incident_id,
+                            reason=f"could not silence the restart's alerts (restart goes on): {exc}")
+            return
+        now = self.clock()
+        with self.store.tx() as c:
+            c.execute("INSERT OR REPLACE INTO silences (id, backend, incident_id, created_at, ends_at) "
+                      "VALUES (?,?,?,?,?)", (sid, backend.name, incident_id, now, now + seconds))
+            Store.bump(c, "silences", "created")
+            Store.event(c, now, "silence_created", backend.name, incident_id,
+                        reason=f"alerts with backend={backend.name} silenced for {seconds:g}s (id {sid})",
+                        silence_id=sid)
+
+    def unsilence(self, backend: str) -> None:
+        am = self.r.alertmanager_url
+        rows = self.store.conn().execute("SELECT * FROM silences WHERE backend = ? AND expired_at IS NULL",
+                                         (backend,)).fetchall()
+        for s in rows:
+            try:
+                if not am:
+                    raise SilenceError("remediator.alertmanager_url is no longer set")
+                known = expire_silence(am, s["id"], timeout=SILENCE_TIMEOUT)
+            except SilenceError as exc:
+                now = self.clock()
+                with self.store.tx() as c:
+                    Store.bump(c, "silences", "expire_failed")
+                    Store.event(c, now, "silence_expire_failed", backend, s["incident_id"],
+                                reason=f"could not expire silence {s['id']} (it ends by itself at its end "
+                                f"time): {exc}", silence_id=s["id"])
+                    if now >= float(s["ends_at"]):
+                        c.execute("UPDATE silences SET expired_at = ?, result = 'ended' WHERE id = ?", (now, s["id"]))
+                continue
+            now = self.clock()
+            with self.store.tx() as c:
+                c.execute("UPDATE silences SET expired_at = ?, result = ? WHERE id = ?",
+                          (now, "expired" if known else "gone", s["id"]))
+                Store.bump(c, "silences", "expired")
+                Store.event(c, now, "silence_expired", backend, s["incident_id"],
+                            reason=f"silence {s['id']} removed: the restart is over", silence_id=s["id"])
 
     def _close(self, incident_id: int, backend: str, kind: str, reason: str) -> None:
         now = self.clock()

@@ -18,12 +18,15 @@ from remediator.policy import Marker
 
 # incident states
 OPEN = "open"                # waiting for gates and verification
+DRAINING = "draining"        # restart decided; the load balancer drains the backend, no action yet
 RESTARTING = "restarting"    # intent recorded, action running
 WARMING = "warming"          # action succeeded, waiting for the backend to answer again
 NEEDS_ACK = "needs_ack"      # outcome unknown (timeout, crash mid-restart, warm-up timeout): never retried blindly
 OBSERVED = "observed"        # nothing more to do (dry run, no action): absorbs alerts until resolved
 CLOSED = "closed"
-ACTIVE_STATES = (OPEN, RESTARTING, WARMING, NEEDS_ACK, OBSERVED)
+ACTIVE_STATES = (OPEN, DRAINING, RESTARTING, WARMING, NEEDS_ACK, OBSERVED)
+#: incident states in which a restart of the backend is under way (the lifecycle belongs to it)
+RESTART_STATES = (DRAINING, RESTARTING, WARMING)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS deliveries (key TEXT PRIMARY KEY, first_seen REAL NOT NULL);
@@ -87,6 +90,24 @@ CREATE TABLE IF NOT EXISTS breaker (
 );
 INSERT OR IGNORE INTO breaker (id) VALUES (1);
 CREATE TABLE IF NOT EXISTS lease (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS lifecycle (
+    backend TEXT PRIMARY KEY,
+    state TEXT NOT NULL,
+    since REAL NOT NULL,
+    reason TEXT NOT NULL DEFAULT '',
+    incident_id INTEGER,
+    drain_deadline REAL,
+    drain_baseline TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS silences (
+    id TEXT PRIMARY KEY,
+    backend TEXT NOT NULL,
+    incident_id INTEGER,
+    created_at REAL NOT NULL,
+    ends_at REAL NOT NULL,
+    expired_at REAL,
+    result TEXT NOT NULL DEFAULT 'active'
+);
 CREATE TABLE IF NOT EXISTS counters (
     metric TEXT NOT NULL, label TEXT NOT NULL, value INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (metric, label)
@@ -99,6 +120,7 @@ DECISION_KINDS = frozenset({
     "deferred_breaker", "deferred_budget", "deferred_backoff", "deferred_marker", "deferred_unknown",
     "verified_healthy", "restarted_by_other", "restarting", "restarted", "would_restart", "not_configured",
     "failed", "recovered", "warmup_timeout", "interrupted", "resolved", "acknowledged", "breaker_open",
+    "draining", "deferred_host", "deferred_min_ready", "restart_called_off", "escalated", "lifecycle_refused",
 })
 
 
@@ -148,6 +170,21 @@ class Store:
                         c.execute(stmt)
         except sqlite3.DatabaseError as exc:
             raise StateError(f"state {self.path} is not usable: {exc}") from exc
+
+    @contextmanager
+    def reader(self) -> Iterator[sqlite3.Connection]:
+        """A short-lived read connection, closed afterwards (for threads that come and go, e.g. the
+        agent-check handlers, which must not leave a connection behind per connection served)."""
+        try:
+            c = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise StateError(f"cannot open state {self.path}: {exc}") from exc
+        try:
+            c.row_factory = sqlite3.Row
+            c.execute("PRAGMA busy_timeout = 30000")
+            yield c
+        finally:
+            c.close()
 
     def close(self) -> None:
         c = getattr(self._local, "conn", None)

@@ -1,0 +1,357 @@
+"""Acceptance for the restart lifecycle: a real `llm-health remediator` (gunicorn, 2 workers) with its
+agent-check listener, a real HAProxy 2.6 (config derived from deploy/haproxy/haproxy.cfg, agent pointing at
+the remediator) and in-process simulators. Restart actions record their start and end times and restart
+the simulator through `python -m simulator.ctl restart`. Alerts are posted to the webhook as Alertmanager
+would send them.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+import yaml
+from test_haproxy_lb import render_config
+from test_remediator_helpers import alert, payload
+
+from llm_health.config import Backend
+from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
+from remediator.drain import ServerStat, show_stat
+from remediator.inflight import read_in_flight
+from simulator.server import SimConfig, Simulator
+
+HAPROXY = shutil.which("haproxy")
+REPO = Path(__file__).resolve().parent.parent
+TOKEN = "lifecycle-test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+RESTARTING = ("draining", "stopped", "initializing")
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(HAPROXY is None, reason="haproxy not installed")]
+
+RECORDER = '''
+import os, subprocess, sys, time
+log, ctl = sys.argv[1], sys.argv[2]
+name = os.environ["LLM_HEALTH_BACKEND"]
+with open(log, "a") as f:
+    f.write(f"start {name} {time.time():.6f}\\n")
+code = subprocess.call([sys.executable, "-m", "simulator.ctl", "restart", ctl],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+with open(log, "a") as f:
+    f.write(f"end {name} {time.time():.6f}\\n")
+sys.exit(code)
+'''
+
+
+@dataclass
+class Rig:
+    url: str
+    tmp: Path
+    proc: ManagedProcess
+    sims: dict[str, Simulator]
+    agent_port: int
+    lb_url: str = ""
+    socket_path: str = ""
+    haproxy: ManagedProcess | None = None
+    mark: int = 0                      # audit events up to this id belong to the start-up
+    stuck: list[threading.Thread] = field(default_factory=list)
+
+    # -- remediator
+    def post(self, body: Any) -> None:
+        requests.post(f"{self.url}/webhook", json=body, headers=AUTH, timeout=10).raise_for_status()
+
+    def events(self, backend: str = "", kind: str = "") -> list[dict[str, Any]]:
+        r = requests.get(f"{self.url}/api/events", params={"backend": backend, "kind": kind, "limit": 5000},
+                         timeout=5)
+        r.raise_for_status()
+        return [e for e in reversed(r.json()["events"]) if e["id"] > self.mark]     # oldest first
+
+    def lifecycle(self) -> dict[str, str]:
+        r = requests.get(f"{self.url}/api/backends", timeout=5).json()["backends"]
+        return {b["backend"]: b["lifecycle"]["state"] for b in r}
+
+    def wait(self, cond: Any, what: str, timeout: float = 30.0) -> Any:
+        try:
+            return wait_until(cond, timeout=timeout, interval=0.05, what=what)
+        except AssertionError:
+            print(self.proc.log()[-3000:])
+            for e in self.events()[-60:]:
+                print(e["at"], e["kind"], e["backend"], e["reason"])
+            raise
+
+    def actions(self) -> list[tuple[str, str, float]]:
+        path = self.tmp / "actions.txt"
+        if not path.exists():
+            return []
+        return [(w[0], w[1], float(w[2])) for w in (ln.split() for ln in path.read_text().splitlines())]
+
+    # -- simulators
+    def stall_with_work(self, name: str) -> None:
+        """One long request straight to the simulator, then freeze the engine: it stays in flight."""
+        sim = self.sims[name]
+        t = threading.Thread(target=_swallow, args=(sim.url + "/v1/completions",
+                                                    {"prompt": "x", "max_tokens": 4000}), daemon=True)
+        t.start()
+        self.stuck.append(t)
+        wait_until(lambda: sim.stats_json()["running"] >= 1, what=f"work running on {name}")
+        sim.set_fault("stall")
+
+    # -- HAProxy
+    def stats(self) -> dict[str, ServerStat]:
+        return {srv: st for (px, srv), st in show_stat(self.socket_path).items() if px == "vllm"}
+
+    def complete(self, session: str | None = None, timeout: float = 10) -> requests.Response:
+        headers = {"X-Session-Id": session} if session else {}
+        return requests.post(self.lb_url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1},
+                             headers=headers, timeout=timeout)
+
+    def served_by(self, session: str | None = None) -> str:
+        resp = self.complete(session)
+        assert resp.status_code == 200, resp.text
+        return str(resp.json()["model"])
+
+
+def _swallow(url: str, body: dict[str, Any]) -> None:
+    try:
+        requests.post(url, json=body, timeout=30)
+    except requests.RequestException:
+        pass
+
+
+def timeline(events: list[dict[str, Any]], names: list[str]) -> list[dict[str, str]]:
+    """Every backend's lifecycle state after each `lifecycle` event (audit log order)."""
+    states = dict.fromkeys(names, "ready")
+    out = [dict(states)]
+    for e in events:
+        if e["kind"] == "lifecycle" and e["backend"] in states:
+            assert e["detail"]["source"] == states[e["backend"]], e
+            states[e["backend"]] = e["detail"]["target"]
+            out.append(dict(states))
+    return out
+
+
+def build_rig(tmp: Path, hosts: dict[str, str], lb: bool, **settings: Any) -> Rig:
+    sims: dict[str, Simulator] = {}
+    proc = haproxy = None
+    try:
+        for name in hosts:
+            sims[name] = Simulator(SimConfig(port=free_port(), control_port=free_port(), model=name,
+                                             restart_seconds=0.3, step_seconds=0.005)).start()
+        for sim in sims.values():
+            wait_until(lambda sim=sim: requests.get(sim.url + "/health", timeout=1).ok, what="simulator up")
+        (tmp / "token").write_text(TOKEN)
+        (tmp / "record.py").write_text(RECORDER)
+        port, agent_port = free_port(), free_port()
+        socket_path = str(tmp / "admin.sock")
+        cfg = {
+            "backends": [{"name": n, "url": s.url, "host": hosts[n], "model": n,
+                          "restart": [sys.executable, str(tmp / "record.py"), str(tmp / "actions.txt"),
+                                      str(s.control_url)]} for n, s in sims.items()],
+            "exporter": {"read_timeout": 1.0, "probe_timeout": 2.0},
+            "remediator": {
+                "listen": f"127.0.0.1:{port}", "state": "state.db", "token_file": "token", "workers": 2,
+                "agent_listen": f"127.0.0.1:{agent_port}", "verify_readings": 2, "verify_interval": 0.2,
+                "poll_interval": 0.1, "warmup_poll": 0.2, "warmup_timeout": 20, "action_timeout": 20,
+                "drain_timeout": 20, "stalled_drain_timeout": 0.3, "dedup_window": 60,
+                **({"haproxy_socket": socket_path} if lb else {}),
+                **settings,
+            },
+        }
+        (tmp / "llm-health.yml").write_text(yaml.safe_dump(cfg))
+        proc = ManagedProcess(llm_health("remediator", "--config", tmp / "llm-health.yml"), name="remediator",
+                              log_dir=tmp, cwd=REPO)
+        url = f"http://127.0.0.1:{port}"
+        proc.wait_http(url + "/healthz", timeout=30)
+        rig = Rig(url, tmp, proc, sims, agent_port)
+        rig.wait(lambda: set(rig.lifecycle().values()) == {"ready"}, "every backend READY")
+        rig.mark = max(e["id"] for e in rig.events())
+        if lb:
+            fe_port = free_port()
+            (tmp / "haproxy.cfg").write_text(render_config(fe_port, socket_path, agent_port, sims))  # type: ignore[arg-type]
+            haproxy = ManagedProcess([HAPROXY, "-db", "-f", str(tmp / "haproxy.cfg")], name="haproxy", log_dir=tmp)
+            rig.haproxy, rig.lb_url, rig.socket_path = haproxy, f"http://127.0.0.1:{fe_port}", socket_path
+
+            def up() -> bool:
+                if not haproxy.alive():
+                    raise RuntimeError(haproxy.log())
+                st = rig.stats()
+                return len(st) == len(sims) and all(s.status == "UP" for s in st.values())
+
+            rig.wait(up, "HAProxy sees every server UP")
+        return rig
+    except BaseException:
+        for p in (haproxy, proc):
+            if p is not None:
+                p.stop()
+        for sim in sims.values():
+            sim.stop()
+        raise
+
+
+def stop_rig(rig: Rig) -> None:
+    for p in (rig.haproxy, rig.proc):
+        if p is not None:
+            p.stop()
+    for sim in rig.sims.values():
+        sim.stop()
+
+
+@pytest.fixture
+def rig_lb(tmp_path: Path) -> Iterator[Rig]:
+    """gpu-a and gpu-b on different hosts behind HAProxy, min_ready 1."""
+    rig = build_rig(tmp_path, {"gpu-a": "node-1", "gpu-b": "node-2"}, lb=True, min_ready=1)
+    yield rig
+    stop_rig(rig)
+
+
+def listeners(port: int) -> int:
+    """Sockets in LISTEN state on 127.0.0.1:port (from /proc/net/tcp)."""
+    want = f"0100007F:{port:04X}"
+    lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    return sum(1 for ln in lines if ln.split()[1] == want and ln.split()[3] == "0A")
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+def test_restart_walks_every_state_and_traffic_returns_only_after_warmup(rig_lb: Rig) -> None:
+    rig = rig_lb
+    rig.wait(lambda: listeners(rig.agent_port) == 1, "one agent listener")   # two gunicorn workers, one listener
+    assert {rig.served_by() for _ in range(6)} == {"gpu-a", "gpu-b"}
+
+    rig.stall_with_work("gpu-a")
+    rig.post(payload(alert("gpu-a")))
+    rig.wait(lambda: not rig.stats()["gpu-a"].up, "HAProxy takes gpu-a out")
+    taken_out = time.time()
+
+    sent: list[tuple[float, str]] = []
+    stop = threading.Event()
+
+    def traffic() -> None:
+        while not stop.is_set():
+            at = time.time()
+            resp = rig.complete(f"s-{uuid.uuid4().hex[:10]}")
+            sent.append((at, resp.json()["model"] if resp.status_code == 200 else f"HTTP {resp.status_code}"))
+
+    worker = threading.Thread(target=traffic, daemon=True)
+    worker.start()
+    try:
+        ready = rig.wait(lambda: next((e for e in rig.events("gpu-a", "lifecycle")
+                                       if e["detail"]["target"] == "ready"), None), "gpu-a READY again")
+        rig.wait(lambda: any(m == "gpu-a" for _, m in sent), "gpu-a serves through HAProxy again")
+    finally:
+        stop.set()
+        worker.join(timeout=15)
+
+    steps = [(e["detail"]["source"], e["detail"]["target"]) for e in rig.events("gpu-a", "lifecycle")]
+    assert steps == [("ready", "draining"), ("draining", "stopped"), ("stopped", "initializing"),
+                     ("initializing", "ready")], steps
+    during = [m for at, m in sent if taken_out <= at < ready["at"]]
+    assert during and set(during) == {"gpu-b"}, f"requests during the restart: {sorted(set(during))}"
+    first_a = min(at for at, m in sent if m == "gpu-a")
+    assert first_a >= ready["at"]
+    assert rig.sims["gpu-a"].stats_json()["restarts"] == 1
+    assert [a[:2] for a in rig.actions()] == [("start", "gpu-a"), ("end", "gpu-a")]
+    kinds = [e["kind"] for e in rig.events("gpu-a")]
+    assert kinds.index("draining") < kinds.index("restarting") < kinds.index("restarted") < kinds.index("recovered")
+    metrics = requests.get(rig.url + "/metrics", timeout=5).text
+    assert 'llm_health_remediator_lifecycle_state{backend="gpu-a",state="ready"} 1' in metrics
+    assert 'llm_health_remediator_lifecycle_state{backend="gpu-a",state="draining"} 0' in metrics
+    assert f'llm_health_remediator_lifecycle_since_seconds{{backend="gpu-a"}} {ready["at"]:.3f}' in metrics
+
+
+def test_min_ready_holds_when_every_backend_stalls(rig_lb: Rig) -> None:
+    """Policy: a stalled backend that still answers is not down, so it counts as READY for the floor and
+    is only restarted while at least min_ready (1) other backends are READY: one restarts, the other waits."""
+    rig = rig_lb
+    rig.stall_with_work("gpu-a")
+    rig.stall_with_work("gpu-b")
+    rig.post(payload(alert("gpu-a"), alert("gpu-b")))
+    rig.wait(lambda: len([e for e in rig.events(kind="lifecycle") if e["detail"]["target"] == "ready"]) == 2,
+             "both restarted and READY", timeout=45)
+    events = rig.events()
+    states = timeline(events, ["gpu-a", "gpu-b"])
+    assert all(sum(1 for s in st.values() if s == "ready") >= 1 for st in states), states
+    first = next(e["backend"] for e in events if e["kind"] == "draining")
+    second = "gpu-b" if first == "gpu-a" else "gpu-a"
+    deferred = [e for e in events if e["kind"] == "deferred_min_ready"]
+    assert deferred and {e["backend"] for e in deferred} == {second}
+    first_ready = next(e["id"] for e in events if e["kind"] == "lifecycle" and e["backend"] == first
+                       and e["detail"]["target"] == "ready")
+    second_drain = next(e["id"] for e in events if e["kind"] == "draining" and e["backend"] == second)
+    assert first_ready < second_drain
+    assert [s.stats_json()["restarts"] for s in rig.sims.values()] == [1, 1]
+
+
+def test_drained_backend_gets_no_new_requests_while_in_flight_ones_complete(tmp_path: Path) -> None:
+    """Long stalled_drain_timeout: the stall clears during the drain, the in-flight request completes on
+    gpu-a, nothing new reaches it, and the progress calls the restart off (DRAINING -> READY)."""
+    rig = build_rig(tmp_path, {"gpu-a": "node-1", "gpu-b": "node-2"}, lb=True, stalled_drain_timeout=60)
+    try:
+        sticky = next(s for s in (f"s-{uuid.uuid4().hex[:10]}" for _ in range(200)) if rig.served_by(s) == "gpu-a")
+        rig.wait(lambda: rig.stats()["gpu-a"].current_sessions == 0, "HAProxy at rest")
+        a = rig.sims["gpu-a"]
+        result: dict[str, requests.Response] = {}
+
+        def in_flight() -> None:
+            result["r"] = requests.post(rig.lb_url + "/v1/completions", json={"prompt": "hi", "max_tokens": 300},
+                                        headers={"X-Session-Id": sticky}, timeout=60)
+
+        worker = threading.Thread(target=in_flight, daemon=True)
+        worker.start()
+        rig.wait(lambda: a.stats_json()["running"] == 1, "one request running on gpu-a")
+        a.set_fault("stall")
+        rig.post(payload(alert("gpu-a")))
+        rig.wait(lambda: rig.lifecycle()["gpu-a"] == "draining", "gpu-a DRAINING")
+        rig.wait(lambda: rig.stats()["gpu-a"].draining or rig.stats()["gpu-a"].down, "HAProxy stops gpu-a")
+        assert rig.stats()["gpu-a"].current_sessions == 1
+        seen = read_in_flight(Backend("gpu-a", a.url), 2.0, rig.socket_path, "vllm")   # what the drain reads
+        assert (seen.work, seen.sessions, seen.drained) == (1, 1, False)
+        generations = a.stats_json()["by_kind"]["generation"]
+        served = [rig.served_by(s) for s in [sticky, *(f"s-{uuid.uuid4().hex[:10]}" for _ in range(30))]]
+        assert set(served) == {"gpu-b"}, served
+        assert a.stats_json()["by_kind"]["generation"] == generations        # nothing new reached gpu-a
+        assert worker.is_alive() and rig.lifecycle()["gpu-a"] == "draining"
+        a.set_fault("none")                                                  # the engine moves again
+        worker.join(timeout=30)
+        assert result["r"].status_code == 200 and result["r"].json()["model"] == "gpu-a"
+        rig.wait(lambda: rig.lifecycle()["gpu-a"] == "ready", "restart called off: READY")
+        steps = [(e["detail"]["source"], e["detail"]["target"]) for e in rig.events("gpu-a", "lifecycle")]
+        assert steps == [("ready", "draining"), ("draining", "ready")]
+        assert "restart_called_off" in [e["kind"] for e in rig.events("gpu-a")]
+        assert rig.actions() == [] and a.stats_json()["restarts"] == 0
+        rig.wait(lambda: rig.stats()["gpu-a"].up, "gpu-a UP in HAProxy again")
+    finally:
+        stop_rig(rig)
+
+
+def test_two_backends_on_one_host_never_restart_together(tmp_path: Path) -> None:
+    rig = build_rig(tmp_path, {"c1": "node-x", "c2": "node-x", "d1": "node-y"}, lb=False)
+    try:
+        for name in rig.sims:
+            rig.stall_with_work(name)
+        rig.post(payload(*(alert(n) for n in rig.sims)))
+        rig.wait(lambda: len([e for e in rig.events(kind="lifecycle") if e["detail"]["target"] == "ready"]) == 3,
+                 "all three restarted and READY", timeout=45)
+        events = rig.events()
+        for st in timeline(events, list(rig.sims)):
+            assert not (st["c1"] in RESTARTING and st["c2"] in RESTARTING), st
+        acts = rig.actions()
+        start = {n: t for k, n, t in acts if k == "start"}
+        end = {n: t for k, n, t in acts if k == "end"}
+        assert set(start) == set(end) == {"c1", "c2", "d1"}
+        first, second = sorted(("c1", "c2"), key=lambda n: start[n])
+        ready_at = next(e["at"] for e in events if e["kind"] == "lifecycle" and e["backend"] == first
+                        and e["detail"]["target"] == "ready")
+        assert end[first] <= ready_at <= start[second]
+        assert [e["backend"] for e in events if e["kind"] == "deferred_host"] == [second]
+        assert all(s.stats_json()["restarts"] == 1 for s in rig.sims.values())
+    finally:
+        stop_rig(rig)
