@@ -1,7 +1,11 @@
 """`llm-health rules`: render the Prometheus rules from their templates, and check them with promtool.
 
-    llm-health rules render [--out DIR] [--vllm-selector 'job="vllm"'] [--stall-window 2m] ...
+    llm-health rules render [--out DIR] [--scrape-interval 15s] [--vllm-selector 'job="vllm"'] [--stall-window 2m] ...
     llm-health rules check [--dir DIR]
+
+Windows read through rate/increase/changes/resets (RATE_WINDOWS) need several samples: each must be
+at least MIN_SCRAPES_PER_WINDOW scrape intervals (--scrape-interval, default 15s). Left unset they are
+derived (max(default, 4 x scrape interval)); set explicitly too short they are refused.
 
 The templates live in the package (llm_health/templates/rules/) so an installed copy can render them.
 Jinja delimiters are `<< >>`, `<% %>` and `<# #>`, so PromQL ranges and Prometheus' own `{{ }}`
@@ -42,6 +46,32 @@ SELECTOR_RE = re.compile(rf"^{_MATCHER}(,{_MATCHER})*$")
 URL_RE = re.compile(r"^https?://[^\s\"#{}<>]+$")
 
 
+# Windows read through rate/increase/changes/resets, with their defaults at the default scrape interval.
+RATE_WINDOWS = {
+    "stall_window": "2m",
+    "restart_window": "5m",
+    "rate_window": "1m",
+    "proxy_window": "15m",
+    "probe_busy_window": "5m",
+}
+MIN_SCRAPES_PER_WINDOW = 4
+FLAG_HELP = {
+    "scrape_interval": "Prometheus' scrape interval for vLLM and the exporter; the rate windows must hold 4 scrapes",
+    "down_for": "grace before LLMBackendDown; must exceed the model load time",
+    "down_busy_grace": "failed scrapes within this long of a reading with work in flight are not 'down'",
+}
+FIXED_WINDOWS = {"1h": "the 1h restart count (LLMBackendRestartLoop)"}
+
+
+def format_duration(seconds: float) -> str:
+    """The shortest single-unit Prometheus duration for `seconds` (whole milliseconds)."""
+    ms = round(seconds * 1000)
+    for unit, size in (("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
 def parse_duration(text: str, flag: str) -> float:
     """Seconds in a Prometheus duration like 90s, 2m, 1h (one unit only)."""
     match = DURATION_RE.match(text)
@@ -56,17 +86,20 @@ class RuleSettings:
 
     vllm_selector: str = 'job="vllm"'
     exporter_selector: str = 'job="llm-health-exporter"'
-    stall_window: str = "2m"          # no progress with work present for this long = stalled
+    scrape_interval: str = "15s"      # Prometheus' scrape interval for vLLM and the exporter (an assumption)
+    # Windows of RATE_WINDOWS: None = derived, max(default, MIN_SCRAPES_PER_WINDOW x scrape_interval).
+    stall_window: str | None = None   # no progress with work present for this long = stalled (2m)
     stall_for: str = "1m"             # ... on consecutive evaluations for this long before firing
-    down_for: str = "2m"
-    restart_window: str = "5m"        # LLMBackendRestarted looks back this far
+    down_for: str = "2m"              # must exceed the model load time (a restarted vLLM refuses until loaded)
+    down_busy_grace: str = "10m"      # failed scrapes within this long of a reading with work are not "down"
+    restart_window: str | None = None  # LLMBackendRestarted looks back this far (5m)
     restart_loop_threshold: int = 3   # more restarts than this in an hour = LLMBackendRestartLoop
-    rate_window: str = "1m"           # generation tokens / preemptions per second
+    rate_window: str | None = None    # generation tokens / preemptions per second (1m)
     kv_threshold: float = 0.85
     kv_for: str = "10m"
     preemption_rate_threshold: float = 0.0
     preemption_for: str = "10m"
-    proxy_window: str = "15m"
+    proxy_window: str | None = None   # (15m)
     no_metrics_for: str = "5m"
     unknown_for: str = "10m"
     missing_window: str = "1h"
@@ -74,14 +107,16 @@ class RuleSettings:
     min_backends_up: int = 1
     proxy_down_for: str = "2m"
     exporter_down_for: str = "5m"
-    probe_busy_window: str = "5m"
+    probe_busy_window: str | None = None  # (5m)
     runbook_url: str = "https://github.com/llm-health/llm-health/blob/main/docs/runbooks.md"
     exporter: bool = True             # False: rules over vLLM's metrics only (no exporter alerts/branches)
 
     def validated(self) -> RuleSettings:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            flag = "--" + f.name.replace("_", "-")
+        """A copy with every derived window filled in; ConfigError naming the flag on bad input."""
+        s = self._with_windows()
+        for f in fields(s):
+            value = getattr(s, f.name)
+            flag = _flag(f.name)
             if f.name.endswith("_selector"):
                 if not isinstance(value, str) or not SELECTOR_RE.match(value):
                     raise ConfigError(f'{flag}: {value!r} must be label matchers like job="vllm"')
@@ -92,15 +127,42 @@ class RuleSettings:
                 continue
             elif isinstance(value, str):
                 parse_duration(value, flag)
-        if not 0 < self.kv_threshold <= 1:
-            raise ConfigError(f"--kv-threshold: {self.kv_threshold} must be in (0, 1]")
-        if self.preemption_rate_threshold < 0:
+        if not 0 < s.kv_threshold <= 1:
+            raise ConfigError(f"--kv-threshold: {s.kv_threshold} must be in (0, 1]")
+        if s.preemption_rate_threshold < 0:
             raise ConfigError("--preemption-rate-threshold: must be >= 0")
-        if self.restart_loop_threshold < 1:
+        if s.restart_loop_threshold < 1:
             raise ConfigError("--restart-loop-threshold: must be >= 1")
-        if self.min_backends_up < 1:
+        if s.min_backends_up < 1:
             raise ConfigError("--min-backends-up: must be >= 1")
-        return self
+        return s
+
+    def _with_windows(self) -> RuleSettings:
+        """Derive the unset rate windows from the scrape interval; refuse explicit ones that are too short."""
+        scrape = parse_duration(self.scrape_interval, "--scrape-interval")
+        minimum = MIN_SCRAPES_PER_WINDOW * scrape
+        for window, what in FIXED_WINDOWS.items():
+            if parse_duration(window, window) < minimum:
+                raise ConfigError(
+                    f"--scrape-interval: {self.scrape_interval} is too long for {what}: "
+                    f"{window} must span at least {MIN_SCRAPES_PER_WINDOW} scrapes"
+                )
+        derived: dict[str, str] = {}
+        for name, default in RATE_WINDOWS.items():
+            value = getattr(self, name)
+            flag = _flag(name)
+            if value is None:
+                derived[name] = format_duration(max(parse_duration(default, flag), minimum))
+            elif not isinstance(value, str):
+                raise ConfigError(f"{flag}: {value!r} is not a Prometheus duration like 30s, 2m or 1h")
+            elif parse_duration(value, flag) < minimum:
+                raise ConfigError(
+                    f"{flag}: {value} is shorter than {MIN_SCRAPES_PER_WINDOW} scrape intervals "
+                    f"({format_duration(minimum)} at --scrape-interval {self.scrape_interval}): "
+                    f"rate()/changes()/resets() over it would be empty or noise. Use {flag} "
+                    f"{format_duration(minimum)} or more, or pass the real --scrape-interval"
+                )
+        return replace(self, **derived)
 
     # helpers used by the templates
     def seconds(self, duration: str) -> str:
@@ -110,6 +172,14 @@ class RuleSettings:
     @property
     def kv_percent(self) -> str:
         return f"{self.kv_threshold * 100:g}"
+
+    @property
+    def min_scrapes(self) -> int:
+        return MIN_SCRAPES_PER_WINDOW
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def _environment() -> jinja2.Environment:
@@ -180,15 +250,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     for f in fields(RuleSettings):
         default = getattr(defaults, f.name)
-        kind = type(default)
+        kind = str if default is None else type(default)
         if kind is bool:
             continue
+        if f.name in RATE_WINDOWS:
+            shown = f"max({RATE_WINDOWS[f.name]}, {MIN_SCRAPES_PER_WINDOW} x --scrape-interval); shorter is refused"
+        else:
+            shown = str(default)
+        shown = f"{FLAG_HELP[f.name]} (default: {shown})" if f.name in FLAG_HELP else f"default: {shown}"
         render_p.add_argument(
-            "--" + f.name.replace("_", "-"),
+            _flag(f.name),
             type=kind,
             default=None,
             metavar=kind.__name__.upper() if kind is not str else "VALUE",
-            help=f"default: {default}",
+            help=shown,
         )
     check_p = sub.add_parser("check", help="promtool check rules on rendered rules")
     check_p.add_argument("--dir", type=Path, default=DEFAULT_OUT, help="folder with rendered *.yml (default: %(default)s)")

@@ -45,6 +45,8 @@ class Timings:
     read_timeout: float = 1.0
     probe_timeout: float = 2.0
     rules: tuple[tuple[str, str], ...] = (
+        ("--scrape-interval", "1s"),
+        ("--down-busy-grace", "10s"),
         ("--stall-window", "8s"),
         ("--stall-for", "3s"),
         ("--down-for", "3s"),

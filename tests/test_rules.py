@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import subprocess
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ import yaml
 from test_rules_support import AMTOOL, PROMTOOL, REPO, RULE_FILES, RULES_DIR, alert_rules, all_exprs
 
 from llm_health import cli
+from llm_health import rules as cli_rules
 from llm_health.config import ConfigError
 from llm_health.rules import RuleSettings, render, write_rendered
 
@@ -97,6 +100,15 @@ def test_render_with_custom_settings_via_cli(tmp_path: Path, capsys: pytest.Capt
         RuleSettings(kv_threshold=85.0),
         RuleSettings(restart_loop_threshold=0),
         RuleSettings(runbook_url="javascript:alert(1)"),
+        RuleSettings(scrape_interval="15 s"),
+        RuleSettings(scrape_interval="20m"),  # the 1h restart count would hold 3 scrapes
+        RuleSettings(down_busy_grace="later"),
+        RuleSettings(rate_window="59s"),  # default scrape interval 15s: at least 1m
+        RuleSettings(scrape_interval="1m", rate_window="1m"),
+        RuleSettings(scrape_interval="1m", stall_window="2m"),
+        RuleSettings(scrape_interval="1m", restart_window="3m"),
+        RuleSettings(scrape_interval="5m", proxy_window="15m"),
+        RuleSettings(scrape_interval="1m", probe_busy_window="3m59s"),
     ],
 )
 def test_bad_settings_are_refused_and_write_nothing(settings: RuleSettings, tmp_path: Path) -> None:
@@ -109,6 +121,78 @@ def test_cli_reports_bad_input_with_exit_2(tmp_path: Path, capsys: pytest.Captur
     assert cli.main(["rules", "render", "--out", str(tmp_path), "--stall-window", "soon"]) == 2
     assert "--stall-window" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+# --- windows versus the scrape interval ------------------------------------------------------------
+
+RATE_FLAGS = ["--stall-window", "--restart-window", "--rate-window", "--proxy-window", "--probe-busy-window"]
+
+
+@pytest.mark.parametrize("flag", RATE_FLAGS)
+def test_window_shorter_than_four_scrapes_is_refused_naming_the_flag(
+    flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["rules", "render", "--out", str(tmp_path), "--scrape-interval", "1m", flag, "3m"]) == 2
+    err = capsys.readouterr().err
+    assert flag in err and "--scrape-interval" in err and "4m" in err
+    assert list(tmp_path.iterdir()) == []
+    # Exactly four scrapes is enough.
+    assert cli.main(["rules", "render", "--out", str(tmp_path), "--scrape-interval", "1m", flag, "4m"]) == 0
+
+
+def test_unset_windows_are_derived_from_the_scrape_interval() -> None:
+    slow = RuleSettings(scrape_interval="1m").validated()
+    assert (slow.rate_window, slow.stall_window, slow.restart_window, slow.proxy_window, slow.probe_busy_window) == (
+        "4m", "4m", "5m", "15m", "5m")
+    default = RuleSettings().validated()
+    assert (default.rate_window, default.stall_window, default.restart_window, default.proxy_window,
+            default.probe_busy_window) == ("1m", "2m", "5m", "15m", "5m")
+    fast = RuleSettings(scrape_interval="1s", rate_window="4s").validated()
+    assert (fast.rate_window, fast.stall_window) == ("4s", "2m")
+    texts = render(RuleSettings(scrape_interval="1m"))
+    records = texts["llm_health_records.yml"]
+    assert 'rate(vllm:num_preemptions_total{job="vllm"}[4m])' in records
+    assert 'min_over_time(vllm:num_requests_running{job="vllm"}[4m])' in records
+    assert "[1m]" not in records + texts["llm_health_alerts.yml"]
+    for text in texts.values():
+        assert "# Assumes Prometheus scrapes vLLM and the exporter every 1m or faster (--scrape-interval)" in text
+
+
+def test_checked_in_rules_state_their_scrape_interval_assumption() -> None:
+    for path in RULE_FILES:
+        assert "every 15s or faster (--scrape-interval)" in path.read_text(), path.name
+
+
+def test_unset_settings_keep_their_documented_defaults() -> None:
+    """The derived windows still show their default in --help; unset means derived, never empty."""
+    parser = argparse.ArgumentParser()
+    cli_rules.configure(parser)
+    args = parser.parse_args(["render"])
+    assert all(getattr(args, f.name) is None for f in fields(RuleSettings) if f.name in cli_rules.RATE_WINDOWS)
+    settings = cli_rules.settings_from_args(args).validated()
+    assert all(isinstance(getattr(settings, name), str) for name in cli_rules.RATE_WINDOWS)
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(60, "1m"), (240, "4m"), (90, "90s"), (7200, "2h"), (0.5, "500ms")])
+def test_format_duration(seconds: float, text: str) -> None:
+    assert cli_rules.format_duration(seconds) == text
+
+
+HARNESS_FLAGS = [
+    "--stall-window", "8s", "--stall-for", "3s", "--down-for", "3s", "--restart-window", "20s", "--rate-window", "4s",
+    "--no-metrics-for", "5s", "--unknown-for", "30s", "--missing-window", "2m", "--missing-for", "10s",
+    "--proxy-down-for", "3s", "--exporter-down-for", "10s", "--probe-busy-window", "10s", "--proxy-window", "30s",
+]
+
+
+@needs_promtool
+def test_end_to_end_harness_flags_render_at_a_1s_scrape(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The flags llm_health/stack.py passes (1 s scrape interval) keep working."""
+    rc = cli.main(["rules", "render", "--out", str(tmp_path), "--check", "--scrape-interval", "1s", *HARNESS_FLAGS])
+    assert rc == 0, capsys.readouterr()
+    records = (tmp_path / "llm_health_records.yml").read_text()
+    assert 'rate(vllm:generation_tokens_total{job="vllm"}[4s])' in records
+    assert "every 1s or faster" in records
 
 
 # --- vLLM metric names ---------------------------------------------------------------------------

@@ -116,8 +116,9 @@ def test_stalled_backend_reaches_the_remediator_webhook_and_busy_one_does_not(tm
         requests.post(f"{sims['stuck']}/sim/fault", json={"fault": "stall"}, timeout=5).raise_for_status()
 
         rules_dir = tmp_path / "rules"
-        write_rendered(rules_dir, RuleSettings(stall_window="5s", stall_for="2s", down_for="10s", restart_window="10s",
-                                               rate_window="5s"))
+        write_rendered(rules_dir, RuleSettings(scrape_interval="1s", stall_window="5s", stall_for="2s", down_for="10s",
+                                               restart_window="10s", rate_window="5s", probe_busy_window="10s",
+                                               proxy_window="30s"))
 
         # The example Alertmanager config, pointed at our receiver, with test-sized timings.
         am_cfg = yaml.safe_load((REPO / "deploy" / "alertmanager" / "alertmanager.yml").read_text())

@@ -209,13 +209,19 @@ def restarts_and_proxies() -> Scenario:
 
 def down_and_gone() -> Scenario:
     s = Scenario("down backends; every backend gone")
-    s.add(vllm_backend("down", running="1x20 stale", waiting="0x20 stale", progress="0+10x20 stale", up=f"1x20 0x{N}",
+    # Idle (nothing in flight) at its last readings, then every scrape fails: down.
+    s.add(vllm_backend("down", running="0x20 stale", waiting="0x20 stale", progress="10x20 stale", up=f"1x20 0x{N}",
                        kv="0.3x20 stale", start_time="1000x20 stale"))
     s.add(vllm_backend("expdown", running=f"0x{N}", waiting=f"0x{N}", progress=f"10x{N}", up=f"1x{N}"))
     s.add(exporter_series("llm_health_verdict_code", {"backend": "expdown"}, f"1x20 6x{N}"))
+    # Busy, then its scrapes fail and the exporter's readings are refused (it crashed with work): the
+    # exporter's down verdict still reaches LLMBackendDown.
+    s.add(vllm_backend("busycrash", running="3x20 stale", waiting="1x20 stale", progress="0+100x20 stale",
+                       up=f"1x20 0x{N}", kv="0.3x20 stale", start_time="1000x20 stale"))
+    s.add(exporter_series("llm_health_verdict_code", {"backend": "busycrash"}, f"2x20 6x{N}"))
     s.add(series("up", EXPORTER, f"1x{N}"))
     s.silent("6m30s", "LLMBackendDown")
-    s.expect("7m30s", "LLMBackendDown", {"backend": "down"}, {"backend": "expdown"})
+    s.expect("7m30s", "LLMBackendDown", {"backend": "down"}, {"backend": "expdown"}, {"backend": "busycrash"})
     s.state("6m", "down", 0)
     s.state("7m30s", "down", 6)
     s.silent("7m30s", "LLMBackendStalled")
@@ -246,6 +252,74 @@ def all_down() -> Scenario:
         s.add(series("up", target_labels(b), "1x20 0x100"))
     s.expect("8m", "LLMTooFewBackendsUp", {})
     s.expect("8m", "LLMBackendDown", {"backend": "a"}, {"backend": "b"})
+    return s
+
+
+def busy_timeouts() -> Scenario:
+    """A busy vLLM's /metrics can time out (event-loop lag): failed scrapes after readings with work in
+    flight are not "down" within the down-busy grace (10m); idle then failing is down after down_for."""
+    s = Scenario("scrape failures of a busy backend are not down; of an idle one they are")
+    s.add(vllm_backend("busytimeout", running="3x20 stale", waiting="2x20 stale", progress="0+100x20 stale",
+                       up=f"1x20 0x{N}", kv="0.3x20 stale", start_time="1000x20 stale"))
+    # Only waiting at its last reading (running can read 0 under load): still work in flight.
+    s.add(vllm_backend("queuedtimeout", running="0x20 stale", waiting="4x20 stale", progress="0+100x20 stale",
+                       up=f"1x20 0x{N}", kv="0.3x20 stale", start_time="1000x20 stale"))
+    # Nothing in flight at any reading, then every scrape fails: down after down_for (2m).
+    s.add(vllm_backend("idletimeout", running="0x20 stale", waiting="0x20 stale", progress="10x20 stale",
+                       up=f"1x20 0x{N}", kv="0.3x20 stale", start_time="1000x20 stale"))
+    for at in ("5m15s", "7m30s", "10m", "14m"):
+        s.expect(at, "LLMBackendDown", *([{"backend": "idletimeout"}] if at != "5m15s" else []))
+    s.state("7m30s", "busytimeout", 0)    # unknown, not down
+    s.state("7m30s", "queuedtimeout", 0)
+    s.state("7m30s", "idletimeout", 6)
+    # Past the grace (10m after the last reading with work) the failures count again: a busy server that
+    # died is reported by the rules alone too, late (the exporter's down verdict is the fast path).
+    s.expect("16m", "LLMBackendDown", {"backend": "idletimeout"})
+    s.expect("17m30s", "LLMBackendDown",
+             {"backend": "busytimeout"}, {"backend": "queuedtimeout"}, {"backend": "idletimeout"})
+    s.state("17m30s", "busytimeout", 6)
+    s.silent("7m30s", "LLMBackendStalled")
+    return s
+
+
+def all_busy_unreachable() -> Scenario:
+    s = Scenario("every backend busy, then every scrape fails: no per-backend Down, the fleet alert fires")
+    for b in ("a", "b"):
+        s.add(vllm_backend(b, running="5x20 stale", waiting="1x20 stale", progress="0+100x20 stale",
+                           up=f"1x20 0x{N}", kv="0.3x20 stale", start_time="1000x20 stale"))
+    s.silent("6m", "LLMTooFewBackendsUp")
+    s.expect("8m", "LLMTooFewBackendsUp", {})
+    s.silent("8m", "LLMBackendDown")
+    s.silent("12m", "LLMBackendDown")
+    return s
+
+
+def probes_sent() -> Scenario:
+    """llm_health_probes_sent_total counts a probe when sent; llm_health_probes_total when it finishes."""
+    s = Scenario("probes counted when sent; an idle moment between two scrapes of a bursty server")
+    # Busy at every reading, the exporter read work at every scrape, and sent a probe at 30m: broken.
+    s.add(vllm_backend("sentbusy", running=f"12x{N}", waiting=f"3x{N}", progress=f"0+300x{N}", up=f"1x{N}"))
+    s.add(exporter_series("llm_health_probes_sent_total", {"backend": "sentbusy"}, "5x120 6x180"))
+    s.add(exporter_series("llm_health_probes_total", {"backend": "sentbusy", "result": "timeout"}, "5x124 6x176"))
+    s.add(exporter_series("llm_health_in_flight_requests", {"backend": "sentbusy"}, f"15x{N}"))
+    # Bursty: busy at every vLLM scrape, but the exporter read it idle (its gauge 0 at the 30m scrape)
+    # and probed in that moment: excused.
+    s.add(vllm_backend("sentgap", running=f"12x{N}", waiting=f"3x{N}", progress=f"0+300x{N}", up=f"1x{N}"))
+    s.add(exporter_series("llm_health_probes_sent_total", {"backend": "sentgap"}, "5x120 6x180"))
+    s.add(exporter_series("llm_health_probes_total", {"backend": "sentgap", "result": "ok"}, "5x120 6x180"))
+    s.add(exporter_series("llm_health_in_flight_requests", {"backend": "sentgap"}, f"15x119 0 15x{N}"))
+    # Sent at 20m, in the one idle reading; it finished 30 s later, when the server was busy again. The
+    # finish counter alone would look like a probe into a busy window; the sent counter does not.
+    s.add(vllm_backend("latefinish", running="12x79 0 12x220", waiting="3x79 0 3x220", progress=f"0+300x{N}",
+                       up=f"1x{N}"))
+    s.add(exporter_series("llm_health_probes_sent_total", {"backend": "latefinish"}, "5x79 6x220"))
+    s.add(exporter_series("llm_health_probes_total", {"backend": "latefinish", "result": "ok"}, "5x81 6x218"))
+    s.add(exporter_series("llm_health_in_flight_requests", {"backend": "latefinish"}, f"15x{N}"))
+    for at in ("21m", "23m", "25m15s", "29m"):
+        s.silent(at, "LLMHealthProbeSentToBusyBackend")
+    s.expect("30m15s", "LLMHealthProbeSentToBusyBackend", {"backend": "sentbusy"})
+    s.expect("32m", "LLMHealthProbeSentToBusyBackend", {"backend": "sentbusy"})
+    s.silent("36m", "LLMHealthProbeSentToBusyBackend")
     return s
 
 
@@ -292,7 +366,8 @@ def exporter_down() -> Scenario:
     return s
 
 
-SCENARIOS = [busy_and_probes, stalls, traps, restarts_and_proxies, down_and_gone, all_gone, all_down, capacity, exporter_down]
+SCENARIOS = [busy_and_probes, stalls, traps, restarts_and_proxies, down_and_gone, all_gone, all_down, capacity, exporter_down,
+             busy_timeouts, all_busy_unreachable, probes_sent]
 
 
 def build_document(rule_files: list[Path] | None = None, written_as: list[str] | None = None) -> dict:
@@ -345,6 +420,33 @@ def test_rules_only_render_keeps_the_vllm_verdicts(tmp_path: Path) -> None:
     assert not any("llm_health_" in e.replace("backend:llm_health_state", "") for e in
                    [r["expr"] for r in alert_rules(files).values()])
     assert {"LLMHealthExporterDown", "LLMProxyDown", "LLMHealthProbeSentToBusyBackend"}.isdisjoint(alert_rules(files))
-    scenarios = [traps(), restarts_and_proxies(), all_down()]
+    scenarios = [traps(), restarts_and_proxies(), all_down(), busy_timeouts(), all_busy_unreachable()]
     result = run_promtool_tests(promtool_document(scenarios, files), tmp_path / "rules_only_test.yml")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_rules_rendered_for_a_1m_scrape_interval_see_rates(tmp_path: Path) -> None:
+    """Prometheus' default 1m scrape: with --scrape-interval 1m the derived windows (rate 4m, stall 4m)
+    hold enough samples that preemptions fire, tokens/s has a value, and a frozen backend is stalled."""
+    from llm_health.rules import RuleSettings, write_rendered
+
+    files = write_rendered(tmp_path, RuleSettings(scrape_interval="1m"))
+    n = 60
+    s = Scenario("1m scrape interval", interval="1m")
+    s.add(vllm_backend("preempt", running=f"4x{n}", waiting=f"5x{n}", progress=f"0+600x{n}", up=f"1x{n}",
+                       kv=f"0.3x{n}", start_time=f"1000x{n}"))
+    s.add(series("vllm:num_preemptions_total", vllm_labels("preempt"), f"0+6x{n}"))
+    s.add(vllm_backend("frozen", running=f"3x{n}", waiting=f"1x{n}", progress=f"0+600x5 3600x{n}", up=f"1x{n}",
+                       kv=f"0.3x{n}", start_time=f"1000x{n}"))
+    s.value("20m", 'backend:vllm_generation_tokens:rate{backend="preempt"}',
+            [('backend:vllm_generation_tokens:rate{backend="preempt"}', 10)])
+    s.value("20m", 'backend:vllm_num_preemptions:rate{backend="preempt"}',
+            [('backend:vllm_num_preemptions:rate{backend="preempt"}', 0.1)])
+    s.silent("9m", "LLMPreemptions")
+    s.expect("20m", "LLMPreemptions", {"backend": "preempt"})
+    s.silent("7m", "LLMBackendStalled")
+    s.expect("20m", "LLMBackendStalled", {"backend": "frozen"})
+    s.state("20m", "preempt", 2)
+    s.state("20m", "frozen", 5)
+    result = run_promtool_tests(promtool_document([s], files), tmp_path / "scrape_1m_test.yml")
     assert result.returncode == 0, result.stdout + result.stderr
