@@ -6,7 +6,8 @@
 {"backends": [{"backend": "gpu-a", "url": "...", "verdict": "busy", "code": 2,
                "reason": "12 running, 3 waiting, engine progressing (840 tokens/s)",
                "since": 1764470000.0, "in_flight": 15, "tokens_per_second": 840.0,
-               "last_progress": 1764470042.1, "probes": {"ok": 3, "error": 0, "timeout": 0}}],
+               "last_progress": 1764470042.1, "probes": {"ok": 3, "error": 0, "timeout": 0},
+               "probes_sent": 3}],
  "proxies": [{"proxy": "lb", "url": "...", "up": true}],
  "cycles": 42, "cycle_seconds": 0.012, "at": 1764470042.5}
 ```
@@ -42,6 +43,7 @@ def verdicts_document(snap: Snapshot) -> dict[str, Any]:
                 "tokens_per_second": round(b.tokens_per_second, 3),
                 "last_progress": b.last_progress,
                 "probes": b.probes,
+                "probes_sent": b.probes_sent,
             }
             for b in snap.backends
         ],

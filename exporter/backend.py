@@ -3,6 +3,9 @@
 Plain `http.client` with one kept-alive connection per target: at 1000 backends per interval the
 cost of a request matters more than convenience. One `Target` is used by one thread at a time
 (the cycle never has two reads of one backend in flight); the probe has its own `Target`.
+
+With an API key (vLLM `--api-key` protects `/v1/*` only) the key goes as `Authorization: Bearer`
+on `/v1/*` requests; `/metrics` and `/health` stay unauthenticated, as in vLLM.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import http.client
 import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlparse
 
 from exporter.reading import read_text
@@ -22,17 +26,19 @@ from exporter.verdict import (
     READ_TIMEOUT,
     Observation,
 )
+from llm_health.config import ConfigError
 
 USER_AGENT = "llm-health-exporter"
 
 
 class HttpFailure(Exception):
-    """A request failed; `kind` is refused | timeout | error."""
+    """A request failed; `kind` is refused | timeout | error; `status` the HTTP status if one came back."""
 
-    def __init__(self, kind: str, detail: str) -> None:
+    def __init__(self, kind: str, detail: str, status: int = 0) -> None:
         super().__init__(detail)
         self.kind = kind
         self.detail = detail
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -45,8 +51,9 @@ class Response:
 class Target:
     """One HTTP server; a kept-alive connection, reopened after any failure."""
 
-    def __init__(self, url: str, timeout: float) -> None:
+    def __init__(self, url: str, timeout: float, api_key: str = "") -> None:
         parsed = urlparse(url)
+        self.api_key = api_key
         self.url = url.rstrip("/")
         self.https = parsed.scheme == "https"
         self.host = parsed.hostname or "127.0.0.1"
@@ -74,6 +81,8 @@ class Target:
     ) -> Response:
         timeout = self.timeout if timeout is None else timeout
         all_headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
+        if self.api_key and path.startswith("/v1/"):
+            all_headers["Authorization"] = f"Bearer {self.api_key}"
         if headers:
             all_headers.update(headers)
         started = time.monotonic()
@@ -139,6 +148,27 @@ def cheap_ok(target: Target) -> bool:
     return False
 
 
+def load_api_key(path: str | Path, where: str = "api_key_file") -> str:
+    """The API key in `path` (stripped); "" for no path. A missing, unreadable or empty file is an error."""
+    if not str(path):
+        return ""
+    try:
+        key = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{where}: cannot read {str(path)!r}: {exc.__class__.__name__}") from None
+    if not key or any(c in key for c in "\r\n"):
+        raise ConfigError(f"{where}: {str(path)!r} must hold one non-empty line")
+    return key
+
+
+def health_ok(target: Target) -> bool:
+    """GET /health answers 200 within the target's timeout (the cheapest sign of a live HTTP side)."""
+    try:
+        return target.get("/health").status == 200
+    except HttpFailure:
+        return False
+
+
 def observe(target: Target) -> Observation:
     """Read /metrics once; when the page has no engine series, ask the cheap endpoints instead."""
     try:
@@ -162,7 +192,7 @@ def first_model(target: Target) -> str:
     """The first model id listed by /v1/models ("" when there is none)."""
     resp = target.get("/v1/models")
     if resp.status != 200:
-        raise HttpFailure("error", f"/v1/models: HTTP {resp.status}")
+        raise HttpFailure("error", f"/v1/models: HTTP {resp.status}", resp.status)
     try:
         data = json.loads(resp.body)
         return str(data["data"][0]["id"])

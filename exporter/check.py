@@ -2,11 +2,24 @@
 
 Both take a few fresh, direct readings of the server's /metrics a little apart and compare them
 with the same rules as the exporter (exporter.verdict): engine progress is judged from counters,
-a probe goes out only when the last reading shows no work, counters of two processes are never
-compared.
+per engine, a probe goes out only when the last reading shows no work, counters of two processes
+are never compared.
 
-`verify()` outcomes (docs/design.md §3): progress | idle_ok | no_progress | down | restarted | unknown.
-`check` exit codes: 0 idle/busy/restarted, 1 no_metrics/unknown, 2 stalled/down.
+`verify()` outcomes (docs/design.md §3):
+
+* progress      every engine with work moved across the readings (an engine without work is fine)
+* idle_ok       no work and the probe answered
+* no_progress   an engine with work is frozen across all readings (the reason names it)
+* down          refused / errors on every reading, or idle and the probe failed twice (refused,
+                timeout, 5xx), or no metrics and the cheap endpoints fail
+* unresponsive  every reading timed out (connection accepted, no answer within read_timeout) and
+                /health did not answer either: a hung server, neither down nor merely slow
+* restarted     another process answered between two readings
+* unknown       cannot tell: e.g. /metrics slow but /health fine, no metrics, a probe rejected
+                with HTTP 4xx (a misconfigured probe: API key, model; never counted as down)
+
+The API key (vLLM `--api-key`) goes as a bearer token on /v1/* only (probe, /v1/models).
+`check` exit codes: 0 idle/busy/restarted, 1 no_metrics/unknown (also unresponsive), 2 stalled/down.
 """
 
 from __future__ import annotations
@@ -17,7 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from exporter.backend import Target, observe
+from exporter.backend import Target, health_ok, load_api_key, observe
 from exporter.probe import Prober
 from exporter.reading import Reading
 from exporter.verdict import (
@@ -31,6 +44,7 @@ from exporter.verdict import (
     Verdict,
     other_process,
     progressed,
+    rejection_text,
 )
 from llm_health.config import ConfigError, _check_url
 
@@ -38,9 +52,10 @@ PROGRESS = "progress"
 IDLE_OK = "idle_ok"
 NO_PROGRESS = "no_progress"
 DOWN = "down"
+UNRESPONSIVE = "unresponsive"
 RESTARTED = "restarted"
 UNKNOWN = "unknown"
-OUTCOMES = (PROGRESS, IDLE_OK, NO_PROGRESS, DOWN, RESTARTED, UNKNOWN)
+OUTCOMES = (PROGRESS, IDLE_OK, NO_PROGRESS, DOWN, UNRESPONSIVE, RESTARTED, UNKNOWN)
 
 
 @dataclass(frozen=True)
@@ -64,8 +79,9 @@ def _examine(
     clock: Callable[[], float],
     probe: bool,
     model: str = "",
+    api_key: str = "",
 ) -> tuple[Verification, Verdict]:
-    target = Target(url, read_timeout)
+    target = Target(url, read_timeout, api_key)
     seen: list[tuple[Observation, float]] = []
     try:
         for i in range(max(1, readings)):
@@ -84,50 +100,109 @@ def _examine(
             return Verification(RESTARTED, f"another process answered: {why}", b.work), Verdict.RESTARTED
 
     if not good:
-        if all(o in (READ_REFUSED, READ_ERROR) for o in outcomes):
-            detail = seen[-1][0].detail or seen[-1][0].outcome
-            return Verification(DOWN, f"every reading failed ({len(seen)}): {detail}", 0.0), Verdict.DOWN
-        no_metrics = [o for o, _ in seen if o.outcome in (READ_OK, READ_NOT_FOUND)]
-        if no_metrics and len(no_metrics) == len(seen):
-            if all(o.cheap_ok is False for o in no_metrics):
-                return (Verification(DOWN, "no engine metrics and /health, /v1/models fail on every reading", 0.0),
-                        Verdict.DOWN)
-            return (Verification(UNKNOWN, "no engine metrics on /metrics; /health or /v1/models answer", 0.0),
-                    Verdict.NO_METRICS)
-        if READ_TIMEOUT in outcomes:
-            return (Verification(UNKNOWN, f"/metrics timed out ({outcomes.count(READ_TIMEOUT)} of {len(seen)})", 0.0),
-                    Verdict.UNKNOWN)
-        return Verification(UNKNOWN, f"no usable reading ({', '.join(outcomes)})", 0.0), Verdict.UNKNOWN
+        return _without_readings(url, read_timeout, seen)
 
-    # the engine moved between two readings
-    for (a, ta), (b, tb) in zip(good, good[1:], strict=False):
-        for key, eng in b.engines.items():
-            old = a.engines.get(key)
-            if old is not None and progressed(old, eng):
-                dt = max(tb - ta, 1e-9)
-                tps = max(b.generation_tokens() - a.generation_tokens(), 0.0) / dt
-                return (Verification(PROGRESS, f"{_work(b)}, engine progressing ({tps:.0f} tokens/s)", b.work),
-                        Verdict.BUSY if b.work > 0 else Verdict.IDLE)
+    judged = _engines(good, all_good=len(good) == len(seen))
+    if judged is not None:
+        return judged
 
     last = good[-1][0]
     if last.work <= 0:
         if not probe:
             return Verification(UNKNOWN, f"{_work(last)}; not probed", 0.0), Verdict.IDLE
-        return _probe_idle(url, target, probe_timeout, read_timeout, last, model)
-
-    if len(good) >= 2 and len(good) == len(seen) and all(r.work > 0 for r, _ in good):
-        quiet = good[-1][1] - good[0][1]
-        return (Verification(NO_PROGRESS, f"{_work(last)}, no engine progress for {quiet:.0f} s "
-                             f"across {len(good)} readings", last.work), Verdict.STALLED)
+        return _probe_idle(url, probe_timeout, read_timeout, last, model, api_key)
     return (Verification(UNKNOWN, f"{_work(last)}; not enough readings to judge progress "
                          f"({', '.join(outcomes)})", last.work), Verdict.UNKNOWN)
 
 
-def _probe_idle(
-    url: str, target: Target, probe_timeout: float, read_timeout: float, last: Reading, model: str
+def _without_readings(
+    url: str, read_timeout: float, seen: list[tuple[Observation, float]]
 ) -> tuple[Verification, Verdict]:
-    """Idle: ask for an answer. A failure is retried once after a fresh reading that is still idle."""
-    prober = Prober(url, probe_timeout, model)
+    outcomes = [o.outcome for o, _ in seen]
+    if all(o in (READ_REFUSED, READ_ERROR) for o in outcomes):
+        detail = seen[-1][0].detail or seen[-1][0].outcome
+        return Verification(DOWN, f"every reading failed ({len(seen)}): {detail}", 0.0), Verdict.DOWN
+    no_metrics = [o for o, _ in seen if o.outcome in (READ_OK, READ_NOT_FOUND)]
+    if no_metrics and len(no_metrics) == len(seen):
+        if all(o.cheap_ok is False for o in no_metrics):
+            return (Verification(DOWN, "no engine metrics and /health, /v1/models fail on every reading", 0.0),
+                    Verdict.DOWN)
+        return (Verification(UNKNOWN, "no engine metrics on /metrics; /health or /v1/models answer", 0.0),
+                Verdict.NO_METRICS)
+    if READ_TIMEOUT in outcomes:
+        timeouts = f"/metrics timed out ({outcomes.count(READ_TIMEOUT)} of {len(seen)})"
+        if all(o == READ_TIMEOUT for o in outcomes):
+            target = Target(url, read_timeout)
+            try:
+                fine = health_ok(target)
+            finally:
+                target.close()
+            if not fine:
+                return (Verification(UNRESPONSIVE, f"{timeouts}; /health did not answer within "
+                                     f"{read_timeout:g} s either", 0.0), Verdict.UNKNOWN)
+            return Verification(UNKNOWN, f"{timeouts}; /metrics slow, /health fine", 0.0), Verdict.UNKNOWN
+        return Verification(UNKNOWN, timeouts, 0.0), Verdict.UNKNOWN
+    return Verification(UNKNOWN, f"no usable reading ({', '.join(outcomes)})", 0.0), Verdict.UNKNOWN
+
+
+def _engines(good: list[tuple[Reading, float]], all_good: bool) -> tuple[Verification, Verdict] | None:
+    """Per engine, like the exporter's worst-engine verdict; None when it comes down to the probe.
+
+    no_progress: an engine with work in every reading whose counters never moved (needs >= 2 readings,
+    all of them good). progress: every engine with work at the last reading moved (or, with no work
+    left, something moved: work finished). Otherwise unknown.
+    """
+    last, t_last = good[-1]
+    first_t = good[0][1]
+    multi = len(last.engines) > 1
+    pairs = list(zip(good, good[1:], strict=False))
+
+    def moved(key: str) -> bool:
+        for (a, _), (b, _) in pairs:
+            old, new = a.engines.get(key), b.engines.get(key)
+            if old is not None and new is not None and progressed(old, new):
+                return True
+        return False
+
+    def frozen(key: str) -> bool:
+        return (len(good) >= 2 and all_good and not moved(key)
+                and all(key in r.engines and r.engines[key].work > 0 for r, _ in good))
+
+    def name(key: str) -> str:
+        return f"engine {key}: " if multi else ""
+
+    busy = [key for key, eng in last.engines.items() if eng.work > 0]
+    for key in busy:
+        if frozen(key):
+            eng = last.engines[key]
+            return (Verification(NO_PROGRESS, f"{name(key)}{_work(eng)}, no engine progress for "
+                                 f"{t_last - first_t:.0f} s across {len(good)} readings", last.work),
+                    Verdict.STALLED)
+    if len(good) < 2:
+        return None
+    if busy:
+        still = [key for key in busy if not moved(key)]
+        if still:
+            eng = last.engines[still[0]]
+            return (Verification(UNKNOWN, f"{name(still[0])}{_work(eng)}, no engine progress seen yet, "
+                                 f"too few good readings with work to call it frozen", last.work), Verdict.UNKNOWN)
+    elif not any(moved(key) for key in last.engines):
+        return None  # idle and quiet: the probe decides
+    (a, ta), (b, tb) = good[-2], good[-1]
+    dt = max(tb - ta, 1e-9)
+    tps = max(b.generation_tokens() - a.generation_tokens(), 0.0) / dt
+    return (Verification(PROGRESS, f"{_work(b)}, engine progressing ({tps:.0f} tokens/s)", b.work),
+            Verdict.BUSY if b.work > 0 else Verdict.IDLE)
+
+
+def _probe_idle(
+    url: str, probe_timeout: float, read_timeout: float, last: Reading, model: str, api_key: str = ""
+) -> tuple[Verification, Verdict]:
+    """Idle: ask for an answer. A failure is retried once after a fresh reading that is still idle.
+
+    A rejected probe (HTTP 4xx) is a misconfigured probe: unknown at once, never down.
+    """
+    prober = Prober(url, probe_timeout, model, api_key)
     try:
         failures: list[str] = []
         for _attempt in range(2):
@@ -135,6 +210,8 @@ def _probe_idle(
             if result.result == PROBE_OK:
                 return (Verification(IDLE_OK, f"{_work(last)}; probe answered in {result.seconds:.2f} s", 0.0),
                         Verdict.IDLE)
+            if result.rejected:
+                return Verification(UNKNOWN, f"{_work(last)}; {rejection_text(result)}", 0.0), Verdict.UNKNOWN
             failures.append(f"{result.result}" + (f": {result.detail}" if result.detail else ""))
             again = observe(Target(url, read_timeout))
             if again.outcome != READ_OK or again.reading is None or not again.reading.has_engine_metrics:
@@ -159,9 +236,10 @@ def verify(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.time,
     model: str = "",
+    api_key: str = "",
 ) -> Verification:
     """Fresh direct readings of one server, `interval` apart: may it be restarted? (see module doc)"""
-    return _examine(url, readings, interval, read_timeout, probe_timeout, sleep, clock, True, model)[0]
+    return _examine(url, readings, interval, read_timeout, probe_timeout, sleep, clock, True, model, api_key)[0]
 
 
 EXIT_CODES = {
@@ -179,16 +257,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--probe-timeout", type=float, default=10.0, help="idle probe timeout (default 10)")
     parser.add_argument("--model", default="", help="model for the probe (default: first of /v1/models)")
     parser.add_argument("--no-probe", action="store_true", help="never send a generation request")
+    parser.add_argument("--api-key-file", default="", metavar="PATH",
+                        help="file with the vLLM --api-key, sent as a bearer token on /v1/* only")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.readings < 1 or args.interval < 0 or args.timeout <= 0 or args.probe_timeout <= 0:
         raise ConfigError("--readings must be >= 1, --interval >= 0, timeouts > 0")
     url = _check_url(args.url, "url")
+    api_key = load_api_key(args.api_key_file, "--api-key-file")
     result, verdict = _examine(url, args.readings, args.interval, args.timeout, args.probe_timeout,
-                               time.sleep, time.time, not args.no_probe, args.model)
+                               time.sleep, time.time, not args.no_probe, args.model, api_key)
     code = EXIT_CODES[verdict]
     label = {0: "OK", 1: "UNKNOWN", 2: "CRITICAL"}[code]
-    print(f"{label}: {verdict.value} - {result.reason}")
+    shown = result.outcome if result.outcome == UNRESPONSIVE else verdict.value
+    print(f"{label}: {shown} - {result.reason}")
     sys.stdout.flush()
     return code

@@ -18,6 +18,7 @@ from dataclasses import replace
 from types import FrameType
 
 from exporter.app import ExporterServer
+from exporter.backend import load_api_key
 from exporter.cycle import Fleet
 from llm_health.config import Backend, Config, ConfigError, Proxy, load_config, parse_named_url
 
@@ -35,6 +36,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--probe-timeout", type=float, help="idle probe timeout (default 10)")
     parser.add_argument("--probe-every", type=float, help="min seconds between probes of one backend")
     parser.add_argument("--listen", metavar="HOST:PORT", help="where to serve /metrics and /verdicts")
+    parser.add_argument("--api-key-file", metavar="PATH",
+                        help="file with the vLLM --api-key, sent as a bearer token on /v1/* (probe, models)")
 
 
 def build_config(args: argparse.Namespace) -> Config:
@@ -56,12 +59,16 @@ def build_config(args: argparse.Namespace) -> Config:
     overrides = {
         "interval": args.interval, "stall_after": args.stall_after, "down_after": args.down_after,
         "read_timeout": args.read_timeout, "probe_timeout": args.probe_timeout,
-        "probe_every": args.probe_every, "listen": args.listen,
+        "probe_every": args.probe_every, "listen": args.listen, "api_key_file": args.api_key_file,
     }
     for key, value in overrides.items():
         if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
             raise ConfigError(f"--{key.replace('_', '-')}: must be >= 0")
     settings = replace(config.exporter, **{k: v for k, v in overrides.items() if v is not None})
+    if settings.api_key_file and settings.api_key_file != args.api_key_file:
+        # from the file: relative to the file's folder
+        settings = replace(settings, api_key_file=str(config.resolve_path(settings.api_key_file)))
+    load_api_key(settings.api_key_file, "exporter.api_key_file")  # fail at start, not at the first probe
     if settings.interval <= 0:
         raise ConfigError("--interval: must be > 0")
     parse_listen(settings.listen)
@@ -90,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
     config = build_config(args)
     raise_fd_limit(2 * (len(config.backends) + len(config.proxies)) + 256)
     host, port = parse_listen(config.exporter.listen)
-    fleet = Fleet(config.backends, config.proxies, config.exporter)
+    api_key = load_api_key(config.exporter.api_key_file, "exporter.api_key_file")
+    fleet = Fleet(config.backends, config.proxies, config.exporter, api_key=api_key)
     server = ExporterServer(fleet, host, port)
 
     def stop(_signum: int, _frame: FrameType | None) -> None:

@@ -36,7 +36,10 @@ class FleetCollector(Collector):
             "llm_health_last_progress_timestamp_seconds",
             "Unix time when engine progress was last observed (0 = never)", labels=["backend"])
         probes = CounterMetricFamily(
-            "llm_health_probes", "Idle probes sent, by result", labels=["backend", "result"])
+            "llm_health_probes", "Idle probes finished, by result", labels=["backend", "result"])
+        sent = CounterMetricFamily(
+            "llm_health_probes_sent", "Idle probes sent (counted when sent, before any answer)",
+            labels=["backend"])
         readings = CounterMetricFamily(
             "llm_health_readings", "Readings of /metrics, by result", labels=["backend", "result"])
         for b in snap.backends:
@@ -48,6 +51,7 @@ class FleetCollector(Collector):
             progress.add_metric([b.name], b.last_progress or 0.0)
             for r in PROBE_RESULTS:
                 probes.add_metric([b.name, r], float(b.probes.get(r, 0)))
+            sent.add_metric([b.name], float(b.probes_sent))
             for r in READ_RESULTS:
                 readings.add_metric([b.name, r], float(b.readings.get(r, 0)))
         proxy = GaugeMetricFamily("llm_health_proxy_up", "1 when GET /v1/models through the proxy answers 200",
@@ -56,4 +60,4 @@ class FleetCollector(Collector):
             proxy.add_metric([p.name], 1.0 if p.up else 0.0)
         cycle = GaugeMetricFamily("llm_health_cycle_duration_seconds", "Duration of the last fleet cycle")
         cycle.add_metric([], snap.cycle_seconds)
-        yield from (verdict, code, in_flight, tps, progress, probes, readings, proxy, cycle)
+        yield from (verdict, code, in_flight, tps, progress, probes, sent, readings, proxy, cycle)

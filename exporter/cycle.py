@@ -3,9 +3,16 @@
 * Every backend is read in a thread pool with its own timeout; the cycle waits at most
   `read_timeout` for the answers, so a hung backend delays nobody: it is judged "timeout" this
   cycle and its read stays in flight (never two reads of one backend at once).
+* Every read is timestamped when it completes. A read that completed before the current cycle
+  started (it finished after an earlier cycle stopped waiting) is stale: it is dropped, not judged
+  and not counted, and a new read starts. Only a reading younger than `read_timeout` may allow a probe.
+* A /metrics timeout when the last reading showed no work counts toward down only when /health
+  fails or times out too: /health is asked alongside the read after a timeout, or right after the
+  wait for a first timeout (the cycle then waits up to `read_timeout` once more).
 * Probes run in their own pool and never block a cycle; a finished probe's result is judged in the
   next cycle. At most one probe in flight per backend, at most one per `max(interval, probe_every)`,
-  and only after a fresh reading that shows no work.
+  and only after a fresh reading that shows no work. Probes are counted when sent (`probes_sent`)
+  and again by result when they finish.
 """
 
 from __future__ import annotations
@@ -17,8 +24,9 @@ import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
-from exporter.backend import Target, observe, proxy_up
+from exporter.backend import Target, health_ok, observe, proxy_up
 from exporter.probe import Prober
 from exporter.verdict import (
     PROBE_RESULTS,
@@ -34,6 +42,14 @@ from exporter.verdict import (
 )
 from llm_health.config import Backend, ExporterSettings, Proxy
 
+T = TypeVar("T")
+
+
+def _timed(fn: Callable[..., T], *args: Any) -> tuple[T, float]:
+    """Call `fn` and note when it completed (time.monotonic()): the age of what it learned."""
+    result = fn(*args)
+    return result, time.monotonic()
+
 
 @dataclass
 class BackendSlot:
@@ -41,7 +57,10 @@ class BackendSlot:
     target: Target
     prober: Prober
     state: BackendState
-    read: Future[Observation] | None = None
+    health_target: Target | None = None
+    read: Future[tuple[Observation, float]] | None = None       # (observation, completed at, monotonic)
+    health: Future[tuple[bool, float]] | None = None           # /health asked after a timeout
+    last_outcome: str = ""                                     # READ_* of the last judged read
     probe: Future[ProbeResult] | None = None
     last_probe_cycle: float | None = None      # scheduled start of the cycle that sent the last probe
     readings: dict[str, int] = field(default_factory=lambda: dict.fromkeys(READ_RESULTS, 0))
@@ -99,6 +118,7 @@ class Fleet:
         proxies: Sequence[Proxy],
         settings: ExporterSettings,
         clock: Callable[[], float] = time.time,
+        api_key: str = "",
     ) -> None:
         self.settings = settings
         self.thresholds = Thresholds.from_settings(settings)
@@ -107,15 +127,17 @@ class Fleet:
         self.backends = [
             BackendSlot(
                 backend=b,
-                target=Target(b.url, settings.read_timeout),
-                prober=Prober(b.url, settings.probe_timeout, settings.probe_model or b.model),
+                target=Target(b.url, settings.read_timeout, api_key),
+                prober=Prober(b.url, settings.probe_timeout, settings.probe_model or b.model, api_key),
                 state=BackendState(since=now),
+                health_target=Target(b.url, settings.read_timeout),
             )
             for b in backends
         ]
-        self.proxies = [ProxySlot(p, Target(p.url, settings.read_timeout)) for p in proxies]
+        self.proxies = [ProxySlot(p, Target(p.url, settings.read_timeout, api_key)) for p in proxies]
         n = len(self.backends) + len(self.proxies)
-        self._reads = ThreadPoolExecutor(max_workers=max(2, min(256, n)), thread_name_prefix="read")
+        # a hung backend can hold two threads (its read and its /health check)
+        self._reads = ThreadPoolExecutor(max_workers=max(4, min(512, 2 * n)), thread_name_prefix="read")
         self._probes = ThreadPoolExecutor(max_workers=max(2, min(64, len(self.backends))),
                                           thread_name_prefix="probe")
         self._lock = threading.Lock()
@@ -129,17 +151,25 @@ class Fleet:
         scheduled = started if scheduled is None else scheduled
         pending: list[Future] = []
         for slot in self.backends:
+            self._drop_stale(slot, started)
             if slot.read is None:
-                slot.read = self._reads.submit(observe, slot.target)
+                slot.read = self._reads.submit(_timed, observe, slot.target)
             pending.append(slot.read)
+            if slot.last_outcome == READ_TIMEOUT and self._timeout_needs_health(slot):
+                pending.append(self._ask_health(slot))
         for pslot in self.proxies:
             if pslot.check is None:
                 pslot.check = self._reads.submit(proxy_up, pslot.target)
             pending.append(pslot.check)
         wait(pending, timeout=self.settings.read_timeout + 0.05)
+        # a first timeout after a reading without work: ask /health now, it decides whether it counts
+        late = [self._ask_health(slot) for slot in self.backends
+                if slot.read is not None and not slot.read.done() and self._timeout_needs_health(slot)]
+        if late:
+            wait(late, timeout=self.settings.read_timeout + 0.05)
         now = self.clock()
         for slot in self.backends:
-            self._judge(slot, now, scheduled)
+            self._judge(slot, now, scheduled, started)
         for pslot in self.proxies:
             if pslot.check is not None and pslot.check.done():
                 pslot.up = bool(pslot.check.result())
@@ -150,17 +180,59 @@ class Fleet:
         self._publish(duration, self._snapshot.cycles + 1)
         return duration
 
-    def _judge(self, slot: BackendSlot, now: float, scheduled: float) -> None:
+    @staticmethod
+    def _drop_stale(slot: BackendSlot, started: float) -> None:
+        """A read or /health answer that completed before this cycle started is not used: start afresh."""
+        for name in ("read", "health"):
+            fut: Future[tuple[Any, float]] | None = getattr(slot, name)
+            if fut is None or not fut.done():
+                continue
+            try:
+                completed = fut.result()[1]
+            except Exception:  # noqa: BLE001 - a failed read is dropped as well
+                completed = float("-inf")
+            if completed < started:
+                setattr(slot, name, None)
+
+    @staticmethod
+    def _timeout_needs_health(slot: BackendSlot) -> bool:
+        """A /metrics timeout counts toward down only after a reading without work (or none at all)."""
+        last = slot.state.last
+        return last is None or last.work <= 0
+
+    def _ask_health(self, slot: BackendSlot) -> Future[tuple[bool, float]]:
+        """At most one /health check in flight per backend (its own connection: the read may hang)."""
+        if slot.health is None:
+            if slot.health_target is None:
+                slot.health_target = Target(slot.backend.url, self.settings.read_timeout)
+            slot.health = self._reads.submit(_timed, health_ok, slot.health_target)
+        return slot.health
+
+    def _judge(self, slot: BackendSlot, now: float, scheduled: float, started: float | None = None) -> None:
+        started = time.monotonic() if started is None else started
         read = slot.read
+        completed: float | None = None
         if read is not None and read.done():
             slot.read = None
             try:
-                obs = read.result()
+                obs, completed = read.result()
             except Exception as exc:  # noqa: BLE001 - never let one backend break the cycle
                 obs = Observation(outcome="error", detail=f"{type(exc).__name__}: {exc}")
         else:
             obs = Observation(outcome=READ_TIMEOUT,
                               detail=f"no answer within {self.settings.read_timeout:g} s")
+        health = slot.health
+        if health is not None and health.done():
+            slot.health = None
+            if obs.outcome == READ_TIMEOUT:
+                try:
+                    fine, _at = health.result()
+                except Exception:  # noqa: BLE001
+                    fine = False
+                obs = Observation(outcome=obs.outcome, detail=obs.detail, cheap_ok=fine)
+        elif health is not None and obs.outcome == READ_TIMEOUT:
+            # /health did not answer within the wait either
+            obs = Observation(outcome=obs.outcome, detail=obs.detail, cheap_ok=False)
         probe = slot.probe
         if probe is not None and probe.done():
             slot.probe = None
@@ -172,8 +244,11 @@ class Fleet:
             obs = Observation(outcome=obs.outcome, reading=obs.reading, detail=obs.detail,
                               cheap_ok=obs.cheap_ok, probe=result)
         slot.readings[obs.outcome] = slot.readings.get(obs.outcome, 0) + 1
+        slot.last_outcome = obs.outcome
         slot.state = judge(slot.state, obs, now, self.thresholds)
-        if self._may_probe(slot, obs, scheduled):
+        fresh = completed is not None and completed >= started and \
+            time.monotonic() - completed <= self.settings.read_timeout
+        if fresh and self._may_probe(slot, obs, scheduled):
             slot.last_probe_cycle = scheduled
             slot.probes_sent += 1
             slot.probe = self._probes.submit(slot.prober.probe)

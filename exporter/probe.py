@@ -1,7 +1,9 @@
 """The idle probe: one `max_tokens: 1` completion, recognisable by `X-LLM-Health-Probe: 1`.
 
 Only ever sent to a backend whose last reading showed no work (the cycle decides that); the
-caller counts every probe (`llm_health_probes_total{backend,result}`).
+caller counts every probe when sent (`llm_health_probes_sent_total{backend}`) and by result when it
+finishes (`llm_health_probes_total{backend,result}`). An answer with HTTP 4xx (also from /v1/models)
+is an error whose `status` marks it rejected: a misconfigured probe (API key, model), not a failed server.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ PROBE_PROMPT = "Hi"
 class Prober:
     """Probes one backend; remembers the model it found so /v1/models is asked once."""
 
-    def __init__(self, url: str, timeout: float, model: str = "") -> None:
-        self.target = Target(url, timeout)
+    def __init__(self, url: str, timeout: float, model: str = "", api_key: str = "") -> None:
+        self.target = Target(url, timeout, api_key)
         self.timeout = timeout
         self.configured = model
         self.discovered = ""
@@ -38,12 +40,12 @@ class Prober:
         except HttpFailure as exc:
             self.target.close()
             result = PROBE_TIMEOUT if exc.kind == "timeout" else PROBE_ERROR
-            return ProbeResult(result, exc.detail, time.monotonic() - started)
+            return ProbeResult(result, exc.detail, time.monotonic() - started, exc.status)
         seconds = time.monotonic() - started
         self.target.close()  # one probe per interval at most: no idle connection (and fd) kept per backend
         if resp.status != 200:
             self.discovered = ""  # the model may have changed with a restart: ask again next time
-            return ProbeResult(PROBE_ERROR, f"HTTP {resp.status}", seconds)
+            return ProbeResult(PROBE_ERROR, f"HTTP {resp.status}", seconds, resp.status)
         try:
             data = json.loads(resp.body)
             if not data.get("choices"):

@@ -8,8 +8,11 @@ No I/O and no clock of its own: everything it knows arrives in the `Observation`
 * idle       no work present (only now may the exporter probe)
 * restarted  another process answered (start time / *_created changed, or a counter went backwards)
 * down       refused / errors / an idle backend failing its probe, `down_after` times in a row
+             (a probe failure is refused, timeout, 5xx or a broken answer; a /metrics timeout after an
+             idle reading counts only when /health fails too)
 * no_metrics /metrics 404 or without engine series; judged by cheap endpoints only
-* unknown    not enough readings yet, or data missing (never "healthy", never "stalled")
+* unknown    not enough readings yet, or data missing (never "healthy", never "stalled"); also an
+             idle backend whose probe was rejected (HTTP 4xx: a misconfigured probe, not a failed server)
 """
 
 from __future__ import annotations
@@ -76,6 +79,28 @@ class ProbeResult:
     result: str            # ok | error | timeout
     detail: str = ""
     seconds: float = 0.0
+    status: int = 0        # HTTP status of the answer (0: none came back)
+
+    @property
+    def rejected(self) -> bool:
+        """The server answered but refused the request (4xx): the probe is misconfigured, not failed."""
+        return 400 <= self.status < 500
+
+
+def rejection_hint(status: int) -> str:
+    """What to check when a probe is rejected with `status`."""
+    if status in (401, 403):
+        return "set exporter.api_key_file?"
+    if status == 404:
+        return "wrong model? set exporter.probe_model or the backend's model"
+    if status in (400, 422):
+        return "can the model do completions? set exporter.probe_model"
+    return "check the probe's model and API key"
+
+
+def rejection_text(probe: ProbeResult) -> str:
+    """`probe rejected: HTTP 401 — set exporter.api_key_file?`"""
+    return f"probe rejected: {probe.detail or f'HTTP {probe.status}'} — {rejection_hint(probe.status)}"
 
 
 @dataclass(frozen=True)
@@ -85,7 +110,8 @@ class Observation:
     outcome: str                          # READ_* of the /metrics read
     reading: Reading | None = None        # parsed page when outcome is ok
     detail: str = ""                      # error text for the reason
-    cheap_ok: bool | None = None          # /health or /v1/models answered (asked when there are no metrics)
+    cheap_ok: bool | None = None          # /health or /v1/models answered (asked when there are no metrics;
+                                          # on a timeout: /health answered, None when not asked)
     probe: ProbeResult | None = None      # a probe that finished since the previous judgement
 
 
@@ -109,6 +135,7 @@ class BackendState:
     in_flight: float = 0.0
     tokens_per_second: float = 0.0
     probe_failures: int = 0
+    probe_rejected: str = ""              # the last probe was rejected (4xx): idle is "unknown" until one answers
 
 
 def _work_text(r: Reading | EngineReading) -> str:
@@ -188,7 +215,12 @@ def _judge_timeout(prev: BackendState, obs: Observation, now: float, settings: T
     """A slow /metrics while work was present is a busy event loop until proven otherwise."""
     last = prev.last
     if last is None or last.work <= 0:
-        return _failed(prev, "/metrics timed out", now, settings, slow_since=None)
+        # no work at the last reading: slow only counts toward down when /health fails too
+        if obs.cheap_ok is True:
+            return _become(prev, Verdict.UNKNOWN, "/metrics slow, /health fine", now, failures=0,
+                           slow_since=None, in_flight=0.0, tokens_per_second=0.0)
+        what = "/metrics timed out" + ("; /health failed too" if obs.cheap_ok is False else "")
+        return _failed(prev, what, now, settings, slow_since=None)
     slow_since = prev.slow_since if prev.slow_since is not None else now
     # the last moment the engine was known to move: the last good reading, or the start of its freeze
     stuck = [t.stuck_since for t in prev.engines.values() if t.stuck_since is not None]
@@ -285,7 +317,13 @@ def _idle(prev: BackendState, obs: Observation, now: float, settings: Thresholds
     reading: Reading = changes["last"]
     text = f"{_work_text(reading)}"
     probe = obs.probe
+    if probe is not None and probe.rejected:
+        # a misconfigured probe (API key, model): says nothing about the server, never counts toward down
+        return _become(prev, Verdict.UNKNOWN, f"{text}; {rejection_text(probe)}", now,
+                       probe_rejected=rejection_text(probe), **changes)
     if probe is None:
+        if prev.probe_rejected and prev.verdict != Verdict.RESTARTED:
+            return _become(prev, Verdict.UNKNOWN, f"{text}; last {prev.probe_rejected}", now, **changes)
         if prev.verdict == Verdict.RESTARTED:
             # another process answered and is idle: it stays "restarted" until it answers a probe
             return _become(prev, Verdict.RESTARTED, prev.reason.split("; now ")[0] + f"; now {text}, "
@@ -295,12 +333,12 @@ def _idle(prev: BackendState, obs: Observation, now: float, settings: Thresholds
         return _become(prev, Verdict.IDLE, text, now, **changes)
     if probe.result == PROBE_OK:
         return _become(prev, Verdict.IDLE, f"{text}; probe answered in {probe.seconds:.2f} s", now,
-                       probe_failures=0, **changes)
+                       probe_failures=0, probe_rejected="", **changes)
     failures = prev.probe_failures + 1
     detail = f"probe {probe.result}" + (f": {probe.detail}" if probe.detail else "")
     if failures >= settings.down_after:
         changes["in_flight"] = 0.0
         return _become(prev, Verdict.DOWN, f"idle and {detail} ({failures} in a row)", now,
-                       probe_failures=failures, **changes)
+                       probe_failures=failures, probe_rejected="", **changes)
     return _become(prev, Verdict.IDLE, f"{text}; {detail} ({failures} of {settings.down_after} before down)",
-                   now, probe_failures=failures, **changes)
+                   now, probe_failures=failures, probe_rejected="", **changes)

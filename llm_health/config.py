@@ -101,8 +101,10 @@ class RemediatorSettings:
     max_body_bytes: int = 1_048_576
     action_timeout: float = 600.0
     dedup_window: float = 300.0          # HA copies/repeats of one notification inside this are duplicates
-    verify_readings: int = 2             # fresh direct readings before acting
-    verify_interval: float = 5.0         # seconds between them
+    verify_readings: int = 3             # fresh direct readings before acting
+    verify_interval: float = 10.0        # seconds between them; the window (readings-1)*interval must
+    #                                      exceed the longest single engine step (huge prefill, first JIT)
+    unresponsive_after: float = 120.0    # `unresponsive` (hung) for this long within one incident = restart-worthy
     warmup_timeout: float = 900.0
     warmup_poll: float = 5.0
     drain_timeout: float = 60.0

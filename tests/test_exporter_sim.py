@@ -379,19 +379,26 @@ def test_slow_metrics_under_load_is_not_down(sim, exporter) -> None:
 
 
 def test_long_single_prefill_on_v1_is_never_stalled(sim, exporter) -> None:
-    s = sim("--kv-blocks", 8192, "--chunk-tokens", 256, "--step-seconds", 0.02, "--prompt-tokens", 60000)
+    # 100000 prompt tokens in 256-token chunks of 0.02 s: a prefill of ~8 s, far longer than the two
+    # readings below take, so both are taken inside the prefill (each waits for running == 1 explicitly)
+    s = sim("--kv-blocks", 8192, "--chunk-tokens", 256, "--step-seconds", 0.02, "--prompt-tokens", 100000)
     e = exporter({"a": s.url})
     e.wait_verdict("a", "idle")
     probes_before = s.stats()["probes"]
     Load(s.url, 1, max_tokens=1)
-    wait_until(lambda: s.stats()["running"] == 1, timeout=5, what="prefill started")
-    first = s.reading().engines["0"]
-    wait_until(lambda: s.reading().engines["0"].kv_usage != first.kv_usage, timeout=5, what="kv moves")
-    second = s.reading().engines["0"]
+
+    def in_prefill(moved_from: float | None = None):  # noqa: ANN202
+        eng = s.reading().engines["0"]
+        if eng.running != 1 or eng.kv_usage is None or eng.kv_usage <= 0:
+            return None
+        return eng if moved_from is None or eng.kv_usage != moved_from else None
+
+    first = wait_until(in_prefill, timeout=5, what="prefill started")
+    second = wait_until(lambda: in_prefill(first.kv_usage), timeout=5, what="kv moves during the prefill")
     # only the KV gauge moves during the prefill: every counter is frozen
-    if second.running:
-        assert second.counters["generation_tokens"] == first.counters["generation_tokens"]
-        assert second.counters["iteration_count"] == first.counters["iteration_count"]
+    assert second.running == 1 and second.kv_usage != first.kv_usage
+    assert second.counters["generation_tokens"] == first.counters["generation_tokens"]
+    assert second.counters["iteration_count"] == first.counters["iteration_count"]
     seen = watch(e, "a", lambda: s.stats()["running"] == 0, timeout=30)
     assert "stalled" not in seen and "down" not in seen
     assert seen.count("busy") >= len(seen) // 2, seen
