@@ -1,12 +1,22 @@
 """The remediator's HAProxy agent: answers from SQLite, one listener per remediator.
 
-`FleetAgent.status_for(name)` builds the `AgentStatus` of a backend from the lifecycle row and the active
-incident (so every process gives the same answer), plus a fresh KV-cache reading of the backend's own
-/metrics (cached a few seconds) for the weight of a READY backend:
+`FleetAgent.status_for(name)` builds the `AgentStatus` of a backend from the lifecycle rows and the active
+incidents (so every process gives the same answer), plus a fresh KV-cache reading of the backend's own
+/metrics (cached a few seconds) for the weight of a backend answered `up`:
 
-* lifecycle READY, no incident with a firing restart-worthy alert -> `ready up W%`
-* READY with such an incident (stalled / down, not yet restarted)  -> `down #<alert> firing`
-* DRAINING -> `drain`; INITIALIZING / STOPPED / ERROR -> `down #<state reason>`
+* DRAINING -> `drain` (the authority's min_ready floor already allowed the drain)
+* lifecycle READY and no reason to take it out -> `ready up W%`
+* reasons to take a server out (`down #reason`), and only these:
+  - READY, and the authority's latest verification of its active incident (open / needs_ack / observed)
+    is `down`, `no_progress` or `unresponsive`. A firing alert alone never takes a server out: when
+    Prometheus loses sight of every backend, every alert fires, and taking them all out would be an
+    outage of our own making;
+  - lifecycle STOPPED, INITIALIZING or ERROR.
+* never `down` in dry_run: a dry run changes nothing anywhere, the load balancer included (`ready up W%`);
+* never `down` when that would leave fewer than `min_ready` *other* backends READY and up (READY with no
+  reason to take them out): the answer is then `ready up W%` and `status_for` carries the true state and
+  why it was kept up. HAProxy's own health check still takes out a server that does not answer at all.
+  When every backend has a reason, each one sees no other up, so with min_ready >= 1 all stay up.
 
 `AgentListener` binds `remediator.agent_listen` in a background thread. Under several gunicorn workers
 each tries; the port takes one listener (SO_REUSEPORT is not set), the others fail quietly and retry every
@@ -16,6 +26,7 @@ few seconds, so a listener lost with a worker is taken over by another.
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +36,7 @@ from remediator import fleet
 from remediator.agent_check import AgentCheckServer, AgentStatus, parse_listen
 from remediator.inflight import kv_usage, read_backend
 from remediator.lifecycle import LifecycleState
+from remediator.policy import OUT_OF_SERVICE_OUTCOMES
 from remediator.store import NEEDS_ACK, OBSERVED, OPEN, Store
 
 log = logging.getLogger("llm_health.remediator")
@@ -61,20 +73,40 @@ class FleetAgent:
         if backend is None:
             return None
         with self.store.reader() as c:
-            r = fleet.row(c, name)
-            inc = Store.active_incident(c, name)
-            firing = []
-            if inc is not None and inc["state"] in (OPEN, NEEDS_ACK, OBSERVED):
-                firing = [x["alertname"] for x in c.execute(
-                    "SELECT DISTINCT alertname FROM incident_alerts WHERE incident_id = ? AND status = 'firing' "
-                    "ORDER BY alertname", (inc["id"],)).fetchall()]
-        state = S(r["state"]) if r else fleet.UNSEEN
-        if state != S.READY:
-            reason = (r["reason"] if r else "") or state.value
-            return AgentStatus(state, None, f"{state.value}: {reason}")
-        if firing:
-            return AgentStatus(S.READY, None, f"{', '.join(firing)} firing (incident {inc['id']})", healthy=False)
-        return AgentStatus(S.READY, self.kv(name, backend.url))
+            rows = fleet.all_rows(c)
+            incidents = {i["backend"]: i for i in c.execute(
+                "SELECT id, backend, state, verified_outcome FROM incidents WHERE state != 'closed'").fetchall()}
+        states = {b.name: S(rows[b.name]["state"]) if b.name in rows else fleet.UNSEEN for b in self.config.backends}
+        out = {b.name: out_of_service(states[b.name], rows.get(b.name), incidents.get(b.name))
+               for b in self.config.backends}
+        state, why = states[name], out[name]
+        r = self.config.remediator
+        if r.dry_run:
+            return AgentStatus(state, self.kv(name, backend.url), f"dry run: kept up ({why or state.value})",
+                               keep_up=True)
+        if state == S.DRAINING:
+            return AgentStatus(S.DRAINING, None, "draining")
+        if why is None:
+            return AgentStatus(S.READY, self.kv(name, backend.url))
+        others_up = sum(1 for b in self.config.backends
+                        if b.name != name and states[b.name] == S.READY and out[b.name] is None)
+        if others_up < r.min_ready:
+            return AgentStatus(state, self.kv(name, backend.url),
+                               f"{why}; kept up: only {others_up} other backend(s) ready and up, min_ready "
+                               f"{r.min_ready}", keep_up=True)
+        return AgentStatus(state, None, why, healthy=state != S.READY)
+
+
+def out_of_service(state: LifecycleState, lc: sqlite3.Row | None, inc: sqlite3.Row | None) -> str | None:
+    """Why the load balancer should not send this backend requests (None: no reason; DRAINING aside)."""
+    if state in (S.STOPPED, S.INITIALIZING, S.ERROR):
+        return f"{state.value}: {(lc['reason'] if lc else '') or state.value}"
+    if state == S.DRAINING:
+        return "draining"
+    if inc is not None and inc["state"] in (OPEN, NEEDS_ACK, OBSERVED) \
+            and inc["verified_outcome"] in OUT_OF_SERVICE_OUTCOMES:
+        return f"verified {inc['verified_outcome']} incident {inc['id']}"
+    return None
 
 
 class AgentListener:

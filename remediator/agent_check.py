@@ -6,7 +6,7 @@ one line, look the name up through the injected `status_for(name)` and answer on
 
 | status                                        | reply               |
 |-----------------------------------------------|---------------------|
-| READY and healthy                             | `ready up W%`       |
+| READY and healthy; or kept up (`keep_up`)     | `ready up W%`       |
 | DRAINING                                      | `drain`             |
 | READY but unhealthy (stalled/down verdict)    | `down #<reason>`    |
 | INITIALIZING, STOPPED, ERROR                  | `down #<reason>`    |
@@ -53,6 +53,7 @@ class AgentStatus:
     kv_usage: float | None = None   # 0..1, None = unknown
     reason: str = ""
     healthy: bool = True            # False when the exporter's verdict is stalled or down
+    keep_up: bool = False           # answer `ready up W%` whatever the state (dry run, min_ready floor)
 
 
 StatusFor = Callable[[str], AgentStatus | None]
@@ -80,7 +81,7 @@ def agent_reply(status: AgentStatus | None) -> str:
     if status is None:
         return "down #unknown backend"
     state = LifecycleState(status.state)
-    if state == LifecycleState.READY and status.healthy:
+    if status.keep_up or (state == LifecycleState.READY and status.healthy):
         return f"ready up {weight_percent(status.kv_usage)}%"
     if state == LifecycleState.DRAINING:
         return "drain"

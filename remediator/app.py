@@ -21,7 +21,7 @@ from llm_health.config import Config, ConfigError
 from remediator import fleet, policy
 from remediator.agent import AgentListener, FleetAgent
 from remediator.alert import PayloadError, parse_notification
-from remediator.authority import Authority, Verifier, WarmupCheck, state_path
+from remediator.authority import VERIFY, WARMUP, Authority, Verifier, WarmupCheck, state_path
 from remediator.incident import ingest
 from remediator.lifecycle import LifecycleState
 from remediator.marker import file_markers
@@ -334,6 +334,14 @@ def lifecycle_metrics(conn: Any) -> list[str]:
     sil = store.counters("silences")
     for result in ("created", "create_failed", "expired", "expire_failed"):
         lines.append(f"llm_health_remediator_silences_total{_labels(result=result)} {sil.get(result, 0)}")
+    lines += ["# HELP llm_health_remediator_probes_total Generation requests the remediator sent (idle probes of "
+              "its verifications, one-token warm-up requests), by backend and purpose.",
+              "# TYPE llm_health_remediator_probes_total counter"]
+    probes = {tuple(k.split("\t", 1)): v for k, v in store.counters("probes").items() if "\t" in k}
+    keys = {(b.name, purpose) for b in config.backends for purpose in (VERIFY, WARMUP)} | set(probes)
+    for name, purpose in sorted(keys):
+        lines.append(f"llm_health_remediator_probes_total{_labels(backend=name, purpose=purpose)} "
+                     f"{probes.get((name, purpose), 0)}")
     return lines
 
 

@@ -19,6 +19,8 @@ the restart off (DRAINING -> READY): the engine is evidently not stalled (princi
 
 from __future__ import annotations
 
+import contextvars
+import inspect
 import logging
 import os
 import socket
@@ -59,6 +61,38 @@ DEFERRED_HOST = "deferred_host"
 DEFERRED_MIN_READY = "deferred_min_ready"
 SILENCE_MARGIN = 60.0          # seconds a restart's silence outlasts drain + action + warm-up
 SILENCE_TIMEOUT = 3.0          # HTTP timeout towards Alertmanager (never blocks a restart for long)
+ERROR_LOOK_MIN = 30.0          # an ERROR backend gets a full warm-up check at most this often ...
+ERROR_LOOK_POLLS = 6           # ... or every warmup_poll * this, whichever is longer
+LOOK_BUDGET = 10.0             # wall-clock seconds per tick for ERROR backends' checks (the rest: next tick)
+VERIFY = "verify"              # probe purposes (llm_health_remediator_probes_total{purpose})
+WARMUP = "warmup"
+
+#: while set (per thread), every idle probe exporter.check sends is appended here (counted afterwards)
+_probe_log: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("probe_log", default=None)
+
+
+def install_probe_counter() -> None:
+    """Count every generation request exporter.check.verify sends on our behalf (principle 2): its
+    `Prober` is wrapped so that each `probe()` is noted in the calling thread's `_probe_log` (a no-op
+    for anyone else, e.g. the exporter). The authority turns the notes into SQLite counters."""
+    try:
+        from exporter import check
+    except ImportError:
+        return
+    base = getattr(check, "Prober", None)
+    if base is None or getattr(base, "counted_by_remediator", False):
+        return
+
+    class CountingProber(base):  # type: ignore[misc, valid-type]
+        counted_by_remediator = True
+
+        def probe(self, *args: Any, **kwargs: Any) -> Any:
+            sink = _probe_log.get()
+            if sink is not None:
+                sink.append("probe")       # counted before it goes out: a probe that fails was sent too
+            return super().probe(*args, **kwargs)
+
+    check.Prober = CountingProber
 
 
 @dataclass(frozen=True)
@@ -74,20 +108,38 @@ InFlightReader = Callable[[Backend], InFlight]
 Runner = Callable[[Sequence[str], float, dict[str, str]], act.ActionResult]
 
 
+def read_api_key(config: Config) -> tuple[str, str]:
+    """(key, problem): the exporter's API key (`exporter.api_key_file`), read once; "" when not set."""
+    path = str(getattr(config.exporter, "api_key_file", "") or "")
+    if not path:
+        return "", ""
+    try:
+        return config.resolve_path(path).read_text().strip(), ""
+    except (OSError, UnicodeDecodeError) as exc:
+        return "", f"exporter.api_key_file {path} unreadable: {exc.__class__.__name__}"
+
+
 def default_verifier(config: Config) -> Verifier:
     """exporter.check.verify with the configured readings; any error is `unknown` (fail closed)."""
     r = config.remediator
+    install_probe_counter()
+    api_key, key_problem = read_api_key(config)
 
     def verify_backend(backend: Backend) -> Any:
         try:
             from exporter.check import verify
         except ImportError as exc:
             return SimpleVerification("unknown", f"verifier unavailable: {exc}")
+        if key_problem:
+            return SimpleVerification("unknown", key_problem)
+        extra: dict[str, Any] = {}
+        if api_key and "api_key" in inspect.signature(verify).parameters:
+            extra["api_key"] = api_key
         try:
             return verify(
                 backend.url, readings=max(2, r.verify_readings), interval=r.verify_interval,
                 read_timeout=config.exporter.read_timeout, probe_timeout=config.exporter.probe_timeout,
-                sleep=time.sleep, clock=time.time, model=backend.model,
+                sleep=time.sleep, clock=time.time, model=backend.model, **extra,
             )
         except Exception as exc:  # noqa: BLE001 - a broken verifier must never mean "restart"
             return SimpleVerification("unknown", f"verification raised {exc!r}")
@@ -179,6 +231,7 @@ class Authority:
         self.settings = policy.Settings(
             backoff=self.r.backoff, budget=self.r.budget, breaker=self.r.breaker,
             unknown_retry=max(self.r.verify_interval, self.r.poll_interval),
+            unresponsive_after=self.r.unresponsive_after,
         )
         self.lease_ttl = max(5.0, 10 * self.r.poll_interval)
         self.busy_dir = config.resolve_path(self.r.busy_dir) if self.r.busy_dir else None
@@ -245,7 +298,11 @@ class Authority:
         if not self._recovered:
             self.recover()
             self._recovered = True
-        self.look_after_lifecycles()
+        self.look_after_lifecycles((S.INITIALIZING,))   # cheap: /health and /v1/models, never a probe
+        self.handle_incidents()
+        self.look_after_lifecycles((S.ERROR,))          # full warm-up checks: after the incidents, rationed
+
+    def handle_incidents(self) -> None:
         for inc in self.store.active_incidents():
             if self._stop.is_set() or not self._holding.is_set():
                 return
@@ -272,8 +329,9 @@ class Authority:
         now = self.clock()
         interrupted: set[str] = set()
         with self.store.tx() as c:
-            rows = c.execute("SELECT * FROM actions WHERE result IS NULL AND holder != ?",
-                             (self.holder,)).fetchall()
+            # our own unfinished rows too: recover() runs between ticks, when no action of ours is running,
+            # so one of ours still open is a restart whose bookkeeping failed (see carry_out)
+            rows = c.execute("SELECT * FROM actions WHERE result IS NULL").fetchall()
             for a in rows:
                 c.execute("UPDATE actions SET result = 'interrupted', finished_at = ? WHERE id = ?", (now, a["id"]))
                 inc = c.execute("SELECT * FROM incidents WHERE id = ?", (a["incident_id"],)).fetchone()
@@ -283,20 +341,22 @@ class Authority:
                             reason="the remediator stopped while this restart was running: it may have "
                             "happened; not repeated (acknowledge via POST /api/backends/<name>/ack, or "
                             "the incident closes when the backend answers again or the alert resolves)",
-                            action_id=a["id"], holder=a["holder"])
+                            action_id=a["id"], holder=a["holder"], own=a["holder"] == self.holder)
                 if fleet.state_of(c, a["backend"]) != S.ERROR:
                     fleet.move(c, a["backend"], S.ERROR, now, "interrupted mid-restart: outcome unknown",
                                a["incident_id"])
                 self._escalate(c, a["backend"], a["incident_id"], now, "restart interrupted: outcome unknown")
                 interrupted.add(a["backend"])
         for backend in sorted(interrupted):
-            self.unsilence(backend)      # ERROR: its alerts must reach people again
+            self.unsilence_safely(backend)      # ERROR: its alerts must reach people again
 
     # -- lifecycle outside a restart ----------------------------------------------------------------
-    def look_after_lifecycles(self) -> None:
+    def look_after_lifecycles(self, states: tuple[LifecycleState, ...] = (S.INITIALIZING, S.ERROR)) -> None:
         """Backends no restart of ours is carrying: a backend seen for the first time becomes READY once
         it answers /health and /v1/models (or ERROR after warmup_timeout); an ERROR backend whose
-        incident was acknowledged becomes READY again once it is warm (full warm-up check)."""
+        incident was acknowledged becomes READY again once it is warm (full warm-up check, which may
+        send a probe: at most every max(ERROR_LOOK_MIN, warmup_poll * ERROR_LOOK_POLLS) seconds per
+        backend, and only LOOK_BUDGET seconds of them per tick; the others wait for the next tick)."""
         now = self.clock()
         todo: list[tuple[Backend, LifecycleState, float]] = []
         c = self.store.conn()
@@ -314,15 +374,26 @@ class Authority:
             inc = active.get(b.name)
             if fleet.owned(r) or (inc is not None and inc["state"] in RESTART_STATES):
                 continue
+            if st not in states:
+                continue
             if st == S.INITIALIZING or (st == S.ERROR and inc is None):
                 if self._next_look.get(b.name, 0.0) <= now:
                     todo.append((b, st, float(r["since"])))
+        todo.sort(key=lambda item: self._next_look.get(item[0].name, 0.0))   # the longest waiting first
+        started = time.monotonic()
         for b, st, since in todo:
             if self._stop.is_set():
                 return
-            ready, why = self.answer_check(b) if st == S.INITIALIZING else self.warmup_check(b)
+            if st == S.ERROR:
+                if time.monotonic() - started > LOOK_BUDGET:
+                    return                                 # the rest next tick (oldest first)
+                ready, why = self.probing(b, WARMUP, self.warmup_check)
+            else:
+                ready, why = self.answer_check(b)
             now = self.clock()
-            self._next_look[b.name] = now + self.r.warmup_poll
+            pause = self.r.warmup_poll if st == S.INITIALIZING else max(ERROR_LOOK_MIN,
+                                                                         self.r.warmup_poll * ERROR_LOOK_POLLS)
+            self._next_look[b.name] = now + pause
             with self.store.tx() as c:
                 r = fleet.row(c, b.name)
                 if r is None or r["state"] != st.value or fleet.owned(r):
@@ -342,7 +413,7 @@ class Authority:
                     "status page; acknowledge via POST /api/backends/<name>/ack)")
 
     # -- step 1: gates, verification, claim ---------------------------------------------------------
-    def facts(self, c: Any, backend: Backend, now: float) -> policy.Facts:
+    def facts(self, c: Any, backend: Backend, now: float, unresponsive_since: float | None = None) -> policy.Facts:
         br = Store.breaker(c)
         dry = self.r.dry_run
         markers = Store.api_markers(c, backend.name)
@@ -353,7 +424,38 @@ class Authority:
             restarts=Store.restart_times(c, backend.name, include_dry_run=dry),
             fleet_restarts=Store.restart_times(c, None, since=float(br["reset_at"]), include_dry_run=dry),
             breaker_open=bool(br["open"]), markers=markers, has_action=bool(backend.restart), dry_run=dry,
+            unresponsive_since=unresponsive_since,
         )
+
+    # -- probes and verifications ------------------------------------------------------------------
+    def probing(self, backend: Backend, purpose: str, check: Callable[[Backend], Any]) -> Any:
+        """Run a verifier / warm-up check and count the probes it sent (`probes` counters in SQLite)."""
+        sink: list[str] = []
+        token = _probe_log.set(sink)
+        try:
+            return check(backend)
+        finally:
+            _probe_log.reset(token)
+            if sink:
+                try:
+                    with self.store.tx() as c:
+                        Store.bump(c, "probes", f"{backend.name}\t{purpose}", len(sink))
+                except Exception:  # noqa: BLE001 - counting must never stop the restart procedure
+                    log.exception("could not count %d probe(s) to %s", len(sink), backend.name)
+
+    @staticmethod
+    def record_verification(c: Any, incident_id: int, verification: Any, now: float) -> float | None:
+        """Keep the latest verification on the incident (the agent answers from it) and the start of an
+        unbroken run of `unresponsive` (policy: unresponsive_after). Returns that start, or None."""
+        outcome = str(getattr(verification, "outcome", "unknown"))
+        inc = c.execute("SELECT unresponsive_since FROM incidents WHERE id = ?", (incident_id,)).fetchone()
+        since: float | None = None
+        if outcome == policy.UNRESPONSIVE:
+            prior = inc["unresponsive_since"] if inc is not None else None
+            since = float(prior) if prior is not None else now
+        c.execute("UPDATE incidents SET verified_outcome = ?, verified_at = ?, unresponsive_since = ? WHERE id = ?",
+                  (outcome[:40], now, since, incident_id))
+        return since
 
     def consider(self, incident_id: int, backend: Backend) -> None:
         now = self.clock()
@@ -366,9 +468,9 @@ class Authority:
                 if inc is not None and inc["state"] == OPEN:
                     self._note(c, incident_id, backend.name, d, now)
             return
-        verification = self.verifier(backend)
+        verification = self.probing(backend, VERIFY, self.verifier)
         baseline = None
-        if str(getattr(verification, "outcome", "")) == "no_progress":
+        if str(getattr(verification, "outcome", "")) in ("no_progress", policy.UNRESPONSIVE):
             baseline = self.in_flight_now(backend)   # read outside the transaction: what the drain starts from
         now = self.clock()
         claimed: int | None = None
@@ -377,7 +479,8 @@ class Authority:
             inc = c.execute("SELECT * FROM incidents WHERE id = ?", (incident_id,)).fetchone()
             if inc is None or inc["state"] != OPEN:
                 return  # resolved or acknowledged while we verified
-            d = policy.decide(self.facts(c, backend, now), verification, self.settings)
+            since = self.record_verification(c, incident_id, verification, now)
+            d = policy.decide(self.facts(c, backend, now, since), verification, self.settings)
             if d.kind == policy.RESTART:
                 d = self._host_gate(c, backend) or self._floor_gate(c, backend, verification, now) or d
             if d.kind == policy.RESTART:
@@ -387,10 +490,10 @@ class Authority:
                 silence = claimed is not None or fleet.state_of(c, backend.name) == S.DRAINING
             else:
                 self._note(c, incident_id, backend.name, d, now)
-        if silence:
-            self.silence(incident_id, backend)
         if claimed is not None:
-            self.act(incident_id, claimed, backend)
+            self.carry_out(incident_id, claimed, backend, silence=silence)
+        elif silence:
+            self.silence_safely(incident_id, backend)
 
     # -- the lifecycle gates: per-host mutex and the fleet floor -------------------------------------
     def _host_gate(self, c: Any, backend: Backend) -> policy.Decision | None:
@@ -422,7 +525,7 @@ class Authority:
         state = fleet.state_of(c, backend.name)
         outcome = str(getattr(verification, "outcome", ""))
         if state == S.READY and outcome != "down":
-            stalled = outcome == "no_progress"
+            stalled = outcome in ("no_progress", policy.UNRESPONSIVE)
             timeout = self.r.stalled_drain_timeout if stalled else self.r.drain_timeout
             baseline = baseline or InFlight(None, None, None, "not read")
             if not fleet.move(c, backend.name, S.DRAINING, now,
@@ -450,6 +553,11 @@ class Authority:
 
     def watch_drain(self, incident_id: int, backend: Backend) -> None:
         seen = self.in_flight_now(backend)
+        verification = None
+        if self._drain_ends(backend, seen) and self._needs_recheck(self.store.conn(), incident_id, backend):
+            # the alerts resolved meanwhile, or the drain has no starting reading to tell progress from:
+            # the pre-drain verification alone is not enough to act on (principle 6)
+            verification = self.probing(backend, VERIFY, self.verifier)
         now = self.clock()
         claimed: int | None = None
         unsilence = False
@@ -480,21 +588,74 @@ class Authority:
                             reason=f"{moved} ({seen.describe()}): not stalled, no restart; incident closed")
             else:
                 blocked = policy.gates(self.facts(c, backend, now), self.settings)
+                why = ("in-flight work finished" if seen.drained else f"drain timeout, still {seen.describe()}")
                 if blocked is not None:
                     unsilence = True
                     fleet.move(c, backend.name, S.READY, now, f"restart called off: {blocked.reason}")
                     Store.set_state(c, incident_id, now, OPEN, last_note="")
                     self._note(c, incident_id, backend.name, blocked, now)
+                elif verification is None and self._needs_recheck(c, incident_id, backend):
+                    # changed since we looked (e.g. the alert resolved just now): re-verify next poll
+                    c.execute("UPDATE incidents SET next_check_at = ? WHERE id = ?", (now, incident_id))
+                elif verification is not None:
+                    claimed, unsilence = self._after_recheck(c, incident_id, backend, verification, why, now)
                 elif self._still_holder(c, now):
-                    why = ("in-flight work finished" if seen.drained
-                           else f"drain timeout, still {seen.describe()}")
                     if fleet.move(c, backend.name, S.STOPPED, now, why, incident_id):
                         d = policy.Decision(policy.RESTART, f"verified before the drain; drained: {why}")
                         claimed = self.claim(c, incident_id, backend, d, now)
         if unsilence:
-            self.unsilence(backend.name)
+            self.unsilence_safely(backend.name)
         if claimed is not None:
-            self.act(incident_id, claimed, backend)
+            self.carry_out(incident_id, claimed, backend, silence=False)
+
+    def _drain_ends(self, backend: Backend, seen: InFlight) -> bool:
+        """Read-only: would this look at the drain end it without progress (drained, or deadline)?"""
+        r = fleet.row(self.store.conn(), backend.name)
+        if r is None or r["state"] != S.DRAINING.value:
+            return False
+        if inflight.moved(inflight.load(r["drain_baseline"]), seen.reading):
+            return False
+        return seen.drained or self.clock() >= float(r["drain_deadline"] or 0.0)
+
+    @staticmethod
+    def _needs_recheck(c: Any, incident_id: int, backend: Backend) -> bool:
+        """Re-verify before claiming: no alert of the incident fires any more, or the drain's starting
+        reading failed (so progress during the drain could not be seen)."""
+        firing = c.execute("SELECT count(*) FROM incident_alerts WHERE incident_id = ? AND status = 'firing'",
+                           (incident_id,)).fetchone()[0]
+        r = fleet.row(c, backend.name)
+        return not firing or r is None or inflight.load(r["drain_baseline"]) is None
+
+    def _after_recheck(self, c: Any, incident_id: int, backend: Backend, verification: Any, why: str,
+                       now: float) -> tuple[int | None, bool]:
+        """The drain is over and the backend was verified again: restart, or call it off. Returns
+        (claimed action id, whether to remove the silence)."""
+        since = self.record_verification(c, incident_id, verification, now)
+        d = policy.decide(self.facts(c, backend, now, since), verification, self.settings)
+        firing = c.execute("SELECT count(*) FROM incident_alerts WHERE incident_id = ? AND status = 'firing'",
+                           (incident_id,)).fetchone()[0]
+        if d.kind == policy.RESTART:
+            if not self._still_holder(c, now) or not fleet.move(c, backend.name, S.STOPPED, now, why, incident_id):
+                return None, False
+            d = policy.Decision(policy.RESTART, f"re-verified at the end of the drain ({why}): {d.reason}")
+            return self.claim(c, incident_id, backend, d, now), False
+        if d.kind in (policy.VERIFIED_HEALTHY, policy.RESTARTED_BY_OTHER):
+            fleet.move(c, backend.name, S.READY, now, f"restart called off: {d.reason}")
+            Store.set_state(c, incident_id, now, CLOSED, close_reason=d.kind, last_decision=d.kind)
+            Store.event(c, now, d.kind, backend.name, incident_id,
+                        reason=f"re-verified at the end of the drain{'' if firing else ' (alerts resolved)'}: "
+                        f"{d.reason}; incident closed, no restart")
+            return None, True
+        fleet.move(c, backend.name, S.READY, now, f"restart called off: {d.reason}")
+        if not firing:
+            Store.set_state(c, incident_id, now, CLOSED, close_reason="resolved", last_decision=d.kind)
+            Store.event(c, now, "resolved", backend.name, incident_id,
+                        reason=f"alerts resolved during the drain and the re-verification cannot confirm the "
+                        f"restart ({d.reason}); incident closed, no restart")
+        else:
+            Store.set_state(c, incident_id, now, OPEN, last_note="")
+            self._note(c, incident_id, backend.name, d, now)
+        return None, True
 
     def claim(self, c: Any, incident_id: int, backend: Backend, d: policy.Decision, now: float) -> int:
         """Record the intent (reserves budget and backoff) and move the incident to RESTARTING."""
@@ -546,7 +707,7 @@ class Authority:
         result = self.runner(backend.restart, self.r.action_timeout, env)
         now = self.clock()
         if result.result != act.OK:
-            self.unsilence(backend.name)     # nothing to warm up: its alerts must page people again
+            self.unsilence_safely(backend.name)     # nothing to warm up: its alerts must page people again
         with self.store.tx() as c:
             updated = c.execute(
                 "UPDATE actions SET result = ?, exit_code = ?, output = ?, finished_at = ? "
@@ -585,11 +746,60 @@ class Authority:
                             reason=f"restart action failed (exit {result.exit_code}); next attempt only after "
                             "backoff", result=result.result, **detail)
 
+    def carry_out(self, incident_id: int, action_id: int, backend: Backend, *, silence: bool) -> None:
+        """Silence (optionally) and run a claimed restart. Anything raising between the claim and the
+        recorded result (SQLite busy, the runner failing to start the argv, Alertmanager client errors)
+        must not leave the incident RESTARTING, the lifecycle STOPPED and the host mutex held: the
+        restart is aborted into needs_ack (outcome unknown, never repeated blindly)."""
+        try:
+            if silence:
+                self.silence(incident_id, backend)
+            self.act(incident_id, action_id, backend)
+        except Exception as exc:  # noqa: BLE001 - the state machine must always reach a resting state
+            log.exception("restart of %s (incident %s, action %s) failed", backend.name, incident_id, action_id)
+            self.abort(incident_id, action_id, backend, exc)
+
+    def abort(self, incident_id: int, action_id: int, backend: Backend, exc: BaseException) -> None:
+        reason = f"restart aborted by an error of the remediator ({exc.__class__.__name__}: {exc})"[:500]
+        try:
+            now = self.clock()
+            with self.store.tx() as c:
+                done = c.execute("UPDATE actions SET result = 'error', finished_at = ?, output = ? "
+                                 "WHERE id = ? AND result IS NULL", (now, reason, action_id)).rowcount
+                inc = c.execute("SELECT state FROM incidents WHERE id = ?", (incident_id,)).fetchone()
+                if inc is not None and inc["state"] == RESTARTING:
+                    Store.set_state(c, incident_id, now, NEEDS_ACK, last_decision="aborted")
+                if done or (inc is not None and inc["state"] == RESTARTING):
+                    if fleet.state_of(c, backend.name) != S.ERROR:
+                        fleet.move(c, backend.name, S.ERROR, now, f"{reason}: outcome unknown", incident_id)
+                    Store.event(c, now, "aborted", backend.name, incident_id,
+                                reason=f"{reason}; the action may or may not have run: not repeated "
+                                "(acknowledge via POST /api/backends/<name>/ack, or the incident closes when "
+                                "the backend answers again)", action_id=action_id)
+                    self._escalate(c, backend.name, incident_id, now, reason)
+        except Exception:  # noqa: BLE001 - e.g. the database is still locked: recover() sweeps it next tick
+            log.exception("could not record the aborted restart of %s; recovering on the next tick", backend.name)
+            self._recovered = False
+            return
+        self.unsilence_safely(backend.name)
+
+    def silence_safely(self, incident_id: int, backend: Backend) -> None:
+        try:
+            self.silence(incident_id, backend)
+        except Exception:  # noqa: BLE001 - silences never hold a restart back
+            log.exception("silencing %s failed", backend.name)
+
+    def unsilence_safely(self, backend: str) -> None:
+        try:
+            self.unsilence(backend)
+        except Exception:  # noqa: BLE001 - the silence ends by itself at its end time
+            log.exception("removing the silence of %s failed", backend)
+
     # -- step 3: warm-up ------------------------------------------------------------------------
     def watch_warmup(self, incident_id: int, backend: Backend, deadline: float) -> None:
         now = self.clock()
         if now > deadline:
-            self.unsilence(backend.name)
+            self.unsilence_safely(backend.name)
             with self.store.tx() as c:
                 inc = c.execute("SELECT state FROM incidents WHERE id = ?", (incident_id,)).fetchone()
                 if inc is None or inc["state"] != WARMING:
@@ -601,9 +811,9 @@ class Authority:
                             reason=f"{why}; needs a person, not restarted again")
                 self._escalate(c, backend.name, incident_id, now, f"warm-up timeout: {why}")
             return
-        ready, why = self.warmup_check(backend)
+        ready, why = self.probing(backend, WARMUP, self.warmup_check)
         if ready:
-            self.unsilence(backend.name)
+            self.unsilence_safely(backend.name)
         now = self.clock()
         with self.store.tx() as c:
             inc = c.execute("SELECT state FROM incidents WHERE id = ?", (incident_id,)).fetchone()
@@ -620,9 +830,9 @@ class Authority:
 
     def watch_recovery(self, incident_id: int, backend: Backend) -> None:
         """An incident with an unknown outcome closes by itself once the backend answers again."""
-        ready, why = self.warmup_check(backend)
+        ready, why = self.probing(backend, WARMUP, self.warmup_check)
         if ready:
-            self.unsilence(backend.name)
+            self.unsilence_safely(backend.name)
         now = self.clock()
         with self.store.tx() as c:
             inc = c.execute("SELECT state FROM incidents WHERE id = ?", (incident_id,)).fetchone()

@@ -26,6 +26,9 @@ NOT_CONFIGURED = "not_configured"
 
 HEALTHY_OUTCOMES = ("progress", "idle_ok")
 RESTART_OUTCOMES = ("no_progress", "down")
+UNRESPONSIVE = "unresponsive"
+#: verified outcomes that may take a server out of the load balancer (remediator/agent.py)
+OUT_OF_SERVICE_OUTCOMES = (*RESTART_OUTCOMES, UNRESPONSIVE)
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class Facts:
     markers: tuple[Marker, ...] = ()
     has_action: bool = True                   # a restart argv is configured
     dry_run: bool = False
+    unresponsive_since: float | None = None   # first of the incident's unbroken run of `unresponsive`
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,7 @@ class Settings:
     budget: Budget = field(default_factory=Budget)
     breaker: Breaker = field(default_factory=Breaker)
     unknown_retry: float = 5.0                # re-verify this long after an "unknown" verification
+    unresponsive_after: float = 120.0         # `unresponsive` this long (one incident) = restart-worthy
 
 
 @dataclass(frozen=True)
@@ -151,8 +156,28 @@ def decide(facts: Facts, verification: object | None, s: Settings) -> Decision:
     if outcome in RESTART_OUTCOMES:
         kind = WOULD_RESTART if facts.dry_run else RESTART
         return Decision(kind, f"verified {outcome}: {why}")
+    if outcome == UNRESPONSIVE:
+        return _unresponsive(facts, why, s)
     return Decision(
         DEFERRED_UNKNOWN,
         f"verification {outcome}: cannot tell, not acting (fail closed): {why}",
         retry_at=facts.now + s.unknown_retry,
+    )
+
+
+def _unresponsive(facts: Facts, why: str, s: Settings) -> Decision:
+    """A hung server (connections accepted, no answer): unknown - defer, fail closed - until the incident
+    has seen nothing but `unresponsive` for `unresponsive_after` seconds; then it is restart-worthy."""
+    since = facts.unresponsive_since
+    held = 0.0 if since is None else max(0.0, facts.now - since)
+    if since is not None and held >= s.unresponsive_after:
+        kind = WOULD_RESTART if facts.dry_run else RESTART
+        return Decision(kind, f"verified unresponsive: no answer to /metrics for {held:.0f} s with work in flight "
+                        f"({why})")
+    due = (since if since is not None else facts.now) + s.unresponsive_after
+    return Decision(
+        DEFERRED_UNKNOWN,
+        f"verification unresponsive for {held:.0f} s of {s.unresponsive_after:g} s: not acting yet (fail "
+        f"closed): {why}",
+        retry_at=max(facts.now, min(facts.now + s.unknown_retry, due)),
     )

@@ -41,7 +41,10 @@ CREATE TABLE IF NOT EXISTS incidents (
     next_check_at REAL NOT NULL DEFAULT 0,
     last_note TEXT NOT NULL DEFAULT '',
     warm_deadline REAL,
-    last_decision TEXT NOT NULL DEFAULT ''
+    last_decision TEXT NOT NULL DEFAULT '',
+    verified_outcome TEXT NOT NULL DEFAULT '',
+    verified_at REAL,
+    unresponsive_since REAL
 );
 CREATE UNIQUE INDEX IF NOT EXISTS one_active_incident ON incidents(backend) WHERE state != 'closed';
 CREATE TABLE IF NOT EXISTS incident_alerts (
@@ -114,12 +117,19 @@ CREATE TABLE IF NOT EXISTS counters (
 );
 """
 
+#: columns added after the first release: (table, column, declaration), added to older state files
+ADDED_COLUMNS = (
+    ("incidents", "verified_outcome", "TEXT NOT NULL DEFAULT ''"),   # the authority's latest verification
+    ("incidents", "verified_at", "REAL"),
+    ("incidents", "unresponsive_since", "REAL"),                     # first of a run of `unresponsive`
+)
+
 #: event kinds that are decisions (counted in llm_health_remediator_decisions_total)
 DECISION_KINDS = frozenset({
     "deduplicated", "ignored", "signal", "absorbed", "incident_opened",
     "deferred_breaker", "deferred_budget", "deferred_backoff", "deferred_marker", "deferred_unknown",
     "verified_healthy", "restarted_by_other", "restarting", "restarted", "would_restart", "not_configured",
-    "failed", "recovered", "warmup_timeout", "interrupted", "resolved", "acknowledged", "breaker_open",
+    "failed", "recovered", "warmup_timeout", "interrupted", "aborted", "resolved", "acknowledged", "breaker_open",
     "draining", "deferred_host", "deferred_min_ready", "restart_called_off", "escalated", "lifecycle_refused",
 })
 
@@ -168,6 +178,10 @@ class Store:
                 for stmt in SCHEMA.split(";"):
                     if stmt.strip():
                         c.execute(stmt)
+                for table, column, decl in ADDED_COLUMNS:
+                    have = {r["name"] for r in c.execute(f"PRAGMA table_info({table})").fetchall()}
+                    if column not in have:
+                        c.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
         except sqlite3.DatabaseError as exc:
             raise StateError(f"state {self.path} is not usable: {exc}") from exc
 
