@@ -316,6 +316,7 @@ class Stack:
                 "dedup_window": 60.0,
                 "verify_readings": 2,
                 "verify_interval": t.verify_interval,
+                "unresponsive_after": t.stall_after,
                 "warmup_timeout": t.warmup_timeout,
                 "warmup_poll": t.warmup_poll,
                 "drain_timeout": t.drain_timeout,

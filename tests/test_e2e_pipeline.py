@@ -117,3 +117,25 @@ def test_two_clustered_alertmanagers_deliver_duplicates_and_still_one_restart(tm
         assert any(e["kind"] == "deduplicated" for e in deliveries)
         assert restarted(stack, "sim-a") == 1
         assert stack.sims["sim-a"].stats()["restarts"] == 1
+
+
+def test_hung_backend_with_work_is_restarted_once_after_the_unresponsive_window(stack: Stack) -> None:
+    """The event loop hangs (connections accepted, nothing answered): not down at once, not ignored
+    forever either; restarted once it has been unresponsive for the stall window."""
+    load = stack.fill_slots("sim-a", 2)
+    stack.wait(lambda: stack.sims["sim-a"].stats()["running"] >= 2, 20, "requests running on sim-a")
+    # the exporter must have seen the work: a hang after an idle reading is (rightly) judged down instead
+    stack.wait(lambda: stack.verdicts()["sim-a"]["verdict"] == "busy", 20, "sim-a judged busy")
+    stack.sims["sim-a"].fault("hang")
+    load.stop()
+    stack.wait(lambda: stack.verdicts()["sim-a"]["verdict"] == "stalled", 30, "hung sim-a judged stalled")
+    stack.wait(lambda: "recovered" in kinds(stack, "sim-a"), 90, "sim-a restarted and recovered")
+    events = stack.events("sim-a")
+    assert restarted(stack, "sim-a") == 1
+    assert stack.sims["sim-a"].stats()["restarts"] == 1
+    decided = [e for e in events if e["kind"] in ("draining", "restarting")]
+    assert decided and all("no answer" in e["reason"] for e in decided), decided
+    first_unresponsive = min(e["at"] for e in events if e["kind"] == "deferred_unknown"
+                             and "unresponsive" in e["reason"])
+    assert min(e["at"] for e in decided) - first_unresponsive >= stack.timings.stall_after
+    assert restarted(stack, "sim-b") == 0
