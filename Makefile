@@ -19,14 +19,17 @@ venv: $(STAMP)
 debs:
 	@bash scripts/ensure-debs.sh
 
-demo: $(STAMP) debs
+demo: debs $(STAMP)
 	$(VENV)/bin/llm-health demo $(ARGS)
 
-test: $(STAMP) debs
+# pytest exits 5 when it collected no test: a run that tests nothing is a failure, said plainly.
+test: debs $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest -q $(ARGS)
+	@$(VENV)/bin/pytest -q $(ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5); that is a failure" >&2; fi; \
+	exit $$rc
 
-bench: $(STAMP) debs
+bench: debs $(STAMP)
 	$(PY) -m bench.run $(ARGS)
 
 lint: $(STAMP)

@@ -257,17 +257,28 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--probe-timeout", type=float, default=10.0, help="idle probe timeout (default 10)")
     parser.add_argument("--model", default="", help="model for the probe (default: first of /v1/models)")
     parser.add_argument("--no-probe", action="store_true", help="never send a generation request")
+    parser.add_argument("--stall-after", type=float, default=120.0,
+                        help="report stalled only when the readings span at least this many seconds without "
+                             "engine progress (default 120, as the exporter); shorter evidence is UNKNOWN")
     parser.add_argument("--api-key-file", default="", metavar="PATH",
                         help="file with the vLLM --api-key, sent as a bearer token on /v1/* only")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.readings < 1 or args.interval < 0 or args.timeout <= 0 or args.probe_timeout <= 0:
-        raise ConfigError("--readings must be >= 1, --interval >= 0, timeouts > 0")
+    if args.readings < 1 or args.interval < 0 or args.timeout <= 0 or args.probe_timeout <= 0 or args.stall_after < 0:
+        raise ConfigError("--readings must be >= 1, --interval >= 0, timeouts > 0, --stall-after >= 0")
     url = _check_url(args.url, "url")
     api_key = load_api_key(args.api_key_file, "--api-key-file")
     result, verdict = _examine(url, args.readings, args.interval, args.timeout, args.probe_timeout,
                                time.sleep, time.time, not args.no_probe, args.model, api_key)
+    span = (args.readings - 1) * args.interval
+    if verdict is Verdict.STALLED and span < args.stall_after:
+        # principle 4: frozen counters over a few seconds prove nothing (a long prefill step, a JIT)
+        verdict = Verdict.UNKNOWN
+        result = Verification(UNKNOWN, f"{result.reason}; stalled needs {args.stall_after:g} s without progress "
+                              f"(--stall-after): take readings spanning it, e.g. --readings "
+                              f"{int(args.stall_after // max(args.interval, 1)) + 1} --interval "
+                              f"{max(args.interval, 1):g}", result.in_flight)
     code = EXIT_CODES[verdict]
     label = {0: "OK", 1: "UNKNOWN", 2: "CRITICAL"}[code]
     shown = result.outcome if result.outcome == UNRESPONSIVE else verdict.value

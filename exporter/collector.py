@@ -34,7 +34,7 @@ class FleetCollector(Collector):
             "Generation tokens per second between the last two readings", labels=["backend"])
         progress = GaugeMetricFamily(
             "llm_health_last_progress_timestamp_seconds",
-            "Unix time when engine progress was last observed (0 = never)", labels=["backend"])
+            "Unix time when engine progress was last observed (absent until it has been)", labels=["backend"])
         probes = CounterMetricFamily(
             "llm_health_probes", "Idle probes finished, by result", labels=["backend", "result"])
         sent = CounterMetricFamily(
@@ -48,7 +48,8 @@ class FleetCollector(Collector):
             code.add_metric([b.name], float(CODES[b.verdict]))
             in_flight.add_metric([b.name], b.in_flight)
             tps.add_metric([b.name], b.tokens_per_second)
-            progress.add_metric([b.name], b.last_progress or 0.0)
+            if b.last_progress is not None:  # never seen is missing data, not "progress in 1970"
+                progress.add_metric([b.name], b.last_progress)
             for r in PROBE_RESULTS:
                 probes.add_metric([b.name, r], float(b.probes.get(r, 0)))
             sent.add_metric([b.name], float(b.probes_sent))

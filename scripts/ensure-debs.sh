@@ -8,6 +8,8 @@ command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v prometheus-alertmanager >/dev/null 2>&1 || need+=(prometheus-alertmanager)
 command -v amtool >/dev/null 2>&1 || need+=(prometheus-alertmanager)
 command -v haproxy >/dev/null 2>&1 || need+=(haproxy)
+# `python3 -m venv` needs ensurepip, which Debian ships separately
+python3 -c "import ensurepip, venv" >/dev/null 2>&1 || need+=(python3-venv)
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi
 pkgs=$(printf '%s\n' "${need[@]}" | sort -u | tr '\n' ' ')
 echo "installing Debian packages: $pkgs"

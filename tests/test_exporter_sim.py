@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.check import verify
 from exporter.reading import read_text
@@ -273,12 +274,15 @@ class RoundRobinProxy:
 
     def __init__(self, upstreams: list[str]) -> None:
         state = {"i": 0}
+        self.paths: list[str] = []
+        paths = self.paths
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args: Any) -> None:
                 return
 
             def do_GET(self) -> None:  # noqa: N802
+                paths.append(self.path)
                 upstream = upstreams[state["i"] % len(upstreams)]
                 state["i"] += 1
                 try:
@@ -312,8 +316,9 @@ def test_proxies_are_checked_through_v1_models(sim, exporter) -> None:
         assert 'llm_health_proxy_up{proxy="lb"} 1.0' in text
         assert 'llm_health_proxy_up{proxy="gone"} 0.0' in text
         assert a.stats()["by_kind"]["models"] >= 1 and b.stats()["by_kind"]["models"] >= 1
-        # backends are read directly, never through the proxy
+        # backends are read directly, never through the proxy: the proxy only ever saw /v1/models
         assert a.stats()["by_kind"]["metrics"] >= 1 and b.stats()["by_kind"]["metrics"] >= 1
+        assert proxy.paths and set(proxy.paths) == {"/v1/models"}, proxy.paths
     finally:
         proxy.stop()
     wait_until(lambda: e.proxy("lb")["up"] is False, timeout=10, what="proxy down")
@@ -332,6 +337,31 @@ def test_dead_backend_is_down_after_two_readings_others_unaffected(sim, exporter
     s.fault("crash")
     e.wait_verdict("ok", "down")
     assert 'llm_health_readings_total{backend="dead",result="refused"}' in e.metrics()
+
+
+def test_series_for_in_flight_tokens_and_last_progress(sim, exporter) -> None:
+    busy = sim()
+    dead_url = f"http://127.0.0.1:{free_port()}"
+    Load(busy.url, 3)
+    wait_until(lambda: busy.stats()["running"] == 3, timeout=10, what="load")
+    e = exporter({"busy": busy.url, "dead": dead_url})
+    e.wait_verdict("busy", "busy")
+    e.wait_verdict("dead", "down")
+    text = e.metrics()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+
+    def value(family: str, backend: str) -> float | None:
+        for sample in families[family].samples:
+            if sample.labels.get("backend") == backend:
+                return sample.value
+        return None
+
+    assert value("llm_health_in_flight_requests", "busy") == 3
+    assert (value("llm_health_generation_tokens_per_second", "busy") or 0) > 0
+    progress = value("llm_health_last_progress_timestamp_seconds", "busy")
+    assert progress is not None and abs(progress - time.time()) < 30
+    # never seen progress is missing data: no sample, not a timestamp of 1970
+    assert value("llm_health_last_progress_timestamp_seconds", "dead") is None
 
 
 def test_hung_backend_delays_no_one(sim, exporter) -> None:
@@ -443,7 +473,10 @@ def test_check_exit_codes(sim) -> None:
     r = _check(busy.url)
     assert r.returncode == 0 and "busy" in r.stdout, r.stdout + r.stderr
     busy.fault("stall")
+    # frozen counters over less than --stall-after prove nothing: unknown, not a hair-trigger stalled
     r = _check(busy.url)
+    assert r.returncode == 1 and "UNKNOWN" in r.stdout and "--stall-after" in r.stdout, r.stdout + r.stderr
+    r = _check(busy.url, "--readings", 4, "--stall-after", 0.8)
     assert r.returncode == 2 and "stalled" in r.stdout, r.stdout + r.stderr
     assert busy.stats()["probes"] == 0
 

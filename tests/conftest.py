@@ -1,0 +1,22 @@
+"""Shared test set-up."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+# The real programs the tests start. Locally a missing one skips its tests; in CI (CI=true) the
+# project's own set-up must have installed them, so a missing one fails the run instead of
+# letting skipped acceptance tests pass for green.
+REQUIRED_BINARIES = ("prometheus", "promtool", "prometheus-alertmanager", "amtool", "haproxy")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if os.environ.get("CI", "").lower() not in ("1", "true", "yes"):
+        return
+    missing = [b for b in REQUIRED_BINARIES if shutil.which(b) is None]
+    if missing:
+        pytest.exit(f"CI: required programs not installed: {', '.join(missing)} (run scripts/ensure-debs.sh)",
+                    returncode=3)
