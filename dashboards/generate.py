@@ -325,12 +325,15 @@ FLEET = Dashboard(
         ),
         Panel(
             "Probes sent", "timeseries",
-            (Target(
-                f"sum by (backend, result) (increase(llm_health_probes_total{SEL}[$__rate_interval]))",
-                "{{backend}} {{result}}",
-            ),),
-            unit="short", min=0, bars=True, stacked=True,
-            description="Must stay flat while a backend is busy: probes only go to idle servers.",
+            (
+                Target(f"sum by (backend) (increase(llm_health_probes_sent_total{SEL}[$__rate_interval]))",
+                       "{{backend}} sent"),
+                Target(f"sum by (backend, result) (increase(llm_health_probes_total{SEL}[$__rate_interval]))",
+                       "{{backend}} answered: {{result}}"),
+            ),
+            unit="short", min=0, bars=True,
+            description="Must stay flat while a backend is busy: probes only go to idle servers. "
+                        "Sent is counted when a probe leaves, answered when its result is in.",
         ),
         Panel(
             "Readings by result", "timeseries",

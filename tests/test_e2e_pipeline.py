@@ -66,17 +66,16 @@ def test_stalled_backend_is_restarted_once_and_the_busy_one_is_left_alone(stack:
         assert not stack.firing("LLMBackendStalled", "sim-b")
         assert not stack.firing("LLMHealthProbeSentToBusyBackend")
 
-        # every dashboard panel's query runs against this Prometheus; the core ones have data
-        empty: list[str] = []
+        # every dashboard panel's query runs against this Prometheus, and every one has data in this
+        # scenario, except the panels of events it does not contain (named here, with the reason)
+        may_be_empty = {
+            ("llm-health-remediator", "Deferrals"): "nothing is deferred in this scenario",
+        }
+        empty = []
         for dashboard, title, expr in dashboards_queries():
-            result = stack.query(expr)  # raises on a query error
-            if not result:
-                empty.append(f"{dashboard}: {title}")
-        must_have_data = [
-            "Verdict", "Requests running", "KV", "Probes", "Alerts received", "Decisions", "Restarts",
-        ]
-        missing = [t for t in empty if any(word.lower() in t.lower() for word in must_have_data)]
-        assert not missing, f"panels without data in a scenario that feeds them: {missing}"
+            if not stack.query(expr) and (dashboard, title) not in may_be_empty:  # raises on a query error
+                empty.append(f"{dashboard}: {title}: {expr}")
+        assert not empty, "panels without data in a scenario that feeds them:\n" + "\n".join(empty)
     finally:
         batch.stop()
 
