@@ -44,6 +44,8 @@ _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 60480
 _MATCHER = r'\s*[A-Za-z_][A-Za-z0-9_]*\s*(=|!=|=~|!~)\s*"[^"\\{}\n]*"\s*'
 SELECTOR_RE = re.compile(rf"^{_MATCHER}(,{_MATCHER})*$")
 URL_RE = re.compile(r"^https?://[^\s\"#{}<>]+$")
+# A PromQL regex placed inside "...": no quotes, backslashes, braces or line breaks.
+HANDLER_RE = re.compile(r'^[^"\\{}\n]+$')
 
 
 # Windows read through rate/increase/changes/resets, with their defaults at the default scrape interval.
@@ -59,6 +61,9 @@ FLAG_HELP = {
     "scrape_interval": "Prometheus' scrape interval for vLLM and the exporter; the rate windows must hold 4 scrapes",
     "down_for": "grace before LLMBackendDown; must exceed the model load time",
     "down_busy_grace": "failed scrapes within this long of a reading with work in flight are not 'down'",
+    "error_rate_threshold": "LLMBackendErrorRate: share (0..1) of 5xx among generation responses over the rate window",
+    "error_rate_for": "LLMBackendErrorRate: the share stays above the threshold this long",
+    "error_rate_handlers": "LLMBackendErrorRate: regex of vLLM's generation handlers (http_requests_total handler label)",
 }
 FIXED_WINDOWS = {"1h": "the 1h restart count (LLMBackendRestartLoop)"}
 
@@ -99,6 +104,10 @@ class RuleSettings:
     kv_for: str = "10m"
     preemption_rate_threshold: float = 0.0
     preemption_for: str = "10m"
+    # LLMBackendErrorRate (signal only, category="error-rate"): 5xx share of generation responses.
+    error_rate_threshold: float = 0.05
+    error_rate_for: str = "2m"
+    error_rate_handlers: str = "/v1/chat/completions|/v1/completions|/v1/responses"
     proxy_window: str | None = None   # (15m)
     no_metrics_for: str = "5m"
     unknown_for: str = "10m"
@@ -123,12 +132,16 @@ class RuleSettings:
             elif f.name == "runbook_url":
                 if not URL_RE.match(value):
                     raise ConfigError(f"{flag}: {value!r} must be an http(s) URL without a fragment")
+            elif f.name == "error_rate_handlers":
+                _check_handler_regex(value, flag)
             elif isinstance(value, bool):
                 continue
             elif isinstance(value, str):
                 parse_duration(value, flag)
         if not 0 < s.kv_threshold <= 1:
             raise ConfigError(f"--kv-threshold: {s.kv_threshold} must be in (0, 1]")
+        if not 0 < s.error_rate_threshold < 1:
+            raise ConfigError(f"--error-rate-threshold: {s.error_rate_threshold} must be in (0, 1)")
         if s.preemption_rate_threshold < 0:
             raise ConfigError("--preemption-rate-threshold: must be >= 0")
         if s.restart_loop_threshold < 1:
@@ -174,8 +187,21 @@ class RuleSettings:
         return f"{self.kv_threshold * 100:g}"
 
     @property
+    def error_rate_percent(self) -> str:
+        return f"{self.error_rate_threshold * 100:g}"
+
+    @property
     def min_scrapes(self) -> int:
         return MIN_SCRAPES_PER_WINDOW
+
+
+def _check_handler_regex(value: object, flag: str) -> None:
+    if not isinstance(value, str) or not HANDLER_RE.match(value):
+        raise ConfigError(f"{flag}: {value!r} must be a regex without quotes, backslashes, braces or line breaks")
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ConfigError(f"{flag}: {value!r} is not a valid regex ({exc})") from None
 
 
 def _flag(name: str) -> str:

@@ -25,7 +25,7 @@ RESTART_ALERTS = {"LLMBackendStalled", "LLMBackendDown"}
 REQUIRED_ALERTS = {
     "LLMBackendStalled", "LLMBackendDown", "LLMBackendRestarted", "LLMBackendRestartLoop", "LLMKVCachePressure",
     "LLMPreemptions", "LLMMetricsBehindProxy", "LLMProxyDown", "LLMHealthExporterDown",
-    "LLMHealthProbeSentToBusyBackend",
+    "LLMHealthProbeSentToBusyBackend", "LLMBackendErrorRate",
 }
 FLEET_ALERTS = {"LLMProxyDown", "LLMHealthExporterDown", "LLMTooFewBackendsUp"}
 
@@ -109,12 +109,33 @@ def test_render_with_custom_settings_via_cli(tmp_path: Path, capsys: pytest.Capt
         RuleSettings(scrape_interval="1m", restart_window="3m"),
         RuleSettings(scrape_interval="5m", proxy_window="15m"),
         RuleSettings(scrape_interval="1m", probe_busy_window="3m59s"),
+        RuleSettings(error_rate_threshold=0.0),
+        RuleSettings(error_rate_threshold=5.0),  # a percentage, not a share
+        RuleSettings(error_rate_for="a while"),
+        RuleSettings(error_rate_handlers='/v1/completions"}) or vector(1) or ({x="'),
+        RuleSettings(error_rate_handlers="/v1/(completions"),
+        RuleSettings(error_rate_handlers=""),
     ],
 )
 def test_bad_settings_are_refused_and_write_nothing(settings: RuleSettings, tmp_path: Path) -> None:
     with pytest.raises(ConfigError):
         write_rendered(tmp_path / "out", settings)
     assert not (tmp_path / "out").exists()
+
+
+def test_error_rate_alert_is_a_signal_for_people_with_its_flags(tmp_path: Path) -> None:
+    """LLMBackendErrorRate: no remediation label, category="error-rate", flags reach the expression."""
+    rule = alert_rules()["LLMBackendErrorRate"]
+    assert rule["labels"] == {"severity": "warning", "category": "error-rate"}
+    assert 'status=~"5.."' in rule["expr"] and "> 0.05\n" in rule["expr"] and rule["for"] == "2m"
+    assert cli.main([
+        "rules", "render", "--out", str(tmp_path), "--error-rate-threshold", "0.2", "--error-rate-for", "5m",
+        "--error-rate-handlers", "/v1/chat/completions|/generate",
+    ]) == 0
+    custom = alert_rules([tmp_path / "llm_health_records.yml", tmp_path / "llm_health_alerts.yml"])["LLMBackendErrorRate"]
+    assert "> 0.2\n" in custom["expr"] and custom["for"] == "5m"
+    assert 'handler=~"/v1/chat/completions|/generate"' in custom["expr"]
+    assert "20%" in custom["annotations"]["summary"]
 
 
 def test_cli_reports_bad_input_with_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -266,6 +287,7 @@ def test_alertmanager_example_passes_amtool() -> None:
          "llm-health-remediator,operators"),
         (["alertname=LLMBackendRestartLoop", "backend=a", "severity=warning"], "operators"),
         (["alertname=LLMHealthProbeSentToBusyBackend", "backend=a", "severity=warning"], "operators"),
+        (["alertname=LLMBackendErrorRate", "backend=a", "severity=warning", "category=error-rate"], "operators"),
     ],
 )
 def test_only_restart_alerts_reach_the_remediator(labels: list[str], receivers: str) -> None:
@@ -285,6 +307,9 @@ def test_alertmanager_example_shape() -> None:
     inhibits = {(tuple(r["source_matchers"]), tuple(r["target_matchers"])) for r in config["inhibit_rules"]}
     assert (('alertname="LLMBackendDown"',), ('alertname="LLMBackendStalled"',)) in inhibits
     assert all(r["equal"] == ["backend"] for r in config["inhibit_rules"])
+    # A restarting backend inhibits its error-rate alerts (tests/test_alertmanager_inhibit.py runs it).
+    assert (('alertname=~"LLMBackendRestarted|LLMBackendDown"',), ('category="error-rate"',)) in inhibits
+    assert "category: error-rate" in AM_CONFIG.read_text()  # the header tells operators how to opt in
 
 
 @needs_promtool

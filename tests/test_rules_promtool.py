@@ -366,8 +366,54 @@ def exporter_down() -> Scenario:
     return s
 
 
+def http_series(backend: str, status: str, values: str, handler: str = "/v1/chat/completions") -> dict[str, str]:
+    """vLLM's http_requests_total (prometheus-fastapi-instrumentator, grouped status codes like "5xx")."""
+    labels = {**target_labels(backend), "handler": handler, "method": "POST", "status": status}
+    return series("http_requests_total", labels, values)
+
+
+def error_rates() -> Scenario:
+    """LLMBackendErrorRate: a signal only. Fires on a 5xx burst; silent without traffic, on 4xx, on a low
+    share, and on 5xx of handlers that are not generation endpoints."""
+    s = Scenario("5xx share of generation responses")
+    # 10 ok/s throughout; from 5m on also 5 errors/s (a third of the responses).
+    s.add(http_series("burst", "2xx", f"0+150x{N}"))
+    s.add(http_series("burst", "5xx", f"0x20 0+75x{N}"))
+    # Ungrouped status codes (should_group_status_codes=False) work the same way.
+    s.add(http_series("raw", "200", f"0+150x{N}"))
+    s.add(http_series("raw", "500", f"0x20 0+75x{N}"))
+    # No traffic at all: 0/0, never "above the threshold". The 5xx series exists (errors long ago).
+    s.add(http_series("quiet", "2xx", f"500x{N}"))
+    s.add(http_series("quiet", "5xx", f"40x{N}"))
+    # Only client errors, heavily.
+    s.add(http_series("clienterr", "2xx", f"0+150x{N}"))
+    s.add(http_series("clienterr", "4xx", f"0+150x{N}"))
+    s.add(http_series("clienterr", "5xx", f"3x{N}"))
+    # 1% errors: below the 5% default.
+    s.add(http_series("lowshare", "2xx", f"0+1485x{N}"))
+    s.add(http_series("lowshare", "5xx", f"0+15x{N}"))
+    # 5xx only on a non-generation handler.
+    s.add(http_series("models", "2xx", f"0+150x{N}"))
+    s.add(http_series("models", "5xx", f"0+150x{N}", handler="/v1/models"))
+    s.silent("5m", "LLMBackendErrorRate")
+    s.silent("6m30s", "LLMBackendErrorRate")  # above the threshold, not yet for 2m
+    s.expect("8m", "LLMBackendErrorRate", {"backend": "burst"}, {"backend": "raw"})
+    s.expect("30m", "LLMBackendErrorRate", {"backend": "burst"}, {"backend": "raw"})
+    return s
+
+
+def error_rate_quiet() -> Scenario:
+    s = Scenario("no generation traffic at all, before and after errors: LLMBackendErrorRate stays silent")
+    s.add(http_series("idle", "2xx", f"0+15x40 600x{N}"))
+    s.add(http_series("idle", "5xx", f"0+15x40 600x{N}"))  # 50% errors until 10m, then no traffic
+    s.expect("9m", "LLMBackendErrorRate", {"backend": "idle"})
+    s.silent("12m", "LLMBackendErrorRate")
+    s.silent("40m", "LLMBackendErrorRate")
+    return s
+
+
 SCENARIOS = [busy_and_probes, stalls, traps, restarts_and_proxies, down_and_gone, all_gone, all_down, capacity, exporter_down,
-             busy_timeouts, all_busy_unreachable, probes_sent]
+             busy_timeouts, all_busy_unreachable, probes_sent, error_rates, error_rate_quiet]
 
 
 def build_document(rule_files: list[Path] | None = None, written_as: list[str] | None = None) -> dict:
