@@ -328,6 +328,12 @@ def _idle(prev: BackendState, obs: Observation, now: float, settings: Thresholds
             # another process answered and is idle: it stays "restarted" until it answers a probe
             return _become(prev, Verdict.RESTARTED, prev.reason.split("; now ")[0] + f"; now {text}, "
                            "awaiting the probe's answer", now, **changes)
+        if prev.probe_failures >= settings.down_after:
+            # the page says idle, but the server did not answer: a stalled engine's gauges are frozen,
+            # so "idle" proves nothing here. It stays down until a probe answers (or the engine moves).
+            changes["in_flight"] = 0.0
+            return _become(prev, Verdict.DOWN, f"{text} on a frozen page; the last {prev.probe_failures} probes "
+                           "failed, down until a probe answers", now, **changes)
         if prev.probe_failures:
             text += f"; last probe failed ({prev.probe_failures} of {settings.down_after})"
         return _become(prev, Verdict.IDLE, text, now, **changes)

@@ -201,6 +201,21 @@ def test_failed_probes_of_an_idle_backend() -> None:
     assert "probe answered" in states[2].reason
 
 
+def test_down_by_failed_probes_holds_between_probes() -> None:
+    """With probes spaced wider than the interval (probe_every, or a probe_timeout longer than the
+    interval), cycles without a probe result must not flip a down server back to idle: that flapping
+    kept LLMBackendDown (`for:`) from ever firing for a server wedged behind frozen gauges."""
+    bad = ProbeResult("timeout", "no answer within 10 s")
+    good = ProbeResult("ok", seconds=0.05)
+    states = run([(0, ok(reading())), (15, ok(reading(), bad)), (30, ok(reading())),
+                  (45, ok(reading(), bad)), (60, ok(reading())), (75, ok(reading())),
+                  (90, ok(reading(), good))])
+    assert [s.verdict for s in states] == [Verdict.IDLE, Verdict.IDLE, Verdict.IDLE, Verdict.DOWN,
+                                           Verdict.DOWN, Verdict.DOWN, Verdict.IDLE]
+    assert states[5].since == 45, "down holds without restarting its clock"
+    assert "down until a probe answers" in states[4].reason
+
+
 def test_v0_idle_page_is_idle_not_busy() -> None:
     """V0 observes iteration_tokens 0 every 10 s while idle: _count grows, nothing else does."""
     engine = Engine(flavour="v0", idle_log_seconds=10.0)
