@@ -21,7 +21,8 @@ from urllib.parse import urlsplit
 from simulator.engine import Engine, RequestState, SimRequest
 from simulator.metrics import Flavour, render
 
-FAULTS = ("none", "stall", "hang", "crash", "restart", "slow_metrics")
+FAULTS = ("none", "stall", "hang", "crash", "restart", "slow_metrics", "error")
+ERROR_MESSAGE = "simulated engine error: the request failed"
 PROBE_HEADER = "X-LLM-Health-Probe"
 VERSIONS = {"v0": "0.6.6.post1", "v1": "0.11.2"}
 GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
@@ -320,6 +321,10 @@ class Simulator:
             elif name == "slow_metrics":
                 self.fault = name
                 self.slow_metrics_seconds = 3.0 if seconds is None else seconds
+            elif name == "error":
+                self.fault = name
+                if scaled is not None:
+                    self._after(scaled, lambda: self.set_fault("none"))
             else:
                 self.fault = "none"
             self.cond.notify_all()
@@ -674,6 +679,11 @@ class _Handler(BaseHTTPRequestHandler):
             prompt, max_tokens, stream = parse_generation(path, body, sim.cfg.model)
         except LookupError as exc:
             self._openai_error(404, str(exc), "NotFoundError")
+            return
+        with sim.cond:
+            failing = sim.fault == "error"
+        if failing:  # the engine is fine but every request fails (streaming or not): vLLM answers 500
+            self._openai_error(500, ERROR_MESSAGE, "InternalServerError")
             return
         prompt_tokens = approx_prompt_tokens(prompt)
         try:

@@ -328,3 +328,44 @@ def test_prompt_tokens_override_and_token_id_prompts(make_sim: Callable[..., Sim
     free = make_sim(time_scale=10)
     r = requests.post(free.url + "/v1/completions", json={"prompt": [5] * 77, "max_tokens": 1}, timeout=10)
     assert r.json()["usage"]["prompt_tokens"] == 77
+
+
+def test_error_fails_generation_with_openai_500_while_engine_is_fine(make_sim: Callable[..., Simulator]) -> None:
+    sim = make_sim(time_scale=10)
+    assert fault(sim.url, {"fault": "error"}).json()["fault"] == "error"
+    before = metric(sim.url, "vllm:request_success_total", finished_reason="length")
+    for path, body in (
+        ("/v1/completions", {"model": "sim-model", "prompt": "x", "max_tokens": 1}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1}),
+        ("/v1/completions", {"prompt": "x", "max_tokens": 3, "stream": True}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 3, "stream": True}),
+    ):
+        for headers in (None, PROBE):
+            r = requests.post(sim.url + path, json=body, headers=headers, timeout=10)
+            err = r.json()
+            assert r.status_code == 500, (path, body, r.text)
+            assert err["object"] == "error" and err["type"] == "InternalServerError" and err["code"] == 500
+            assert err["message"]
+    # the engine itself is fine: health, models and metrics answer, no request reached the engine
+    assert requests.get(sim.url + "/health", timeout=5).status_code == 200
+    assert requests.get(sim.url + "/v1/models", timeout=5).json()["data"][0]["id"] == "sim-model"
+    assert metric(sim.url, "vllm:request_success_total", finished_reason="length") == before
+    st = stats(sim)
+    assert st["fault"] == "error" and st["running"] == 0 and st["waiting"] == 0
+    assert st["requests"]["POST /v1/completions"] == 4 and st["by_kind"]["probe"] == 4
+    # none clears it
+    assert fault(sim.control_url, {"fault": "none"}).json() == {"fault": "none", "previous": "error", "restarts": 0}
+    r = requests.post(sim.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=10)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 1
+    # a restart clears it too (a new process)
+    fault(sim.control_url, {"fault": "error"})
+    assert fault(sim.control_url, {"fault": "restart"}).status_code == 200
+    wait_until(lambda: stats(sim)["restarts"] == 1 and stats(sim)["port_open"], what="restarted")
+    wait_until(lambda: requests.get(sim.url + "/health", timeout=1).ok, what="main port back")
+    assert stats(sim)["fault"] == "none"
+    r = requests.post(sim.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=10)
+    assert r.status_code == 200
+    # error with seconds clears itself
+    fault(sim.control_url, {"fault": "error", "seconds": 2})
+    assert requests.post(sim.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=10).status_code == 500
+    wait_until(lambda: stats(sim)["fault"] == "none", what="error to expire")
