@@ -46,7 +46,11 @@ def test_stalled_backend_is_restarted_once_and_the_busy_one_is_left_alone(stack:
     try:
         stack.wait(lambda: stack.sims["sim-b"].stats()["running"] == 12, 20, "sim-b at 12 of 12 slots")
         stack.wait(lambda: stack.verdicts()["sim-b"]["verdict"] == "busy", 20, "sim-b judged busy")
-        probes_before = stack.sims["sim-b"].stats()["probes"]
+        # from the moment the exporter has seen the work: a probe allowed by an idle reading can still
+        # land within one engine step of the batch's first request (the gauges lag a step; see
+        # docs/benchmarks.md, "the probe race"), so the count starts here
+        baseline = stack.sims["sim-b"].stats()
+        probes_before, busy_probes_before = baseline["probes"], baseline["probes_while_busy"]
 
         stall_with_work(stack, "sim-a")
         stack.wait(lambda: stack.verdicts()["sim-a"]["verdict"] == "stalled", 30, "sim-a judged stalled")
@@ -61,7 +65,7 @@ def test_stalled_backend_is_restarted_once_and_the_busy_one_is_left_alone(stack:
         assert b["restarts"] == 0, b
         assert restarted(stack, "sim-b") == 0
         assert b["probes"] == probes_before, "a probe was sent to the saturated backend"
-        assert b["probes_while_busy"] == 0
+        assert b["probes_while_busy"] == busy_probes_before
         assert stack.sims["sim-b"].stats()["running"] == 12, "the batch kept every slot"
         assert not stack.firing("LLMBackendStalled", "sim-b")
         assert not stack.firing("LLMHealthProbeSentToBusyBackend")
