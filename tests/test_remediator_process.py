@@ -139,17 +139,8 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
             sim.stop()
 
 
-def crash(sim: Simulator) -> None:
-    requests.post(sim.control_url + "/sim/fault", json={"fault": "crash"}, timeout=5).raise_for_status()
-
-
-def test_duplicate_storm_on_four_workers_gives_one_restart(rig: Rig) -> None:
-    crash(rig.sims["storm"])
-    first = payload(alert("storm"))
-    bodies = [first] * 6 + [payload(alert("storm"), external="http://am-1:9093")] * 4 + [
-        payload(alert("storm", alertname="LLMBackendDown")),
-        payload(alert("storm", alertname="LLMHighErrorRate", restart=False)),
-    ]
+def fire_at_once(rig: Rig, bodies: list[Any]) -> list[int]:
+    """POST every body to the webhook from its own thread, all released together; the status codes."""
     answers: list[int] = []
     barrier = threading.Barrier(len(bodies))
 
@@ -162,7 +153,21 @@ def test_duplicate_storm_on_four_workers_gives_one_restart(rig: Rig) -> None:
         t.start()
     for t in threads:
         t.join()
-    assert answers == [202] * len(bodies)
+    return answers
+
+
+def crash(sim: Simulator) -> None:
+    requests.post(sim.control_url + "/sim/fault", json={"fault": "crash"}, timeout=5).raise_for_status()
+
+
+def test_duplicate_storm_on_four_workers_gives_one_restart(rig: Rig) -> None:
+    crash(rig.sims["storm"])
+    first = payload(alert("storm"))
+    bodies = [first] * 6 + [payload(alert("storm"), external="http://am-1:9093")] * 4 + [
+        payload(alert("storm", alertname="LLMBackendDown")),
+        payload(alert("storm", alertname="LLMHighErrorRate", restart=False)),
+    ]
+    assert fire_at_once(rig, bodies) == [202] * len(bodies)
     rig.wait_event("storm", "recovered")
     dedup_before = len(rig.events("", "deduplicated"))
     rig.post(first)                                                 # late resends after recovery:

@@ -6,15 +6,20 @@ once, only after `unresponsive_after`.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import requests
 import yaml
 from test_remediator_helpers import alert, payload
-from test_remediator_process import Rig, kill_recorded, start_remediator, start_sim, write_config
+from test_remediator_process import (
+    Rig,
+    fire_at_once,
+    kill_recorded,
+    start_remediator,
+    start_sim,
+    write_config,
+)
 
 from llm_health.procs import free_port
 from simulator.server import Simulator
@@ -60,19 +65,7 @@ def test_dedup_alone_gives_one_restart_per_incident(rig: Rig) -> None:
     bodies = [first] * 6 + [payload(alert("storm"), external="http://am-1:9093")] * 4 + [
         payload(alert("storm", alertname="LLMBackendDown")),
     ]
-    answers: list[int] = []
-    barrier = threading.Barrier(len(bodies))
-
-    def fire(body: Any) -> None:
-        barrier.wait()
-        answers.append(rig.post(body).status_code)
-
-    threads = [threading.Thread(target=fire, args=(b,)) for b in bodies]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert answers == [202] * len(bodies)
+    assert fire_at_once(rig, bodies) == [202] * len(bodies)
     rig.wait_event("storm", "recovered")
     assert len(rig.events("storm", "incident_opened")) == 1
     assert len(rig.events("storm", "restarting")) == 1
