@@ -33,7 +33,7 @@ def test_demo_once_runs_the_drill_and_reports(tmp_path: Path) -> None:
     assert positions == sorted(positions), f"milestones out of order:\n{out}"
     assert "sim-a restarted 1 time(s) by the remediator (simulator counted 1)" in out
     assert "busy backend sim-b: 0 restarts, 0 probes sent to it during the drill" in out
-    assert "probes that reached a busy server (once the exporter had seen it busy): 0" in out
+    assert "probes that reached sim-b while it was busy (once the exporter had seen its work): 0" in out
     assert "remediator status page: http://127.0.0.1:" in out
     # every process the demo started is gone: the URLs it printed no longer answer
     for line in out.splitlines():

@@ -386,7 +386,9 @@ def test_hung_backend_delays_no_one(sim, exporter) -> None:
 def test_slow_metrics_under_load_is_not_down(sim, exporter) -> None:
     s = sim()
     Load(s.url, 4)
-    e = exporter({"a": s.url})
+    # a stall window far longer than the slow spell, so a loaded CI machine cannot stretch the
+    # spell past it (past it, "stalled" would be the right verdict)
+    e = exporter({"a": s.url}, None, "--stall-after", 30)
     e.wait_verdict("a", "busy")
     # slower than the read timeout (0.5 s) for a while, shorter than stall-after
     s.fault("slow_metrics", 0.8)
