@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,10 +25,26 @@ class WaitTimeout(AssertionError):
     """A condition did not become true before its deadline."""
 
 
+_handed_out: set[int] = set()
+_handed_out_lock = threading.Lock()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A port that is free now and was never handed out before by this process.
+
+    The port is released before the caller binds it, so the operating system may offer it again
+    to the next call; two components of one stack would then race for it (one fails to bind, and a
+    readiness check may be answered by the other). Remembering what was handed out rules that out.
+    """
+    with _handed_out_lock:
+        for _ in range(1000):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind((host, 0))
+                port = int(s.getsockname()[1])
+            if port not in _handed_out:
+                _handed_out.add(port)
+                return port
+    raise RuntimeError("no free loopback port that was not handed out already")
 
 
 def wait_until(
@@ -53,8 +70,9 @@ def wait_until(
 
 
 def http_ok(url: str, timeout: float = 1.0) -> bool:
+    """The URL answers with a 2xx: a readiness check (a 404 may come from some other program)."""
     try:
-        return requests.get(url, timeout=timeout).status_code < 500
+        return 200 <= requests.get(url, timeout=timeout).status_code < 300
     except requests.RequestException:
         return False
 
