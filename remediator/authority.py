@@ -464,8 +464,7 @@ class Authority:
             d = self._host_gate(self.store.conn(), backend) or d
         if d.kind != policy.VERIFY:
             with self.store.tx() as c:
-                inc = c.execute("SELECT state FROM incidents WHERE id = ?", (incident_id,)).fetchone()
-                if inc is not None and inc["state"] == OPEN:
+                if Store.incident_in(c, incident_id, OPEN) is not None:
                     self._note(c, incident_id, backend.name, d, now)
             return
         verification = self.probing(backend, VERIFY, self.verifier)
@@ -476,8 +475,8 @@ class Authority:
         claimed: int | None = None
         silence = False
         with self.store.tx() as c:
-            inc = c.execute("SELECT * FROM incidents WHERE id = ?", (incident_id,)).fetchone()
-            if inc is None or inc["state"] != OPEN:
+            inc = Store.incident_in(c, incident_id, OPEN)
+            if inc is None:
                 return  # resolved or acknowledged while we verified
             since = self.record_verification(c, incident_id, verification, now)
             d = policy.decide(self.facts(c, backend, now, since), verification, self.settings)
@@ -562,9 +561,9 @@ class Authority:
         claimed: int | None = None
         unsilence = False
         with self.store.tx() as c:
-            inc = c.execute("SELECT * FROM incidents WHERE id = ?", (incident_id,)).fetchone()
+            inc = Store.incident_in(c, incident_id, DRAINING)
             r = fleet.row(c, backend.name)
-            if inc is None or inc["state"] != DRAINING:
+            if inc is None:
                 return
             if r is None or r["state"] != S.DRAINING.value:
                 # not ours to drain any more (refused or changed by hand): stop, say so, retry from scratch
@@ -766,10 +765,10 @@ class Authority:
             with self.store.tx() as c:
                 done = c.execute("UPDATE actions SET result = 'error', finished_at = ?, output = ? "
                                  "WHERE id = ? AND result IS NULL", (now, reason, action_id)).rowcount
-                inc = c.execute("SELECT state FROM incidents WHERE id = ?", (incident_id,)).fetchone()
-                if inc is not None and inc["state"] == RESTARTING:
+                restarting = Store.incident_in(c, incident_id, RESTARTING) is not None
+                if restarting:
                     Store.set_state(c, incident_id, now, NEEDS_ACK, last_decision="aborted")
-                if done or (inc is not None and inc["state"] == RESTARTING):
+                if done or restarting:
                     if fleet.state_of(c, backend.name) != S.ERROR:
                         fleet.move(c, backend.name, S.ERROR, now, f"{reason}: outcome unknown", incident_id)
                     Store.event(c, now, "aborted", backend.name, incident_id,
@@ -801,8 +800,7 @@ class Authority:
         if now > deadline:
             self.unsilence_safely(backend.name)
             with self.store.tx() as c:
-                inc = c.execute("SELECT state FROM incidents WHERE id = ?", (incident_id,)).fetchone()
-                if inc is None or inc["state"] != WARMING:
+                if Store.incident_in(c, incident_id, WARMING) is None:
                     return
                 why = f"not warm {self.r.warmup_timeout:g}s after the restart"
                 fleet.move(c, backend.name, S.ERROR, now, f"warm-up timeout: {why}", incident_id)
@@ -816,8 +814,7 @@ class Authority:
             self.unsilence_safely(backend.name)
         now = self.clock()
         with self.store.tx() as c:
-            inc = c.execute("SELECT state FROM incidents WHERE id = ?", (incident_id,)).fetchone()
-            if inc is None or inc["state"] != WARMING:
+            if Store.incident_in(c, incident_id, WARMING) is None:
                 return
             if ready:
                 if fleet.state_of(c, backend.name) == S.INITIALIZING:
@@ -835,8 +832,7 @@ class Authority:
             self.unsilence_safely(backend.name)
         now = self.clock()
         with self.store.tx() as c:
-            inc = c.execute("SELECT state FROM incidents WHERE id = ?", (incident_id,)).fetchone()
-            if inc is None or inc["state"] != NEEDS_ACK:
+            if Store.incident_in(c, incident_id, NEEDS_ACK) is None:
                 return
             if ready:
                 st = fleet.state_of(c, backend.name)

@@ -257,6 +257,13 @@ class Store:
         return self.conn().execute("SELECT * FROM incidents WHERE id = ?", (incident_id,)).fetchone()
 
     @staticmethod
+    def incident_in(c: sqlite3.Connection, incident_id: int, state: str) -> sqlite3.Row | None:
+        """The incident, read inside this transaction, if it is still in `state`; else None (it was
+        resolved, acknowledged or moved on while we were working outside the transaction)."""
+        row = c.execute("SELECT * FROM incidents WHERE id = ?", (incident_id,)).fetchone()
+        return row if row is not None and row["state"] == state else None
+
+    @staticmethod
     def set_state(c: sqlite3.Connection, incident_id: int, now: float, state: str, **cols: Any) -> None:
         sets = ["state = ?", "updated_at = ?"]
         args: list[Any] = [state, now]
