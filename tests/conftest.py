@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+
+from llm_health.procs import ManagedProcess
 
 # The real programs the tests start. Locally a missing one skips its tests; in CI (CI=true) the
 # project's own set-up must have installed them, so a missing one fails the run instead of
@@ -20,3 +24,19 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if missing:
         pytest.exit(f"CI: required programs not installed: {', '.join(missing)} (run scripts/ensure-debs.sh)",
                     returncode=3)
+
+
+@pytest.fixture
+def launch(tmp_path: Path) -> Iterator[Callable[..., ManagedProcess]]:
+    """Start real processes (logs in the test's folder); every one is stopped when the test ends,
+    also when it fails."""
+    started: list[ManagedProcess] = []
+
+    def start(argv: list[str], name: str) -> ManagedProcess:
+        p = ManagedProcess(argv, name, tmp_path)
+        started.append(p)
+        return p
+
+    yield start
+    for p in reversed(started):
+        p.stop()

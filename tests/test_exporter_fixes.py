@@ -177,20 +177,6 @@ def fake() -> Iterator[Callable[..., FakeVllm]]:
         f.stop()
 
 
-@pytest.fixture
-def launch(tmp_path: Path) -> Iterator[Callable[..., ManagedProcess]]:
-    started: list[ManagedProcess] = []
-
-    def start(argv: list[str], name: str) -> ManagedProcess:
-        p = ManagedProcess(argv, name, tmp_path)
-        started.append(p)
-        return p
-
-    yield start
-    for p in reversed(started):
-        p.stop()
-
-
 def sim(launch: Callable[..., ManagedProcess], *extra: Any) -> tuple[str, str]:
     port, control = free_port(), free_port()
     proc = launch(llm_health("sim", "--port", port, "--control-port", control, *extra), f"sim{port}")

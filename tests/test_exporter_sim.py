@@ -9,7 +9,7 @@ from __future__ import annotations
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -80,20 +80,6 @@ class Exporter:
         target = self.verdicts()["cycles"] + n
         wait_until(lambda: self.verdicts()["cycles"] >= target, timeout=timeout, interval=0.05,
                    what=f"{n} more cycles")
-
-
-@pytest.fixture
-def launch(tmp_path: Path) -> Iterator[Callable[..., ManagedProcess]]:
-    started: list[ManagedProcess] = []
-
-    def start(argv: list[str], name: str) -> ManagedProcess:
-        p = ManagedProcess(argv, name, tmp_path)
-        started.append(p)
-        return p
-
-    yield start
-    for p in reversed(started):
-        p.stop()
 
 
 @pytest.fixture
