@@ -9,7 +9,8 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,17 +120,23 @@ def kill_recorded(calls: Path) -> None:
             pass
 
 
-@pytest.fixture(scope="module")
-def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
-    tmp = tmp_path_factory.mktemp("remediator")
+@contextmanager
+def running_rig(tmp: Path, names: tuple[str, ...], name: str,
+                tweak: Callable[[dict[str, Any]], None] | None = None) -> Iterator[Rig]:
+    """Simulators, a config (changed by `tweak` if given) and a real remediator under gunicorn;
+    everything is stopped afterwards, restart actions still running included, also on failure."""
     sims: dict[str, Simulator] = {}
     proc = None
     try:
-        for name in ("storm", "healthy", "busy"):
-            sims[name] = start_sim()
+        for sim_name in names:
+            sims[sim_name] = start_sim()
         config = write_config(tmp, sims, {})
+        if tweak is not None:
+            cfg = yaml.safe_load(config.read_text())
+            tweak(cfg)
+            config.write_text(yaml.safe_dump(cfg))
         port = free_port()
-        proc = start_remediator(tmp, config, port, "remediator")
+        proc = start_remediator(tmp, config, port, name)
         yield Rig(f"http://127.0.0.1:{port}", proc, sims, tmp / "calls.txt", config)
     finally:
         if proc is not None:
@@ -137,6 +144,12 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
         kill_recorded(tmp / "calls.txt")
         for sim in sims.values():
             sim.stop()
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    with running_rig(tmp_path_factory.mktemp("remediator"), ("storm", "healthy", "busy"), "remediator") as r:
+        yield r
 
 
 def fire_at_once(rig: Rig, bodies: list[Any]) -> list[int]:

@@ -7,52 +7,32 @@ once, only after `unresponsive_after`.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import requests
-import yaml
 from test_remediator_helpers import alert, payload
-from test_remediator_process import (
-    Rig,
-    fire_at_once,
-    kill_recorded,
-    start_remediator,
-    start_sim,
-    write_config,
-)
+from test_remediator_process import Rig, fire_at_once, running_rig
 
-from llm_health.procs import free_port
 from simulator.server import Simulator
 
 UNRESPONSIVE_AFTER = 3.0
 
 
+def dedup_and_hang_settings(cfg: dict[str, Any]) -> None:
+    cfg["exporter"]["read_timeout"] = 0.5
+    cfg["remediator"].update({
+        "backoff": {"initial": 0, "factor": 2, "cap": 0, "stable_after": 3600},   # nothing but dedup
+        "budget": {"restarts": 100, "window": 3600}, "breaker": {"restarts": 100, "window": 3600},
+        "unresponsive_after": UNRESPONSIVE_AFTER, "stalled_drain_timeout": 0.5,
+    })
+
+
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
-    tmp = tmp_path_factory.mktemp("remediator-fixes")
-    sims: dict[str, Simulator] = {}
-    proc = None
-    try:
-        for name in ("storm", "hung"):
-            sims[name] = start_sim()
-        config = write_config(tmp, sims, {})
-        cfg = yaml.safe_load(config.read_text())
-        cfg["exporter"]["read_timeout"] = 0.5
-        cfg["remediator"].update({
-            "backoff": {"initial": 0, "factor": 2, "cap": 0, "stable_after": 3600},   # nothing but dedup
-            "budget": {"restarts": 100, "window": 3600}, "breaker": {"restarts": 100, "window": 3600},
-            "unresponsive_after": UNRESPONSIVE_AFTER, "stalled_drain_timeout": 0.5,
-        })
-        config.write_text(yaml.safe_dump(cfg))
-        port = free_port()
-        proc = start_remediator(tmp, config, port, "remediator-fixes")
-        yield Rig(f"http://127.0.0.1:{port}", proc, sims, tmp / "calls.txt", config)
-    finally:
-        if proc is not None:
-            proc.stop()
-        kill_recorded(tmp / "calls.txt")
-        for sim in sims.values():
-            sim.stop()
+    with running_rig(tmp_path_factory.mktemp("remediator-fixes"), ("storm", "hung"), "remediator-fixes",
+                     dedup_and_hang_settings) as r:
+        yield r
 
 
 def fault(sim: Simulator, name: str) -> None:
