@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from fakes import FakeClock
 
 from remediator.lifecycle import (
     LEGAL,
@@ -19,17 +20,6 @@ from remediator.lifecycle import (
 )
 
 S = LifecycleState
-
-
-class FakeClock:
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
 
 
 EXPECTED_LEGAL = {
@@ -66,7 +56,7 @@ def test_every_pair_is_legal_or_refused(pair: tuple[LifecycleState, LifecycleSta
 
 
 def test_full_restart_cycle_with_fake_clock() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     state = S.READY
     log: list[Transition] = []
     for target, reason, dt in [
@@ -84,7 +74,7 @@ def test_full_restart_cycle_with_fake_clock() -> None:
 
 
 def test_warmup_timeout_leads_to_error_and_error_can_restart() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     entered = clock()
     clock.advance(899)
     assert not warmup_expired(entered, clock(), 900)

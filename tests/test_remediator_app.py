@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes import FakeClock
 from flask.testing import FlaskClient
 from test_remediator_helpers import alert, payload
 
@@ -26,23 +27,12 @@ TOKEN = "s3cr3t-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, s: float) -> None:
-        self.t += s
-
-
 @dataclass
 class World:
     client: FlaskClient
     authority: Authority
     store: Store
-    clock: Clock
+    clock: FakeClock
     outcomes: dict[str, str]
     ready: dict[str, bool]
     calls: list[tuple[str, ...]] = field(default_factory=list)
@@ -85,7 +75,7 @@ def build(tmp_path: Path, **remediator: Any) -> World:
         ],
         "remediator": settings,
     }, source=str(tmp_path / "llm-health.yml"))
-    clock = Clock()
+    clock = FakeClock()
     app = create_app(config, clock=clock, start_authority=False)
     store = app.extensions["remediator"].store
     outcomes = {"gpu-a": "no_progress", "gpu-b": "no_progress", "gpu-c": "down", "gpu-n": "down"}

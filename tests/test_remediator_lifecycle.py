@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import requests
+from fakes import FakeClock
 from flask.testing import FlaskClient
 from test_remediator_helpers import alert, payload
 
@@ -38,17 +39,6 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 AM_BINARY = shutil.which("prometheus-alertmanager")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, s: float) -> None:
-        self.t += s
-
-
 def reading(work: float, tokens: float) -> Reading:
     return Reading("v1", {"0": EngineReading(running=work, kv_usage=0.2, counters={"generation_tokens": tokens})},
                    process_start=1.0)
@@ -59,7 +49,7 @@ class World:
     client: FlaskClient
     authority: Authority
     store: Store
-    clock: Clock
+    clock: FakeClock
     config: Config
     outcomes: dict[str, str]
     ready: dict[str, bool]
@@ -98,7 +88,7 @@ def build(tmp_path: Path, names: tuple[str, ...] = ("gpu-a", "gpu-b"), hosts: di
                        "stalled_drain_timeout": 5,
                        "backoff": {"initial": 10, "factor": 2, "cap": 100, "stable_after": 5000}, **remediator},
     }, source=str(tmp_path / "llm-health.yml"))
-    clock = Clock()
+    clock = FakeClock()
     app = create_app(config, clock=clock, start_authority=False)
     store = app.extensions["remediator"].store
     outcomes = dict.fromkeys(names, "no_progress")
