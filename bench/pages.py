@@ -2,7 +2,7 @@
 
 `simulator.metrics.render` gives the families the simulator models (3 histograms). A real vLLM
 0.10/0.11 v1 page carries ten more request histograms (names and buckets from
-/work/shared/reference/vllm-metrics-facts.md §1.2); `full=True` adds them, built with the
+docs/reference/vllm-metrics-facts.md §1.2); `full=True` adds them, built with the
 simulator's own `Family` / histogram formatting, so the page has the size and shape the exporter
 meets in production (two engines, every histogram with its `_created` series).
 """

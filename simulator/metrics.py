@@ -1,6 +1,6 @@
 """The `/metrics` page of a simulated vLLM server, with vLLM's real names, types, HELP and labels.
 
-Two engine flavours (see /work/shared/reference/vllm-metrics-facts.md):
+Two engine flavours (see docs/reference/vllm-metrics-facts.md):
 * `v1` (like 0.11+): labels `model_name` + `engine`, `vllm:kv_cache_usage_perc`,
   prefix-cache counters, `vllm:engine_sleep_state`, `*_created` series (single process).
 * `v0` (like 0.6-0.7 with the in-process frontend): label `model_name` only,

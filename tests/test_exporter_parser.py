@@ -13,7 +13,9 @@ from exporter.reading import read_text, wanted
 from simulator.engine import Engine
 from simulator.metrics import Flavour, render
 
-CAPTURES = sorted(Path("/work/shared/reference/captures").glob("*.txt"))
+# Real /metrics pages from public sources, kept verbatim in the repository (each file's header names its source).
+FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
+CAPTURES = sorted(FIXTURES.glob("*.txt"))
 
 
 def _reference(text: str) -> list[tuple[str, tuple, float]]:
@@ -51,6 +53,15 @@ def _sim_pages() -> dict[str, str]:
         "v0-mp": render(_busy_engine("v0"), Flavour("v0", multiprocess=True)),
         "v1-2engines": render([_busy_engine("v1", 0), _busy_engine("v1", 1)], "v1", process_start_time=1.7e9),
     }
+
+
+def test_capture_fixtures_are_there_and_say_where_they_come_from() -> None:
+    # A glob that finds nothing would parametrize zero tests: that is a failure, not a pass.
+    assert len(CAPTURES) >= 6, f"expected the real /metrics captures in {FIXTURES}"
+    for path in CAPTURES:
+        text = path.read_text()
+        assert text.startswith("# SOURCE:"), f"{path.name}: first line must name its source"
+        assert len(text.splitlines()) > 5, f"{path.name}: empty capture"
 
 
 @pytest.mark.parametrize("path", CAPTURES, ids=lambda p: p.name)
