@@ -17,10 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bench.world import PROBE, WATCHDOG, StallRecord, World, count_since
-from exporter.check import verify
-from exporter.reading import read_text
-from exporter.verdict import (
+from llm_health.exporter.check import verify
+from llm_health.exporter.reading import read_text
+from llm_health.exporter.verdict import (
     PROBE_ERROR,
     PROBE_OK,
     PROBE_TIMEOUT,
@@ -33,8 +32,10 @@ from exporter.verdict import (
     Verdict,
     judge,
 )
+from llm_health.remediator import policy
+
+from bench.world import PROBE, WATCHDOG, StallRecord, World, count_since
 from llm_health.config import ExporterSettings, RemediatorSettings
-from remediator import policy
 
 BACKEND = "gpu-a"
 

@@ -9,8 +9,8 @@ meets in production (two engines, every histogram with its `_created` series).
 
 from __future__ import annotations
 
-from simulator.engine import REQUEST_LATENCY_BUCKETS, Engine, Histogram
-from simulator.metrics import (
+from llm_health.simulator.engine import REQUEST_LATENCY_BUCKETS, Engine, Histogram
+from llm_health.simulator.metrics import (
     Family,
     Flavour,
     _histogram_samples,

@@ -17,14 +17,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from llm_health.exporter.backend import Target, observe
+from llm_health.exporter.cycle import Fleet
+from llm_health.exporter.parser import parse
+from llm_health.exporter.reading import VLLM_RUNNING, from_page, read_text, wanted
+from llm_health.exporter.verdict import READ_OK, Observation, Thresholds, judge
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.pages import page_variants
-from exporter.backend import Target, observe
-from exporter.cycle import Fleet
-from exporter.parser import parse
-from exporter.reading import VLLM_RUNNING, from_page, read_text, wanted
-from exporter.verdict import READ_OK, Observation, Thresholds, judge
 from llm_health.config import Backend, ExporterSettings
 from llm_health.procs import ManagedProcess, free_port, python_module
 

@@ -21,12 +21,11 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from llm_health.exporter.collector import FleetCollector
+from llm_health.exporter.cycle import Fleet, Snapshot
+from llm_health.exporter.verdict import CODES
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.exposition import generate_latest
-
-from exporter.collector import FleetCollector
-from exporter.cycle import Fleet, Snapshot
-from exporter.verdict import CODES
 
 
 def verdicts_document(snap: Snapshot) -> dict[str, Any]:

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-from exporter.reading import read_text
-from exporter.verdict import (
+from llm_health.exporter.reading import read_text
+from llm_health.exporter.verdict import (
     READ_ERROR,
     READ_NOT_FOUND,
     READ_OK,
@@ -26,6 +26,7 @@ from exporter.verdict import (
     READ_TIMEOUT,
     Observation,
 )
+
 from llm_health.config import ConfigError
 
 USER_AGENT = "llm-health-exporter"

@@ -30,10 +30,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from exporter.backend import Target, health_ok, load_api_key, observe
-from exporter.probe import Prober
-from exporter.reading import Reading
-from exporter.verdict import (
+from llm_health.exporter.backend import Target, health_ok, load_api_key, observe
+from llm_health.exporter.probe import Prober
+from llm_health.exporter.reading import Reading
+from llm_health.exporter.verdict import (
     PROBE_OK,
     READ_ERROR,
     READ_NOT_FOUND,
@@ -46,6 +46,7 @@ from exporter.verdict import (
     progressed,
     rejection_text,
 )
+
 from llm_health.config import ConfigError, _check_url
 
 PROGRESS = "progress"

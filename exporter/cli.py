@@ -17,9 +17,10 @@ import threading
 from dataclasses import replace
 from types import FrameType
 
-from exporter.app import ExporterServer
-from exporter.backend import load_api_key
-from exporter.cycle import Fleet
+from llm_health.exporter.app import ExporterServer
+from llm_health.exporter.backend import load_api_key
+from llm_health.exporter.cycle import Fleet
+
 from llm_health.config import Backend, Config, ConfigError, Proxy, load_config, parse_named_url
 
 

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+from llm_health.exporter.cycle import Snapshot
+from llm_health.exporter.verdict import CODES, PROBE_RESULTS, READ_RESULTS, Verdict
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-
-from exporter.cycle import Snapshot
-from exporter.verdict import CODES, PROBE_RESULTS, READ_RESULTS, Verdict
 
 
 class FleetCollector(Collector):

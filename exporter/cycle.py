@@ -26,9 +26,9 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from exporter.backend import Target, health_ok, observe, proxy_up
-from exporter.probe import Prober
-from exporter.verdict import (
+from llm_health.exporter.backend import Target, health_ok, observe, proxy_up
+from llm_health.exporter.probe import Prober
+from llm_health.exporter.verdict import (
     PROBE_RESULTS,
     READ_OK,
     READ_RESULTS,
@@ -40,6 +40,7 @@ from exporter.verdict import (
     Verdict,
     judge,
 )
+
 from llm_health.config import Backend, ExporterSettings, Proxy
 
 T = TypeVar("T")

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import time
 
-from exporter.backend import HttpFailure, Target, first_model
-from exporter.verdict import PROBE_ERROR, PROBE_OK, PROBE_TIMEOUT, ProbeResult
+from llm_health.exporter.backend import HttpFailure, Target, first_model
+from llm_health.exporter.verdict import PROBE_ERROR, PROBE_OK, PROBE_TIMEOUT, ProbeResult
 
 PROBE_HEADER = "X-LLM-Health-Probe"
 PROBE_PROMPT = "Hi"

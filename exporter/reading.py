@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from exporter.parser import Page, Sample, parse
+from llm_health.exporter.parser import Page, Sample, parse
 
 V0_HELP = "currently running on GPU"
 V1_HELP = "in model execution batches"

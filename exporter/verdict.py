@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from exporter.reading import EngineReading, Reading
+from llm_health.exporter.reading import EngineReading, Reading
 
 
 class Verdict(StrEnum):

@@ -13,11 +13,11 @@ from llm_health import __version__
 from llm_health.config import ConfigError
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "sim": ("simulator.cli", "run a simulated vLLM server (fire drills, tests)"),
-    "exporter": ("exporter.cli", "read backends' /metrics, judge them, probe only idle ones"),
-    "check": ("exporter.check", "one-shot verdict for one server (exit 0 ok, 1 unknown, 2 stalled/down)"),
-    "remediator": ("remediator.cli", "Alertmanager webhook receiver: the one restart authority"),
-    "busy": ("remediator.busy", "run a batch job with a busy marker set for a backend"),
+    "sim": ("llm_health.simulator.cli", "run a simulated vLLM server (fire drills, tests)"),
+    "exporter": ("llm_health.exporter.cli", "read backends' /metrics, judge them, probe only idle ones"),
+    "check": ("llm_health.exporter.check", "one-shot verdict for one server (exit 0 ok, 1 unknown, 2 stalled/down)"),
+    "remediator": ("llm_health.remediator.cli", "Alertmanager webhook receiver: the one restart authority"),
+    "busy": ("llm_health.remediator.busy", "run a batch job with a busy marker set for a backend"),
     "rules": ("llm_health.rules", "render the Prometheus rules from their templates"),
     "demo": ("llm_health.demo", "run the whole pipeline on loopback with simulated backends"),
 }

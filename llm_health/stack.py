@@ -294,7 +294,7 @@ class Stack:
                     "url": s.url,
                     "host": spec.host,
                     "model": "sim-model",
-                    "restart": [*python_module("simulator.ctl", "restart", s.control_url)],
+                    "restart": [*python_module("llm_health.simulator.ctl", "restart", s.control_url)],
                 }
                 for spec, s in ((spec, self.sims[spec.name]) for spec in self.backends)
             ],

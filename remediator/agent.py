@@ -31,13 +31,14 @@ import threading
 import time
 from collections.abc import Callable
 
+from llm_health.remediator import fleet
+from llm_health.remediator.agent_check import AgentCheckServer, AgentStatus, parse_listen
+from llm_health.remediator.inflight import kv_usage, read_backend
+from llm_health.remediator.lifecycle import LifecycleState
+from llm_health.remediator.policy import OUT_OF_SERVICE_OUTCOMES
+from llm_health.remediator.store import NEEDS_ACK, OBSERVED, OPEN, Store
+
 from llm_health.config import Config
-from remediator import fleet
-from remediator.agent_check import AgentCheckServer, AgentStatus, parse_listen
-from remediator.inflight import kv_usage, read_backend
-from remediator.lifecycle import LifecycleState
-from remediator.policy import OUT_OF_SERVICE_OUTCOMES
-from remediator.store import NEEDS_ACK, OBSERVED, OPEN, Store
 
 log = logging.getLogger("llm_health.remediator")
 

@@ -15,17 +15,17 @@ from collections.abc import Callable
 from typing import Any
 
 from flask import Blueprint, Flask, Response, current_app, jsonify, render_template, request
+from llm_health.remediator import fleet, policy
+from llm_health.remediator.agent import AgentListener, FleetAgent
+from llm_health.remediator.alert import PayloadError, parse_notification
+from llm_health.remediator.authority import VERIFY, WARMUP, Authority, Verifier, WarmupCheck, state_path
+from llm_health.remediator.incident import ingest
+from llm_health.remediator.lifecycle import LifecycleState
+from llm_health.remediator.marker import file_markers
+from llm_health.remediator.store import CLOSED, NEEDS_ACK, OBSERVED, Store
 from werkzeug.exceptions import HTTPException
 
 from llm_health.config import Config, ConfigError
-from remediator import fleet, policy
-from remediator.agent import AgentListener, FleetAgent
-from remediator.alert import PayloadError, parse_notification
-from remediator.authority import VERIFY, WARMUP, Authority, Verifier, WarmupCheck, state_path
-from remediator.incident import ingest
-from remediator.lifecycle import LifecycleState
-from remediator.marker import file_markers
-from remediator.store import CLOSED, NEEDS_ACK, OBSERVED, Store
 
 MAX_TTL = 7 * 24 * 3600.0
 

@@ -33,15 +33,13 @@ from pathlib import Path
 from typing import Any
 
 import requests
-
-from llm_health.config import Backend, Config
-from remediator import action as act
-from remediator import fleet, inflight, lifecycle, policy
-from remediator.inflight import InFlight
-from remediator.lifecycle import LifecycleState
-from remediator.marker import file_markers
-from remediator.silence import SilenceError, create_silence, expire_silence
-from remediator.store import (
+from llm_health.remediator import action as act
+from llm_health.remediator import fleet, inflight, lifecycle, policy
+from llm_health.remediator.inflight import InFlight
+from llm_health.remediator.lifecycle import LifecycleState
+from llm_health.remediator.marker import file_markers
+from llm_health.remediator.silence import SilenceError, create_silence, expire_silence
+from llm_health.remediator.store import (
     CLOSED,
     DRAINING,
     NEEDS_ACK,
@@ -52,6 +50,8 @@ from remediator.store import (
     WARMING,
     Store,
 )
+
+from llm_health.config import Backend, Config
 
 log = logging.getLogger("llm_health.remediator")
 
@@ -76,7 +76,7 @@ def install_probe_counter() -> None:
     `Prober` is wrapped so that each `probe()` is noted in the calling thread's `_probe_log` (a no-op
     for anyone else, e.g. the exporter). The authority turns the notes into SQLite counters."""
     try:
-        from exporter import check
+        from llm_health.exporter import check
     except ImportError:
         return
     base = getattr(check, "Prober", None)
@@ -127,7 +127,7 @@ def default_verifier(config: Config) -> Verifier:
 
     def verify_backend(backend: Backend) -> Any:
         try:
-            from exporter.check import verify
+            from llm_health.exporter.check import verify
         except ImportError as exc:
             return SimpleVerification("unknown", f"verifier unavailable: {exc}")
         if key_problem:

@@ -21,9 +21,9 @@ from types import FrameType
 from typing import Protocol
 
 import requests
+from llm_health.remediator.marker import write_marker_file
 
 from llm_health.config import ConfigError, load_config
-from remediator.marker import write_marker_file
 
 
 class MarkerHandle(Protocol):

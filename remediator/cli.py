@@ -12,11 +12,11 @@ import logging
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
+from llm_health.remediator.app import create_app, read_token
+from llm_health.remediator.authority import state_path
+from llm_health.remediator.store import StateError, Store
 
 from llm_health.config import Config, ConfigError, load_config
-from remediator.app import create_app, read_token
-from remediator.authority import state_path
-from remediator.store import StateError, Store
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -14,9 +14,10 @@ import sqlite3
 from collections.abc import Mapping
 from typing import Any
 
+from llm_health.remediator.lifecycle import IllegalTransition, LifecycleState, transition
+from llm_health.remediator.store import Store
+
 from llm_health.config import Config
-from remediator.lifecycle import IllegalTransition, LifecycleState, transition
-from remediator.store import Store
 
 log = logging.getLogger("llm_health.remediator")
 

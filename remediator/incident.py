@@ -10,9 +10,10 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
+from llm_health.remediator.alert import Alert, Notification
+from llm_health.remediator.store import CLOSED, NEEDS_ACK, OBSERVED, OPEN, Store
+
 from llm_health.config import Backend, Config
-from remediator.alert import Alert, Notification
-from remediator.store import CLOSED, NEEDS_ACK, OBSERVED, OPEN, Store
 
 
 def route(alert: Alert, config: Config) -> Backend | None:

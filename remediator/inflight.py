@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-from exporter.backend import Target, observe
-from exporter.reading import EngineReading, Reading
-from exporter.verdict import READ_OK, other_process, progressed
+from llm_health.exporter.backend import Target, observe
+from llm_health.exporter.reading import EngineReading, Reading
+from llm_health.exporter.verdict import READ_OK, other_process, progressed
+from llm_health.remediator.drain import StatsError, show_stat
+
 from llm_health.config import Backend
-from remediator.drain import StatsError, show_stat
 
 
 @dataclass(frozen=True)

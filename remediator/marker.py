@@ -12,7 +12,7 @@ import os
 import re
 from pathlib import Path
 
-from remediator.policy import Marker
+from llm_health.remediator.policy import Marker
 
 TTL_RE = re.compile(r"^\s*(?:ttl\s*[=:]\s*)?(\d+(?:\.\d+)?)\s*$", re.IGNORECASE | re.MULTILINE)
 

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from remediator.policy import Marker
+from llm_health.remediator.policy import Marker
 
 # incident states
 OPEN = "open"                # waiting for gates and verification

@@ -3,8 +3,8 @@
 * `simulator.engine.Engine`: continuous batching with an injected clock (`advance_to(t)`).
 * `simulator.metrics.render(engines, flavour)`: the `/metrics` page (v0/v1, multiprocess, N engines).
 * `simulator.server.Simulator(SimConfig(...))`: the HTTP server (`with Simulator(cfg) as sim: sim.url`).
-* `llm-health sim --port P [--control-port C] ...` / `python -m simulator ...`: the same as a process.
-* `python -m simulator.ctl restart|fault NAME|stats URL`: control it without a shell (exit 0 on 2xx).
+* `llm-health sim --port P [--control-port C] ...` / `python -m llm_health.simulator ...`: the same as a process.
+* `python -m llm_health.simulator.ctl restart|fault NAME|stats URL`: control it without a shell (exit 0 on 2xx).
 
 Faults (`POST /sim/fault {"fault": NAME, "seconds"?: n}`, on the main or the control port):
 none, stall (engine stops stepping; /health 200, /metrics frozen), hang (main port accepts but never

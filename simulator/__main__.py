@@ -1,7 +1,7 @@
-"""`python -m simulator ...` is `llm-health sim ...`."""
+"""`python -m llm_health.simulator ...` is `llm-health sim ...`."""
 
 import sys
 
-from simulator.cli import main
+from llm_health.simulator.cli import main
 
 sys.exit(main())

@@ -7,7 +7,7 @@ import signal
 import sys
 import threading
 
-from simulator.server import SimConfig, Simulator
+from llm_health.simulator.server import SimConfig, Simulator
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -89,6 +89,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m simulator", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m llm_health.simulator", description=__doc__.splitlines()[0])
     configure(parser)
     return run(parser.parse_args(argv))

@@ -1,8 +1,8 @@
 """Control a running simulator without a shell: a ready restart action for the remediator.
 
-    python -m simulator.ctl restart http://127.0.0.1:C [--seconds N]
-    python -m simulator.ctl fault NAME http://127.0.0.1:C [--seconds N]
-    python -m simulator.ctl stats http://127.0.0.1:C
+    python -m llm_health.simulator.ctl restart http://127.0.0.1:C [--seconds N]
+    python -m llm_health.simulator.ctl fault NAME http://127.0.0.1:C [--seconds N]
+    python -m llm_health.simulator.ctl stats http://127.0.0.1:C
 
 URL is the simulator's control port (or main port). Exit 0 on a 2xx answer, 1 otherwise.
 """
@@ -14,12 +14,11 @@ import json
 import sys
 
 import requests
-
-from simulator.server import FAULTS
+from llm_health.simulator.server import FAULTS
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m simulator.ctl", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m llm_health.simulator.ctl", description=__doc__.splitlines()[0])
     parser.add_argument("--timeout", type=float, default=5.0, help="HTTP timeout in seconds (default 5)")
     sub = parser.add_subparsers(dest="action", required=True)
     restart = sub.add_parser("restart", help="restart the simulated process (revives crash/hang)")

@@ -18,8 +18,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
-from simulator.engine import Engine, RequestState, SimRequest
-from simulator.metrics import Flavour, render
+from llm_health.simulator.engine import Engine, RequestState, SimRequest
+from llm_health.simulator.metrics import Flavour, render
 
 FAULTS = ("none", "stall", "hang", "crash", "restart", "slow_metrics", "error")
 ERROR_MESSAGE = "simulated engine error: the request failed"

@@ -243,11 +243,11 @@ def test_config_urls_point_at_services_of_the_same_stack(services: dict[str, dic
 
 
 def test_sim_restart_action_targets_the_same_simulator_control_port(services: dict[str, dict[str, Any]]) -> None:
-    from simulator.ctl import build_parser as ctl_parser
+    from llm_health.simulator.ctl import build_parser as ctl_parser
 
     for backend in llm_health_config(services, "remediator").backends:
         argv = list(backend.restart)
-        assert argv[:4] == ["python", "-m", "simulator.ctl", "restart"], backend.name
+        assert argv[:4] == ["python", "-m", "llm_health.simulator.ctl", "restart"], backend.name
         args = ctl_parser().parse_args(argv[3:])
         url = urlparse(args.url)
         assert url.hostname == backend.name

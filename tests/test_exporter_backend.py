@@ -9,12 +9,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from llm_health.exporter.backend import Target, observe
+from llm_health.exporter.verdict import READ_NOT_FOUND, READ_OK, READ_REFUSED, READ_TIMEOUT
+from llm_health.simulator.engine import Engine
+from llm_health.simulator.metrics import render
 
-from exporter.backend import Target, observe
-from exporter.verdict import READ_NOT_FOUND, READ_OK, READ_REFUSED, READ_TIMEOUT
 from llm_health.procs import free_port
-from simulator.engine import Engine
-from simulator.metrics import render
 
 
 def _page() -> bytes:

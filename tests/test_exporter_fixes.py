@@ -19,11 +19,19 @@ from typing import Any
 
 import pytest
 import requests
+from llm_health.exporter.check import verify
+from llm_health.exporter.cycle import Fleet
+from llm_health.exporter.reading import read_text
+from llm_health.exporter.verdict import (
+    READ_OK,
+    READ_TIMEOUT,
+    Observation,
+    ProbeResult,
+    Thresholds,
+    Verdict,
+    judge,
+)
 
-from exporter.check import verify
-from exporter.cycle import Fleet
-from exporter.reading import read_text
-from exporter.verdict import READ_OK, READ_TIMEOUT, Observation, ProbeResult, Thresholds, Verdict, judge
 from llm_health.config import Backend, ExporterSettings
 from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
 
@@ -359,10 +367,9 @@ def test_verify_judges_every_engine_like_the_exporter(fake) -> None:
 
 
 def test_probes_are_counted_when_sent(fake) -> None:
+    from llm_health.exporter.collector import FleetCollector
     from prometheus_client import CollectorRegistry
     from prometheus_client.exposition import generate_latest
-
-    from exporter.collector import FleetCollector
 
     f = fake()
     f.hold_completions.set()  # the probe is sent but not answered yet

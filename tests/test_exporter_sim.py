@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 import requests
+from llm_health.exporter.check import verify
+from llm_health.exporter.reading import read_text
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.check import verify
-from exporter.reading import read_text
 from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
 
 INTERVAL = 0.3
@@ -536,7 +536,8 @@ def test_exporter_reads_the_shared_config_file(sim, exporter, tmp_path: Path) ->
 
 
 def test_probes_are_spaced_by_probe_every_and_one_at_a_time(sim) -> None:
-    from exporter.cycle import Fleet
+    from llm_health.exporter.cycle import Fleet
+
     from llm_health.config import Backend, ExporterSettings
 
     s = sim()

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from exporter.reading import EngineReading, Reading, read_text
-from exporter.verdict import (
+from llm_health.exporter.reading import EngineReading, Reading, read_text
+from llm_health.exporter.verdict import (
     CODES,
     READ_NOT_FOUND,
     READ_OK,
@@ -18,8 +17,8 @@ from exporter.verdict import (
     Verdict,
     judge,
 )
-from simulator.engine import Engine
-from simulator.metrics import Flavour, render
+from llm_health.simulator.engine import Engine
+from llm_health.simulator.metrics import Flavour, render
 
 T = Thresholds(stall_after=120.0, down_after=2)
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 import socket
 
 import pytest
-
-from llm_health.config import ConfigError
-from remediator.agent_check import (
+from llm_health.remediator.agent_check import (
     AgentCheckServer,
     AgentStatus,
     agent_reply,
@@ -15,7 +13,9 @@ from remediator.agent_check import (
     sanitize_reason,
     weight_percent,
 )
-from remediator.lifecycle import LifecycleState
+from llm_health.remediator.lifecycle import LifecycleState
+
+from llm_health.config import ConfigError
 
 S = LifecycleState
 

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 import requests
+from llm_health.remediator.agent_check import AgentCheckServer, AgentStatus
+from llm_health.remediator.drain import ServerStat, parse_show_stat, show_stat
+from llm_health.remediator.lifecycle import LifecycleState
 
 from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
-from remediator.agent_check import AgentCheckServer, AgentStatus
-from remediator.drain import ServerStat, parse_show_stat, show_stat
-from remediator.lifecycle import LifecycleState
 
 S = LifecycleState
 REPO = Path(__file__).resolve().parent.parent

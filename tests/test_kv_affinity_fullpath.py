@@ -24,12 +24,12 @@ from typing import Any
 import pytest
 import requests
 import yaml
+from llm_health.remediator.drain import ServerStat, show_stat
+from llm_health.simulator.server import SimConfig, Simulator
 from prometheus_client.parser import text_string_to_metric_families
 from test_haproxy_lb import render_config
 
 from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
-from remediator.drain import ServerStat, show_stat
-from simulator.server import SimConfig, Simulator
 
 HAPROXY = shutil.which("haproxy")
 REPO = Path(__file__).resolve().parent.parent

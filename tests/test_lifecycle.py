@@ -6,8 +6,7 @@ import itertools
 
 import pytest
 from fakes import FakeClock
-
-from remediator.lifecycle import (
+from llm_health.remediator.lifecycle import (
     LEGAL,
     IllegalTransition,
     LifecycleState,

@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 from fakes import FakeClock
 from flask.testing import FlaskClient
+from llm_health.remediator import action
+from llm_health.remediator.app import create_app
+from llm_health.remediator.authority import Authority, SimpleVerification
+from llm_health.remediator.store import Store
 from test_remediator_helpers import alert, payload
 
 from llm_health.config import parse_config
-from remediator import action
-from remediator.app import create_app
-from remediator.authority import Authority, SimpleVerification
-from remediator.store import Store
 
 TOKEN = "s3cr3t-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

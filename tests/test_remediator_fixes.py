@@ -14,19 +14,19 @@ from typing import Any
 
 import pytest
 import requests
+from llm_health.remediator import action, authority, policy
+from llm_health.remediator.agent import FleetAgent
+from llm_health.remediator.agent_check import agent_reply
+from llm_health.remediator.app import create_app
+from llm_health.remediator.authority import Authority, SimpleVerification
+from llm_health.remediator.inflight import InFlight
+from llm_health.remediator.store import Store
+from llm_health.simulator.server import SimConfig, Simulator
 from test_remediator_helpers import alert, payload
 from test_remediator_lifecycle import AUTH, World, build
 
 from llm_health.config import RemediatorSettings, parse_config
 from llm_health.procs import free_port, wait_until
-from remediator import action, authority, policy
-from remediator.agent import FleetAgent
-from remediator.agent_check import agent_reply
-from remediator.app import create_app
-from remediator.authority import Authority, SimpleVerification
-from remediator.inflight import InFlight
-from remediator.store import Store
-from simulator.server import SimConfig, Simulator
 
 
 def answer(w: World, name: str) -> str:
@@ -313,7 +313,7 @@ def test_every_probe_is_counted_in_sqlite_and_metrics(tmp_path: Path, sim: Simul
     text = app.test_client().get("/metrics").get_data(as_text=True)
     assert 'llm_health_remediator_probes_total{backend="gpu-a",purpose="verify"} 1' in text
     assert 'llm_health_remediator_probes_total{backend="gpu-a",purpose="warmup"} 1' in text
-    from exporter import check
+    from llm_health.exporter import check
     assert check.verify(sim.url, readings=2, interval=0.1).outcome == "idle_ok"   # outside: not counted
     assert store.counters("probes") == {"gpu-a\tverify": 1, "gpu-a\twarmup": 1}
     store.close()
@@ -321,7 +321,7 @@ def test_every_probe_is_counted_in_sqlite_and_metrics(tmp_path: Path, sim: Simul
 
 # -- 7. the exporter's API key reaches verify ----------------------------------------------------------------
 def test_api_key_file_is_read_once_and_passed_to_verify(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from exporter import check
+    from llm_health.exporter import check
     seen: list[dict[str, Any]] = []
 
     def fake_verify(url: str, *, api_key: str = "", **kw: Any) -> SimpleVerification:

@@ -18,20 +18,20 @@ import pytest
 import requests
 from fakes import FakeClock
 from flask.testing import FlaskClient
+from llm_health.exporter.reading import EngineReading, Reading
+from llm_health.remediator import action, fleet
+from llm_health.remediator.agent import FleetAgent
+from llm_health.remediator.agent_check import AgentCheckServer
+from llm_health.remediator.app import create_app
+from llm_health.remediator.authority import Authority, SimpleVerification
+from llm_health.remediator.inflight import InFlight
+from llm_health.remediator.lifecycle import LifecycleState
+from llm_health.remediator.store import Store
+from llm_health.simulator.server import SimConfig, Simulator
 from test_remediator_helpers import alert, payload
 
-from exporter.reading import EngineReading, Reading
 from llm_health.config import Config, parse_config
 from llm_health.procs import ManagedProcess, free_port, wait_until
-from remediator import action, fleet
-from remediator.agent import FleetAgent
-from remediator.agent_check import AgentCheckServer
-from remediator.app import create_app
-from remediator.authority import Authority, SimpleVerification
-from remediator.inflight import InFlight
-from remediator.lifecycle import LifecycleState
-from remediator.store import Store
-from simulator.server import SimConfig, Simulator
 
 S = LifecycleState
 TOKEN = "lifecycle-token"

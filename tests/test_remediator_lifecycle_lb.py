@@ -1,7 +1,7 @@
 """Acceptance for the restart lifecycle: a real `llm-health remediator` (gunicorn, 2 workers) with its
 agent-check listener, a real HAProxy 2.6 (config derived from deploy/haproxy/haproxy.cfg, agent pointing at
 the remediator) and in-process simulators. Restart actions record their start and end times and restart
-the simulator through `python -m simulator.ctl restart`. Alerts are posted to the webhook as Alertmanager
+the simulator through `python -m llm_health.simulator.ctl restart`. Alerts are posted to the webhook as Alertmanager
 would send them.
 """
 
@@ -20,14 +20,14 @@ from typing import Any
 import pytest
 import requests
 import yaml
+from llm_health.remediator.drain import ServerStat, show_stat
+from llm_health.remediator.inflight import read_in_flight
+from llm_health.simulator.server import SimConfig, Simulator
 from test_haproxy_lb import render_config
 from test_remediator_helpers import alert, payload
 
 from llm_health.config import Backend
 from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
-from remediator.drain import ServerStat, show_stat
-from remediator.inflight import read_in_flight
-from simulator.server import SimConfig, Simulator
 
 HAPROXY = shutil.which("haproxy")
 REPO = Path(__file__).resolve().parent.parent
@@ -43,7 +43,7 @@ log, ctl = sys.argv[1], sys.argv[2]
 name = os.environ["LLM_HEALTH_BACKEND"]
 with open(log, "a") as f:
     f.write(f"start {name} {time.time():.6f}\\n")
-code = subprocess.call([sys.executable, "-m", "simulator.ctl", "restart", ctl],
+code = subprocess.call([sys.executable, "-m", "llm_health.simulator.ctl", "restart", ctl],
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 with open(log, "a") as f:
     f.write(f"end {name} {time.time():.6f}\\n")

@@ -5,10 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
+from llm_health.remediator import policy
+from llm_health.remediator.policy import (
+    Decision,
+    Facts,
+    Marker,
+    Settings,
+    backoff_delay,
+    decide,
+    next_allowed,
+)
 
 from llm_health.config import Backoff, Breaker, Budget
-from remediator import policy
-from remediator.policy import Decision, Facts, Marker, Settings, backoff_delay, decide, next_allowed
 
 S = Settings(
     backoff=Backoff(initial=100.0, factor=2.0, cap=350.0, stable_after=1000.0),

@@ -1,6 +1,6 @@
 """Acceptance: a real `llm-health remediator` under gunicorn (4 workers), real simulators on loopback,
 the real exporter.check.verify, and a restart action that records its calls and then restarts the
-simulator through `python -m simulator.ctl restart`.
+simulator through `python -m llm_health.simulator.ctl restart`.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 import requests
 import yaml
+from llm_health.simulator.server import SimConfig, Simulator
 from test_remediator_helpers import alert, payload
 
 from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
-from simulator.server import SimConfig, Simulator
 
 TOKEN = "process-test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -32,7 +32,7 @@ calls, delay, ctl = sys.argv[1], float(sys.argv[2]), sys.argv[3]
 with open(calls, "a") as f:
     f.write(f"{os.getpid()} {os.environ.get('LLM_HEALTH_BACKEND')} {os.environ.get('LLM_HEALTH_INCIDENT')}\\n")
 time.sleep(delay)
-sys.exit(subprocess.call([sys.executable, "-m", "simulator.ctl", "restart", ctl],
+sys.exit(subprocess.call([sys.executable, "-m", "llm_health.simulator.ctl", "restart", ctl],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 '''
 

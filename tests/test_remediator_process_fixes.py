@@ -11,10 +11,9 @@ from typing import Any
 
 import pytest
 import requests
+from llm_health.simulator.server import Simulator
 from test_remediator_helpers import alert, payload
 from test_remediator_process import Rig, fire_at_once, running_rig
-
-from simulator.server import Simulator
 
 UNRESPONSIVE_AFTER = 3.0
 

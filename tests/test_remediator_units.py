@@ -8,11 +8,10 @@ import time
 from pathlib import Path
 
 import pytest
+from llm_health.remediator import action
+from llm_health.remediator.alert import PayloadError, parse_notification
+from llm_health.remediator.marker import file_markers, write_marker_file
 from test_remediator_helpers import alert, payload
-
-from remediator import action
-from remediator.alert import PayloadError, parse_notification
-from remediator.marker import file_markers, write_marker_file
 
 # a real Alertmanager 0.25 payload (docs: reference facts §1.1)
 AM_025 = {

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from test_rules_support import PROMTOOL, Scenario, promtool_document, run_promtool_tests, series
 
-verdict = pytest.importorskip("exporter.verdict")
-reading_mod = pytest.importorskip("exporter.reading")
+verdict = pytest.importorskip("llm_health.exporter.verdict")
+reading_mod = pytest.importorskip("llm_health.exporter.reading")
 
 STEP = 15
 RESTART_WINDOW_STEPS = 20  # 5m

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 import requests
-
-from llm_health.procs import ManagedProcess, free_port, wait_until
-from remediator.silence import (
+from llm_health.remediator.silence import (
     SilenceError,
     create_silence,
     expire_silence,
     get_silence,
     silence_body,
 )
+
+from llm_health.procs import ManagedProcess, free_port, wait_until
 
 AM_CONFIG = """\
 route:

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from simulator.engine import Engine, RequestState
+from llm_health.simulator.engine import Engine, RequestState
 
 
 def make(**kw: object) -> Engine:

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 import requests
+from llm_health.simulator.server import SimConfig, Simulator
 from prometheus_client.parser import text_string_to_metric_families
 
 from llm_health.procs import free_port, wait_until
-from simulator.server import SimConfig, Simulator
 
 PROBE = {"X-LLM-Health-Probe": "1"}
 

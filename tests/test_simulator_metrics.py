@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+from llm_health.simulator.engine import ITERATION_TOKENS_BUCKETS, Engine
+from llm_health.simulator.metrics import Flavour, render
 from prometheus_client.parser import text_string_to_metric_families
-
-from simulator.engine import ITERATION_TOKENS_BUCKETS, Engine
-from simulator.metrics import Flavour, render
 
 START = 1_700_000_000.25
 

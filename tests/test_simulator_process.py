@@ -32,7 +32,7 @@ def sim_proc(tmp_path: Path) -> Iterator[tuple[ManagedProcess, str, str]]:
 
 def test_help_works() -> None:
     for argv in (llm_health("sim", "--help"), python_module("simulator", "--help"),
-                 python_module("simulator.ctl", "--help")):
+                 python_module("llm_health.simulator.ctl", "--help")):
         out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
         assert out.returncode == 0 and "--" in out.stdout, out.stderr
 
@@ -95,7 +95,7 @@ def _swallow(url: str) -> None:
 def test_ctl_restart_revives_a_crashed_simulator(sim_proc: tuple[ManagedProcess, str, str]) -> None:
     proc, url, control = sim_proc
     start = requests.get(control + "/sim/stats", timeout=5).json()["process_start_time"]
-    done = subprocess.run(python_module("simulator.ctl", "fault", "crash", control), capture_output=True,
+    done = subprocess.run(python_module("llm_health.simulator.ctl", "fault", "crash", control), capture_output=True,
                           text=True, timeout=30)
     assert done.returncode == 0, done.stderr
 
@@ -108,19 +108,19 @@ def test_ctl_restart_revives_a_crashed_simulator(sim_proc: tuple[ManagedProcess,
 
     wait_until(refused, what="main port closed")
     assert proc.alive()
-    bad = subprocess.run(python_module("simulator.ctl", "fault", "stall", control), capture_output=True,
+    bad = subprocess.run(python_module("llm_health.simulator.ctl", "fault", "stall", control), capture_output=True,
                          text=True, timeout=30)
     assert bad.returncode == 1  # 409: the main port is down
-    done = subprocess.run(python_module("simulator.ctl", "restart", control), capture_output=True,
+    done = subprocess.run(python_module("llm_health.simulator.ctl", "restart", control), capture_output=True,
                           text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     wait_until(lambda: requests.get(url + "/health", timeout=1).ok, what="main port back")
     st = requests.get(control + "/sim/stats", timeout=5).json()
     assert st["restarts"] == 1 and st["fault"] == "none" and st["process_start_time"] > start
-    stats = subprocess.run(python_module("simulator.ctl", "stats", control), capture_output=True, text=True,
+    stats = subprocess.run(python_module("llm_health.simulator.ctl", "stats", control), capture_output=True, text=True,
                            timeout=30)
     assert stats.returncode == 0 and '"restarts": 1' in stats.stdout
-    unreachable = subprocess.run(python_module("simulator.ctl", "restart", f"http://127.0.0.1:{free_port()}"),
+    unreachable = subprocess.run(python_module("llm_health.simulator.ctl", "restart", f"http://127.0.0.1:{free_port()}"),
                                  capture_output=True, text=True, timeout=30)
     assert unreachable.returncode == 1
 

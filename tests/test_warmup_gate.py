@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 import requests
 import yaml
+from llm_health.simulator.server import SimConfig, Simulator
 from test_remediator_helpers import alert, payload
 from test_remediator_lifecycle_lb import TOKEN, Rig, stop_rig
 
 from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
-from simulator.server import SimConfig, Simulator
 
 REPO = Path(__file__).resolve().parent.parent
 NAME = "gpu-a"
@@ -36,7 +36,7 @@ import requests
 log, ctl, main = sys.argv[1], sys.argv[2], sys.argv[3]
 with open(log, "a") as f:
     f.write(f"start gpu-a {time.time():.6f}\\n")
-code = subprocess.call([sys.executable, "-m", "simulator.ctl", "restart", ctl], stdout=subprocess.DEVNULL)
+code = subprocess.call([sys.executable, "-m", "llm_health.simulator.ctl", "restart", ctl], stdout=subprocess.DEVNULL)
 deadline = time.monotonic() + 15
 while True:
     try:
@@ -47,7 +47,7 @@ while True:
     if time.monotonic() > deadline:
         sys.exit(3)
     time.sleep(0.05)
-code = code or subprocess.call([sys.executable, "-m", "simulator.ctl", "fault", "error", ctl],
+code = code or subprocess.call([sys.executable, "-m", "llm_health.simulator.ctl", "fault", "error", ctl],
                                stdout=subprocess.DEVNULL)
 with open(log, "a") as f:
     f.write(f"end gpu-a {time.time():.6f}\\n")
