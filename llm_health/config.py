@@ -2,7 +2,7 @@
 
 ```yaml
 backends:
-  - name: gpu-a                      # [A-Za-z0-9_.-]{1,64}, unique
+  - name: gpu-a                      # [A-Za-z0-9_.-]{1,64}, no leading dot, unique
     url: http://10.0.0.5:8000        # the vLLM server itself, never a proxy
     host: node-1                     # optional: backends on one host restart one at a time
     model: my-model                  # optional: the model /v1/models must list (warm-up gate)
@@ -27,7 +27,9 @@ from urllib.parse import urlparse
 
 import yaml
 
-NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+#: backend and proxy names; also the marker file names (`<busy_dir>/<name>` or `<name>@<tag>`, see remediator/marker.py): no
+#: leading dot (hidden files are never markers), at most 64 characters.
+NAME_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}$")
 
 
 class ConfigError(ValueError):
@@ -90,12 +92,23 @@ class Breaker:
 
 
 @dataclass(frozen=True)
+class Retention:
+    max_age: float = 30 * 86400.0        # events, finished actions, closed incidents older than this are pruned
+    max_events: int = 100_000            # ... and events beyond the newest this many
+    max_actions: int = 10_000            # ... and finished actions beyond the newest this many
+    interval: float = 300.0              # seconds between prunes
+    page_size: int = 500                 # most events one GET /api/events answers (pages: ?before=ID)
+
+
+@dataclass(frozen=True)
 class RemediatorSettings:
     listen: str = "127.0.0.1:9411"
     state: str = "var/remediator.db"     # SQLite file
-    token_file: str = ""                 # bearer token for webhook and mutating API
-    busy_dir: str = ""                   # marker files: <busy_dir>/<backend>[.<anything>]
+    token_file: str = ""                 # bearer token for webhook and mutating API (required, see insecure_no_auth)
+    insecure_no_auth: bool = False       # allow no token_file: only with `listen` on a loopback address
+    busy_dir: str = ""                   # marker files: <busy_dir>/<backend>[@<tag>]
     busy_file_ttl: float = 3600.0        # marker file expiry = mtime + this (or the ttl written in it)
+    marker_max_ttl: float = 86400.0      # cap for every busy marker (API ttl_seconds, file ttl, busy --ttl)
     dry_run: bool = False
     workers: int = 2                     # gunicorn workers
     max_body_bytes: int = 1_048_576
@@ -115,9 +128,11 @@ class RemediatorSettings:
     haproxy_socket: str = ""             # HAProxy stats socket: during a drain its scur must reach 0 too
     haproxy_proxy: str = "vllm"          # the HAProxy backend (proxy) whose servers are our backends
     poll_interval: float = 1.0           # how often the authority looks for work
+    health_stale_after: float = 300.0    # /healthz fails when the authority loop has not finished a pass this long
     backoff: Backoff = field(default_factory=Backoff)
     budget: Budget = field(default_factory=Budget)
     breaker: Breaker = field(default_factory=Breaker)
+    retention: Retention = field(default_factory=Retention)
 
 
 @dataclass(frozen=True)
@@ -248,13 +263,26 @@ def parse_config(data: Any, source: str = "") -> Config:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ConfigError(f"config: duplicate name(s) {', '.join(dupes)}")
+    remediator = _section(RemediatorSettings, data.get("remediator"), "remediator")
+    _check_remediator(remediator)
     return Config(
         backends=tuple(backends),
         proxies=tuple(proxies),
         exporter=_section(ExporterSettings, data.get("exporter"), "exporter"),
-        remediator=_section(RemediatorSettings, data.get("remediator"), "remediator"),
+        remediator=remediator,
         source=source,
     )
+
+
+def _check_remediator(r: RemediatorSettings) -> None:
+    if r.marker_max_ttl <= 0:
+        raise ConfigError("remediator.marker_max_ttl: must be > 0 seconds")
+    if not 0 < r.busy_file_ttl <= r.marker_max_ttl:
+        raise ConfigError(f"remediator.busy_file_ttl: must be in (0, marker_max_ttl={r.marker_max_ttl:g}]")
+    if r.retention.page_size < 1 or r.retention.max_events < 1 or r.retention.max_actions < 1:
+        raise ConfigError("remediator.retention: page_size, max_events and max_actions must be at least 1")
+    if r.retention.max_age < 3600 or r.retention.interval <= 0:
+        raise ConfigError("remediator.retention: max_age must be at least 3600 seconds, interval > 0")
 
 
 def load_config(path: str | Path) -> Config:

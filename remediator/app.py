@@ -8,26 +8,36 @@ gunicorn workers agree.
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
+import logging
+import re
 import secrets
+import stat
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlparse
 
 from flask import Blueprint, Flask, Response, current_app, jsonify, render_template, request
-from llm_health.remediator import fleet, policy
+from llm_health.remediator import fleet, metrics, policy
 from llm_health.remediator.agent import AgentListener, FleetAgent
 from llm_health.remediator.alert import PayloadError, parse_notification
-from llm_health.remediator.authority import VERIFY, WARMUP, Authority, Verifier, WarmupCheck, state_path
+from llm_health.remediator.authority import Authority, Verifier, WarmupCheck, state_path
+from llm_health.remediator.health import Health
 from llm_health.remediator.incident import ingest
-from llm_health.remediator.lifecycle import LifecycleState
 from llm_health.remediator.marker import file_markers
-from llm_health.remediator.store import CLOSED, NEEDS_ACK, OBSERVED, Store
+from llm_health.remediator.retention import Pruner
+from llm_health.remediator.store import CLOSED, NEEDS_ACK, OBSERVED, StateError, Store
 from werkzeug.exceptions import HTTPException
 
 from llm_health.config import Config, ConfigError
 
-MAX_TTL = 7 * 24 * 3600.0
+log = logging.getLogger(__name__)
+MAX_JSON_DEPTH = 32
+MUTATING = ("POST", "PUT", "PATCH", "DELETE")
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@\"'<>]+@")
+HIDDEN_OUTPUT = "[hidden: send the bearer token to see action output]"
 
 
 class Ctx:
@@ -41,6 +51,8 @@ class Ctx:
         self.clock = clock
         self.authority = authority
         self.agent = agent
+        self.health = Health(config, store, authority)
+        self.registry = metrics.registry_for(config, store, self.health.report)
 
 
 def ctx() -> Ctx:
@@ -51,10 +63,10 @@ def _error(status: int, message: str) -> tuple[Response, int]:
     return jsonify({"error": message}), status
 
 
-def _authorized() -> bool:
+def _token_given() -> bool:
     token = ctx().token
     if not token:
-        return True
+        return False
     header = request.headers.get("Authorization", "")
     scheme, _, given = header.partition(" ")
     if scheme.lower() != "bearer":
@@ -62,19 +74,111 @@ def _authorized() -> bool:
     return hmac.compare_digest(given.strip().encode(), token.encode())
 
 
+def _authorized() -> bool:
+    return not ctx().token or _token_given()
+
+
+def _loopback_host(host: str) -> bool:
+    if host in ("localhost", "localhost.") or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _host_of(value: str) -> str:
+    return (urlparse(f"//{value}").hostname or "") if value else ""
+
+
+def _cross_site_problem() -> str:
+    """Why this mutating request looks like it came from a web page of another site ('' = fine).
+
+    Browsers send Origin (and Sec-Fetch-Site) on cross-origin POST/PUT/DELETE; Alertmanager, curl and
+    our own clients send neither. Without a token (insecure_no_auth, loopback only) the Host header
+    must name a loopback address too, against DNS rebinding."""
+    origin = request.headers.get("Origin", "")
+    if request.headers.get("Sec-Fetch-Site", "") in ("cross-site", "same-site"):
+        return f"cross-site request refused (Sec-Fetch-Site {request.headers['Sec-Fetch-Site']})"
+    if origin:
+        parsed = urlparse(origin)
+        if origin == "null" or parsed.netloc.lower() != request.host.lower():
+            return f"cross-origin request refused (Origin {origin[:100]!r}, Host {request.host[:100]!r})"
+    if not ctx().token and not _loopback_host(_host_of(request.host)):
+        return f"Host {request.host[:100]!r} is not a loopback name: refused without a token (DNS rebinding)"
+    return ""
+
+
+def _guard_mutation() -> tuple[Response, int] | None:
+    """For every mutating request: token, no cross-site origin, JSON bodies only."""
+    if not _authorized():
+        return _error(401, "missing or wrong bearer token")
+    problem = _cross_site_problem()
+    if problem:
+        return _error(403, problem)
+    has_body = bool(request.content_length) or "chunked" in request.headers.get("Transfer-Encoding", "").lower()
+    if (request.content_type or has_body) and request.mimetype != "application/json":
+        return _error(415, f"Content-Type must be application/json, got {request.content_type[:80]!r}"
+                      if request.content_type else "Content-Type must be application/json")
+    return None
+
+
+def _depth_ok(value: Any) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            return False
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+    return True
+
+
 def _json_body() -> Any:
     limit = ctx().config.remediator.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise _BodyError(413, f"body too large: {request.content_length} bytes > {limit}")
+    if request.mimetype != "application/json":
+        raise _BodyError(415, "Content-Type must be application/json")
     raw = request.get_data(cache=False)  # MAX_CONTENT_LENGTH makes this raise 413 on a chunked body
     if len(raw) > limit:
         raise _BodyError(413, f"body too large: more than {limit} bytes")
     if not raw.strip():
         raise _BodyError(400, "empty body: expected JSON")
     try:
-        return json.loads(raw)
+        data = json.loads(raw)
+    except RecursionError:
+        raise _BodyError(400, f"body is nested too deeply (more than {MAX_JSON_DEPTH} levels)") from None
     except (ValueError, UnicodeDecodeError) as exc:
-        raise _BodyError(400, f"body is not valid JSON: {exc}") from None
+        raise _BodyError(400, f"body is not valid JSON: {str(exc)[:200]}") from None
+    if not _depth_ok(data):
+        raise _BodyError(400, f"body is nested too deeply (more than {MAX_JSON_DEPTH} levels)")
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise _BodyError(400, "body contains a lone surrogate (\\ud800-\\udfff escape): not valid Unicode") from None
+    return data
+
+
+def redact(value: Any) -> Any:
+    """Credentials (user:pass@) in any URL inside `value` replaced by ***@."""
+    if isinstance(value, str):
+        return _USERINFO.sub(r"\1***@", value)
+    if isinstance(value, dict):
+        return {k: redact(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact(v) for v in value]
+    return value
+
+
+def public_event(event: dict[str, Any], authenticated: bool) -> dict[str, Any]:
+    out = redact(event)
+    detail = out.get("detail")
+    if not authenticated and isinstance(detail, dict) and "output" in detail:
+        out["detail"] = {**detail, "output": HIDDEN_OUTPUT}
+    return out
 
 
 class _BodyError(Exception):
@@ -90,8 +194,9 @@ webhook = Blueprint("webhook", __name__)
 
 @webhook.post("/webhook")
 def receive() -> Any:
-    if not _authorized():
-        return _error(401, "missing or wrong bearer token")
+    refused = _guard_mutation()
+    if refused is not None:
+        return refused
     try:
         notification = parse_notification(_json_body())
     except _BodyError as exc:
@@ -109,8 +214,8 @@ api = Blueprint("api", __name__, url_prefix="/api")
 
 @api.before_request
 def _api_auth() -> Any:
-    if request.method not in ("GET", "HEAD") and not _authorized():
-        return _error(401, "missing or wrong bearer token")
+    if request.method in MUTATING:
+        return _guard_mutation()
     return None
 
 
@@ -133,15 +238,15 @@ def backends_view() -> list[dict[str, Any]]:
         allowed = policy.next_allowed(times, now, r.backoff)
         markers = list(Store.api_markers(conn, b.name))
         if busy_dir is not None:
-            markers += file_markers(busy_dir, b.name, r.busy_file_ttl)
+            markers += file_markers(busy_dir, b.name, r.busy_file_ttl, r.marker_max_ttl)
         out.append({
             "backend": b.name,
-            "url": b.url,
+            "url": redact(b.url),
             "host": b.host,
             "lifecycle": fleet.view(lifecycles.get(b.name)),
             "restart_configured": bool(b.restart),
             "incident": dict(inc) if inc else None,
-            "last_decision": dict(last) if last else None,
+            "last_decision": redact(dict(last)) if last else None,
             "restarts": {row["result"]: row["n"] for row in restarts},
             "next_allowed_restart": allowed,
             "markers": [{"id": m.id, "owner": m.owner, "expires_at": m.expires_at} for m in markers
@@ -158,19 +263,25 @@ def get_backends() -> Any:
 
 @api.get("/events")
 def get_events() -> Any:
+    """Newest first, at most retention.page_size per answer; the next page: ?before=<next_before>."""
+    page_size = ctx().config.remediator.retention.page_size
     try:
-        limit = min(max(int(request.args.get("limit", "100")), 1), 10000)
+        limit = min(max(int(request.args.get("limit", "100")), 1), page_size)
+        before = int(request.args["before"]) if request.args.get("before") else None
     except ValueError:
-        return _error(400, "limit must be a whole number")
+        return _error(400, "limit and before must be whole numbers")
     events = ctx().store.events(backend=request.args.get("backend", ""), limit=limit,
-                                kind=request.args.get("kind", ""))
-    return jsonify({"events": events})
+                                kind=request.args.get("kind", ""), before=before)
+    authed = _token_given()
+    return jsonify({"events": [public_event(e, authed) for e in events], "page_size": page_size,
+                    "next_before": events[-1]["id"] if len(events) == limit else None})
 
 
 def _ttl(data: dict[str, Any]) -> float | tuple[Response, int]:
-    ttl = data.get("ttl_seconds", 3600)
-    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= MAX_TTL:
-        return _error(400, f"ttl_seconds must be a number in (0, {MAX_TTL:g}]")
+    cap = ctx().config.remediator.marker_max_ttl
+    ttl = data.get("ttl_seconds", min(3600.0, cap))
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= cap:
+        return _error(400, f"ttl_seconds must be a number in (0, {cap:g}] (remediator.marker_max_ttl)")
     return float(ttl)
 
 
@@ -269,93 +380,24 @@ def ack(name: str) -> Any:
 status = Blueprint("status", __name__, template_folder="templates")
 
 
-def _labels(**kv: str) -> str:
-    def esc(v: str) -> str:
-        return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-    return "{" + ",".join(f'{k}="{esc(v)}"' for k, v in kv.items()) + "}" if kv else ""
-
-
 @status.get("/metrics")
-def metrics() -> Any:
-    store = ctx().store
-    conn = store.conn()
-    lines = [
-        "# HELP llm_health_remediator_alerts_received_total Alerts received in webhook notifications.",
-        "# TYPE llm_health_remediator_alerts_received_total counter",
-    ]
-    received = store.counters("alerts_received")
-    for st in ("firing", "resolved"):
-        lines.append(f"llm_health_remediator_alerts_received_total{_labels(status=st)} {received.get(st, 0)}")
-    lines += ["# HELP llm_health_remediator_decisions_total Decisions recorded in the audit log, by kind.",
-              "# TYPE llm_health_remediator_decisions_total counter"]
-    for kind, n in sorted(store.counters("decisions").items()):
-        lines.append(f"llm_health_remediator_decisions_total{_labels(decision=kind)} {n}")
-    lines += ["# HELP llm_health_remediator_restarts_total Restart actions, by backend and result.",
-              "# TYPE llm_health_remediator_restarts_total counter"]
-    rows = conn.execute("SELECT backend, coalesce(result, 'running') AS result, count(*) AS n FROM actions "
-                        "WHERE coalesce(result, '') != 'dry_run' GROUP BY 1, 2 ORDER BY 1, 2").fetchall()
-    for r in rows:
-        lines.append(f"llm_health_remediator_restarts_total{_labels(backend=r['backend'], result=r['result'])} "
-                     f"{r['n']}")
-    lines += ["# HELP llm_health_remediator_breaker_open 1 while the fleet circuit breaker is open.",
-              "# TYPE llm_health_remediator_breaker_open gauge",
-              f"llm_health_remediator_breaker_open {int(Store.breaker(conn)['open'])}"]
-    lines += lifecycle_metrics(conn)
-    return Response("\n".join(lines) + "\n", mimetype="text/plain; version=0.0.4")
-
-
-def lifecycle_metrics(conn: Any) -> list[str]:
-    config = ctx().config
-    rows = fleet.all_rows(conn)
-    lines = ["# HELP llm_health_remediator_lifecycle_state 1 for the lifecycle state each backend is in, 0 for "
-             "the others.",
-             "# TYPE llm_health_remediator_lifecycle_state gauge"]
-    since = ["# HELP llm_health_remediator_lifecycle_since_seconds Unix time of the backend's last lifecycle "
-             "transition (0 = not looked at yet).",
-             "# TYPE llm_health_remediator_lifecycle_since_seconds gauge"]
-    for b in config.backends:
-        r = rows.get(b.name)
-        current = r["state"] if r else fleet.UNSEEN.value
-        for st in LifecycleState:
-            lines.append(f"llm_health_remediator_lifecycle_state{_labels(backend=b.name, state=st.value)} "
-                         f"{int(st.value == current)}")
-        since.append(f"llm_health_remediator_lifecycle_since_seconds{_labels(backend=b.name)} "
-                     f"{float(r['since']) if r else 0.0:.3f}")
-    lines += since
-    lines += ["# HELP llm_health_remediator_escalations_total Restarts that need a person (warm-up timeout, "
-              "action timeout, never ready).",
-              "# TYPE llm_health_remediator_escalations_total counter"]
-    store = ctx().store
-    esc = store.counters("escalations")
-    for b in config.backends:
-        lines.append(f"llm_health_remediator_escalations_total{_labels(backend=b.name)} {esc.get(b.name, 0)}")
-    lines += ["# HELP llm_health_remediator_silences_total Alertmanager silences around restarts, by result.",
-              "# TYPE llm_health_remediator_silences_total counter"]
-    sil = store.counters("silences")
-    for result in ("created", "create_failed", "expired", "expire_failed"):
-        lines.append(f"llm_health_remediator_silences_total{_labels(result=result)} {sil.get(result, 0)}")
-    lines += ["# HELP llm_health_remediator_probes_total Generation requests the remediator sent (idle probes of "
-              "its verifications, one-token warm-up requests), by backend and purpose.",
-              "# TYPE llm_health_remediator_probes_total counter"]
-    probes = {tuple(k.split("\t", 1)): v for k, v in store.counters("probes").items() if "\t" in k}
-    keys = {(b.name, purpose) for b in config.backends for purpose in (VERIFY, WARMUP)} | set(probes)
-    for name, purpose in sorted(keys):
-        lines.append(f"llm_health_remediator_probes_total{_labels(backend=name, purpose=purpose)} "
-                     f"{probes.get((name, purpose), 0)}")
-    return lines
+def metrics_page() -> Any:
+    return Response(metrics.render(ctx().registry), mimetype=metrics.CONTENT_TYPE.split(";")[0],
+                    content_type=metrics.CONTENT_TYPE)
 
 
 @status.get("/healthz")
 def healthz() -> Any:
-    ctx().store.conn().execute("SELECT 1").fetchone()
-    return jsonify({"ok": True})
+    report = ctx().health.report()
+    return jsonify(report), 200 if report["ok"] else 503
 
 
 @status.get("/")
 def page() -> Any:
     c = ctx()
-    events = c.store.events(limit=50)
-    br = dict(Store.breaker(c.store.conn()))
+    authed = _token_given()
+    events = [public_event(e, authed) for e in c.store.events(limit=50)]
+    br = redact(dict(Store.breaker(c.store.conn())))
     return render_template("status.html", backends=backends_view(), events=events, breaker=br,
                            dry_run=c.config.remediator.dry_run, now=c.clock(), fmt=_fmt_time)
 
@@ -381,6 +423,42 @@ def read_token(config: Config) -> str:
     return token
 
 
+def token_file_warning(config: Config) -> str:
+    """A warning when the token file can be read (or written) by users other than its owner."""
+    r = config.remediator
+    if not r.token_file:
+        return ""
+    path = config.resolve_path(r.token_file)
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return ""
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        return (f"WARNING: remediator.token_file {path} is accessible by other users (mode {stat.filemode(mode)}); "
+                f"anyone who can read it can restart backends. Fix: chmod 600 {path}")
+    return ""
+
+
+def listen_host(listen: str) -> str:
+    return listen.rpartition(":")[0].strip("[]")
+
+
+def check_exposure(config: Config, token: str) -> None:
+    """Safe by default: no webhook or mutating API without a token, unless explicitly told
+    (remediator.insecure_no_auth / --insecure-no-auth) AND listening on loopback only."""
+    r = config.remediator
+    if token:
+        return
+    if not r.insecure_no_auth:
+        raise ConfigError("remediator.token_file is not set: refusing to serve the webhook and the mutating API "
+                          "without a bearer token. Set token_file (e.g. `openssl rand -hex 32 > token; chmod 600 "
+                          "token`), or for a local trial pass --insecure-no-auth with a loopback --listen")
+    host = listen_host(r.listen)
+    if not _loopback_host(host):
+        raise ConfigError(f"remediator.insecure_no_auth: only allowed with a loopback listen address, got "
+                          f"{r.listen!r}; set token_file to listen on {host}")
+
+
 def create_app(
     config: Config,
     *,
@@ -388,15 +466,23 @@ def create_app(
     warmup_check: WarmupCheck | None = None,
     clock: Callable[[], float] = time.time,
     start_authority: bool = True,
+    expect_state: tuple[int, int] | None = None,
 ) -> Flask:
+    """`expect_state`: (device, inode) of the state file the server opened before forking workers; a
+    worker then only opens that very file (never creates one) and refuses any other."""
     token = read_token(config)
-    store = Store(state_path(config))
-    store.init()
+    check_exposure(config, token)
+    store = Store(state_path(config), expect=expect_state)
+    if expect_state is None:
+        store.init()
+    else:
+        store.conn()   # the file the server's master created and checked, never a new one
     authority = None
     agent = None
     if start_authority:
         authority = Authority(store, config, verifier=verifier, warmup_check=warmup_check, clock=clock)
         authority.start()
+        Pruner(store, config, clock).start()
         if config.remediator.agent_listen:
             agent = AgentListener(config.remediator.agent_listen, FleetAgent(store, config).status_for).start()
     app = Flask(__name__)
@@ -409,5 +495,10 @@ def create_app(
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException) -> Any:
         return _error(exc.code or 500, exc.description or exc.name)
+
+    @app.errorhandler(StateError)
+    def state_error(exc: StateError) -> Any:
+        log.error("%s", exc)
+        return _error(503, str(exc))
 
     return app

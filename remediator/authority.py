@@ -239,6 +239,7 @@ class Authority:
         self._holding = threading.Event()
         self._recovered = False
         self._threads: list[threading.Thread] = []
+        self.last_pass = time.monotonic()
 
     # -- thread lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -267,6 +268,7 @@ class Authority:
                 self.tick()
             except Exception:  # noqa: BLE001
                 log.exception("authority tick failed")
+            self.last_pass = time.monotonic()    # read by /healthz (remediator/health.py)
             self._stop.wait(self.r.poll_interval)
 
     # -- the lease ----------------------------------------------------------------------------------
@@ -418,7 +420,7 @@ class Authority:
         dry = self.r.dry_run
         markers = Store.api_markers(c, backend.name)
         if self.busy_dir is not None:
-            markers += file_markers(self.busy_dir, backend.name, self.r.busy_file_ttl)
+            markers += file_markers(self.busy_dir, backend.name, self.r.busy_file_ttl, self.r.marker_max_ttl)
         return policy.Facts(
             now=now, backend=backend.name,
             restarts=Store.restart_times(c, backend.name, include_dry_run=dry),

@@ -4,6 +4,13 @@ Runs a batch job with a busy marker set for a backend: through the remediator's 
 given, else as a file in `remediator.busy_dir`. The marker is refreshed while the job runs (every
 ttl/3) and removed when it ends; a crashed wrapper leaves a marker that simply expires. Exits with
 the job's exit code (2 when the marker cannot be set: the job is not started unprotected).
+
+A marker lost while the job runs (removed through the API or by hand, expired while the remediator
+was unreachable, its state reset) is re-created at once, with a warning on stderr. When it cannot be
+re-created (the remediator refuses, the marker folder is gone and cannot be written), the wrapper
+stops loudly: it says so, terminates the job (SIGTERM) and exits 3. A job never keeps running
+unprotected without a word. A refresh that merely cannot reach the remediator is retried while the
+marker is still valid (its expiry has not passed since the last successful refresh).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from types import FrameType
 from typing import Protocol
@@ -25,9 +33,16 @@ from llm_health.remediator.marker import write_marker_file
 
 from llm_health.config import ConfigError, load_config
 
+LOST_EXIT = 3
+
+
+class MarkerLost(Exception):
+    """The marker is gone (refresh answered 404 / the file is missing)."""
+
 
 class MarkerHandle(Protocol):
-    def refresh(self) -> None: ...
+    def refresh(self) -> None: ...          # raises MarkerLost when the marker no longer exists
+    def recreate(self) -> str: ...          # a new marker; its description. Raises ConfigError/OSError
     def remove(self) -> None: ...
 
 
@@ -35,16 +50,30 @@ class ApiMarker:
     def __init__(self, url: str, backend: str, owner: str, ttl: float, token: str) -> None:
         self.url = url.rstrip("/")
         self.ttl = ttl
+        self.backend = backend
+        self.owner = owner
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
-        resp = requests.post(f"{self.url}/api/busy", json={"backend": backend, "owner": owner, "ttl_seconds": ttl},
+        self.id = self._create()
+
+    def _create(self) -> str:
+        resp = requests.post(f"{self.url}/api/busy", json={"backend": self.backend, "owner": self.owner,
+                                                            "ttl_seconds": self.ttl},
                              headers=self.headers, timeout=10)
         if resp.status_code != 201:
             raise ConfigError(f"remediator refused the busy marker: {resp.status_code} {resp.text[:200]}")
-        self.id = resp.json()["id"]
+        return str(resp.json()["id"])
 
     def refresh(self) -> None:
-        requests.put(f"{self.url}/api/busy/{self.id}", json={"ttl_seconds": self.ttl}, headers=self.headers,
-                     timeout=10)
+        resp = requests.put(f"{self.url}/api/busy/{self.id}", json={"ttl_seconds": self.ttl}, headers=self.headers,
+                            timeout=10)
+        if resp.status_code == 404:
+            raise MarkerLost(f"marker {self.id} no longer exists on the remediator")
+        if resp.status_code != 200:
+            raise requests.RequestException(f"refresh answered {resp.status_code} {resp.text[:200]}")
+
+    def recreate(self) -> str:
+        self.id = self._create()
+        return f"marker {self.id}"
 
     def remove(self) -> None:
         requests.delete(f"{self.url}/api/busy/{self.id}", headers=self.headers, timeout=10)
@@ -52,10 +81,19 @@ class ApiMarker:
 
 class FileMarker:
     def __init__(self, busy_dir: Path, backend: str, ttl: float) -> None:
+        self.busy_dir, self.backend, self.ttl = busy_dir, backend, ttl
         self.path = write_marker_file(busy_dir, backend, ttl, f"{socket.gethostname()}-{os.getpid()}")
 
     def refresh(self) -> None:
-        os.utime(self.path)
+        try:
+            os.utime(self.path)
+        except FileNotFoundError:
+            raise MarkerLost(f"marker file {self.path} was removed") from None
+
+    def recreate(self) -> str:
+        self.path = write_marker_file(self.busy_dir, self.backend, self.ttl,
+                                      f"{socket.gethostname()}-{os.getpid()}")
+        return f"marker file {self.path}"
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
@@ -92,6 +130,9 @@ def open_marker(args: argparse.Namespace, owner: str) -> MarkerHandle:
         raise ConfigError(f"--backend: {args.backend!r} is not in {args.config}")
     if not config.remediator.busy_dir:
         raise ConfigError("remediator.busy_dir is not set in the config; use --remediator URL")
+    if args.ttl > config.remediator.marker_max_ttl:
+        raise ConfigError(f"--ttl: {args.ttl:g}s is over remediator.marker_max_ttl "
+                          f"({config.remediator.marker_max_ttl:g}s)")
     busy_dir = config.resolve_path(config.remediator.busy_dir)
     try:
         return FileMarker(busy_dir, args.backend, args.ttl)
@@ -110,13 +151,39 @@ def run(args: argparse.Namespace) -> int:
     owner = args.owner or f"{getpass.getuser()}@{socket.gethostname()}: {' '.join(command)[:120]}"
     marker = open_marker(args, owner)
     stop = threading.Event()
+    lost = threading.Event()
+    job: subprocess.Popen[bytes] | None = None
+
+    def give_up(why: str) -> None:
+        print(f"llm-health busy: ERROR: the busy marker for {args.backend} is lost and cannot be re-created "
+              f"({why}); stopping the job rather than running it unprotected", file=sys.stderr, flush=True)
+        lost.set()
+        if job is not None and job.poll() is None:
+            job.terminate()
 
     def refresher() -> None:
+        last_ok = time.monotonic()
         while not stop.wait(args.ttl / 3):
             try:
                 marker.refresh()
+                last_ok = time.monotonic()
+                continue
+            except MarkerLost as exc:
+                reason = str(exc)
             except (OSError, requests.RequestException) as exc:
-                print(f"llm-health busy: marker refresh failed: {exc}", file=sys.stderr)
+                if time.monotonic() - last_ok < args.ttl:
+                    print(f"llm-health busy: marker refresh failed (retrying; the marker is valid until its "
+                          f"ttl runs out): {exc}", file=sys.stderr, flush=True)
+                    continue
+                reason = f"no successful refresh for {args.ttl:g}s, it has expired: {exc}"
+            try:
+                what = marker.recreate()
+            except (OSError, ConfigError, requests.RequestException) as exc:
+                give_up(f"{reason}; re-creating failed: {exc}")
+                return
+            last_ok = time.monotonic()
+            print(f"llm-health busy: WARNING: the busy marker was lost ({reason}); re-created as {what}",
+                  file=sys.stderr, flush=True)
 
     thread = threading.Thread(target=refresher, daemon=True)
     thread.start()
@@ -126,6 +193,8 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             print(f"llm-health busy: cannot run {command[0]!r}: {exc.strerror}", file=sys.stderr)
             return 127
+        if lost.is_set():
+            job.terminate()
 
         def forward(signum: int, _frame: FrameType | None) -> None:
             job.send_signal(signum)
@@ -133,6 +202,8 @@ def run(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, forward)
         code = job.wait()
+        if lost.is_set():
+            return LOST_EXIT
         return code if code >= 0 else 128 - code
     finally:
         stop.set()

@@ -1,9 +1,12 @@
 """Busy markers kept as files in `busy_dir` (API markers live in the store).
 
-A job marks backend `gpu-a` busy by creating `<busy_dir>/gpu-a` or `<busy_dir>/gpu-a.<anything>`.
+One naming rule, exact: a job marks backend `gpu-a` busy by creating `<busy_dir>/gpu-a` or
+`<busy_dir>/gpu-a@<tag>`. Backend names never contain `@` and never start with a dot
+(config.NAME_RE), so a file belongs to exactly one backend: `gpu.a` is backend `gpu.a`'s marker,
+never `gpu`'s; hidden files (`.gpu-a...`, e.g. our own temporary files) are never markers.
 Expiry = the file's mtime + a TTL: the number in the file (`600` or `ttl=600`), else
-`busy_file_ttl`. Refresh by touching the file. An unreadable `busy_dir` is treated as "busy"
-(fail closed), never as "no markers".
+`busy_file_ttl`; either is capped at `marker_max_ttl`. Refresh by touching the file. An
+unreadable `busy_dir` is treated as "busy" (fail closed), never as "no markers".
 """
 
 from __future__ import annotations
@@ -14,23 +17,41 @@ from pathlib import Path
 
 from llm_health.remediator.policy import Marker
 
+from llm_health.config import NAME_RE
+
 TTL_RE = re.compile(r"^\s*(?:ttl\s*[=:]\s*)?(\d+(?:\.\d+)?)\s*$", re.IGNORECASE | re.MULTILINE)
+TAG_SEP = "@"
+TAG_RE = re.compile(r"^[A-Za-z0-9_.@:-]{1,128}$")
 
 
-def _matches(filename: str, backend: str) -> bool:
-    return filename == backend or filename.startswith(backend + ".")
+def marker_backend(filename: str) -> str:
+    """The backend a marker file name belongs to, or '' when the name follows no rule."""
+    name, _, tag = filename.partition(TAG_SEP)
+    if not NAME_RE.match(name):
+        return ""
+    if _ and not TAG_RE.match(tag):
+        return ""
+    return name
 
 
-def _ttl(path: Path, default: float) -> float:
+def marker_file_name(backend: str, tag: str) -> str:
+    if not NAME_RE.match(backend):
+        raise ValueError(f"backend name {backend!r} must match {NAME_RE.pattern}")
+    clean = re.sub(r"[^A-Za-z0-9_.:-]", "-", tag)[:128] or "job"
+    return f"{backend}{TAG_SEP}{clean}"
+
+
+def _ttl(path: Path, default: float, cap: float) -> float:
     try:
         text = path.read_text(errors="replace")[:4096]
     except OSError:
-        return default
+        return min(default, cap)
     m = TTL_RE.search(text)
-    return float(m.group(1)) if m else default
+    return min(float(m.group(1)) if m else default, cap)
 
 
-def file_markers(busy_dir: Path, backend: str, default_ttl: float) -> tuple[Marker, ...]:
+def file_markers(busy_dir: Path, backend: str, default_ttl: float,
+                 max_ttl: float = float("inf")) -> tuple[Marker, ...]:
     """All marker files for `backend` (expired ones included; the policy ignores those)."""
     if not busy_dir.exists():
         return ()
@@ -41,7 +62,7 @@ def file_markers(busy_dir: Path, backend: str, default_ttl: float) -> tuple[Mark
                        expires_at=float("inf")),)
     out: list[Marker] = []
     for name in sorted(names):
-        if name.startswith(".") or not _matches(name, backend):
+        if marker_backend(name) != backend:
             continue
         path = busy_dir / name
         try:
@@ -49,14 +70,15 @@ def file_markers(busy_dir: Path, backend: str, default_ttl: float) -> tuple[Mark
         except OSError:
             continue  # removed while we looked
         out.append(Marker(id=f"file:{name}", backend=backend, owner=f"file {path}",
-                          expires_at=mtime + _ttl(path, default_ttl)))
+                          expires_at=mtime + _ttl(path, default_ttl, max_ttl)))
     return tuple(out)
 
 
 def write_marker_file(busy_dir: Path, backend: str, ttl: float, tag: str) -> Path:
     busy_dir.mkdir(parents=True, exist_ok=True)
-    path = busy_dir / f"{backend}.{tag}"
-    tmp = busy_dir / f".{backend}.{tag}.tmp"
+    name = marker_file_name(backend, tag)
+    path = busy_dir / name
+    tmp = busy_dir / f".{name}.tmp"
     tmp.write_text(f"ttl={ttl:g}\n")
     os.replace(tmp, path)
     return path

@@ -7,8 +7,10 @@ authority records intent here before it runs an action, so a crash of our own pr
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -111,6 +113,12 @@ CREATE TABLE IF NOT EXISTS silences (
     expired_at REAL,
     result TEXT NOT NULL DEFAULT 'active'
 );
+CREATE TABLE IF NOT EXISTS resolved_alerts (
+    fingerprint TEXT NOT NULL, starts_at TEXT NOT NULL, resolved_at REAL NOT NULL,
+    PRIMARY KEY (fingerprint, starts_at)
+);
+CREATE TABLE IF NOT EXISTS heartbeat (worker TEXT PRIMARY KEY, at REAL NOT NULL, pad BLOB);
+CREATE INDEX IF NOT EXISTS actions_finished ON actions(finished_at);
 CREATE TABLE IF NOT EXISTS counters (
     metric TEXT NOT NULL, label TEXT NOT NULL, value INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (metric, label)
@@ -131,7 +139,64 @@ DECISION_KINDS = frozenset({
     "verified_healthy", "restarted_by_other", "restarting", "restarted", "would_restart", "not_configured",
     "failed", "recovered", "warmup_timeout", "interrupted", "aborted", "resolved", "acknowledged", "breaker_open",
     "draining", "deferred_host", "deferred_min_ready", "restart_called_off", "escalated", "lifecycle_refused",
+    "stale_firing",
 })
+
+#: an event's detail is at most this long once encoded; values are shortened BEFORE encoding
+DETAIL_LIMIT = 8000
+_VALUE_LIMIT = 1000      # characters of one string value in a detail
+_ITEMS_LIMIT = 40        # entries of one list or mapping in a detail
+_DEPTH_LIMIT = 6
+
+
+def clip(value: Any, depth: int = 0) -> Any:
+    """A JSON-encodable copy of `value` with long strings, lists, mappings and deep nesting cut
+    (marked with an ellipsis); lone surrogates are replaced. Encoding the result never needs cutting."""
+    if isinstance(value, str):
+        text = value if len(value) <= _VALUE_LIMIT else value[:_VALUE_LIMIT] + "…"
+        return text.encode("utf-8", "replace").decode("utf-8")
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if depth >= _DEPTH_LIMIT:
+        return clip(str(value)[:200], depth)
+    if isinstance(value, dict):
+        items = list(value.items())
+        out = {clip(str(k))[:200]: clip(v, depth + 1) for k, v in items[:_ITEMS_LIMIT]}
+        if len(items) > _ITEMS_LIMIT:
+            out["…"] = f"{len(items) - _ITEMS_LIMIT} more"
+        return out
+    if isinstance(value, list | tuple | set | frozenset):
+        seq = list(value)
+        out_list = [clip(v, depth + 1) for v in seq[:_ITEMS_LIMIT]]
+        if len(seq) > _ITEMS_LIMIT:
+            out_list.append(f"… {len(seq) - _ITEMS_LIMIT} more")
+        return out_list
+    return clip(str(value), depth)
+
+
+def encode_detail(detail: dict[str, Any]) -> str:
+    """Always valid JSON of at most DETAIL_LIMIT characters."""
+    text = json.dumps(clip(detail))
+    if len(text) <= DETAIL_LIMIT:
+        return text
+    # still too long (many long values): keep a readable preview as one string value
+    return json.dumps({"truncated": True, "preview": text[: DETAIL_LIMIT // 2]})
+
+
+def decode_detail(raw: str | None) -> Any:
+    """Stored details from any version (older ones were cut after encoding) never break a reader."""
+    try:
+        return json.loads(raw or "{}")
+    except ValueError:
+        return {"unreadable": (raw or "")[:2000]}
+
+
+def file_identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino)
 
 
 class StateError(RuntimeError):
@@ -139,16 +204,66 @@ class StateError(RuntimeError):
 
 
 class Store:
-    def __init__(self, path: str | Path) -> None:
+    """The state file, pinned to the file it first opened.
+
+    Once opened (init(), or the first connection) the store remembers the file's device and inode.
+    It never creates a database after that: new connections open the existing file only
+    (`mode=rw`), and every connection and write transaction first checks that the path still names
+    the same file. A state file deleted or replaced behind our back raises StateError, so the
+    authority stops acting at once instead of going on with a second, empty store.
+    """
+
+    def __init__(self, path: str | Path, *, expect: tuple[int, int] | None = None) -> None:
         self.path = str(path)
         self._local = threading.local()
+        self.identity: tuple[int, int] | None = expect
+        self.broken = ""        # why the store stopped (deleted/replaced): sticky
 
     # -- connections and transactions ---------------------------------------------------------------
+    def check_identity(self) -> str:
+        """'' while the path names the file we opened; else why not (sticky)."""
+        if self.broken or self.identity is None:
+            return self.broken
+        now = file_identity(self.path)
+        if now is None:
+            self.broken = f"state file {self.path} was deleted while in use: stopped, restart the remediator"
+        elif now != self.identity:
+            self.broken = (f"state file {self.path} was replaced while in use (device/inode {self.identity} -> "
+                           f"{now}): stopped, restart the remediator")
+        return self.broken
+
+    def _guard(self) -> None:
+        why = self.check_identity()
+        if why:
+            raise StateError(why)
+
+    def _connect(self, *, create: bool) -> sqlite3.Connection:
+        self._guard()
+        if create:
+            target, uri = self.path, False
+        else:
+            target, uri = f"file:{os.path.abspath(self.path)}?mode=rw", True
+        try:
+            c = sqlite3.connect(target, timeout=30.0, isolation_level=None, check_same_thread=False, uri=uri)
+        except sqlite3.Error as exc:
+            raise StateError(f"cannot open state {self.path}: {exc} (it is never created again while "
+                             "running: restart the remediator)" if not create else
+                             f"cannot open state {self.path}: {exc}") from exc
+        seen = file_identity(self.path)
+        if self.identity is None:
+            self.identity = seen
+        elif seen != self.identity:
+            c.close()
+            self._guard()
+            raise StateError(f"state file {self.path} is not the file this remediator opened")
+        return c
+
     def conn(self) -> sqlite3.Connection:
+        self._guard()
         c = getattr(self._local, "conn", None)
         if c is None:
+            c = self._connect(create=self.identity is None)
             try:
-                c = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
                 c.row_factory = sqlite3.Row
                 c.execute("PRAGMA busy_timeout = 30000")
                 c.execute("PRAGMA journal_mode = WAL")
@@ -161,6 +276,7 @@ class Store:
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
         """One write transaction, taken with BEGIN IMMEDIATE so claims never race."""
+        self._guard()
         c = self.conn()
         c.execute("BEGIN IMMEDIATE")
         try:
@@ -184,13 +300,68 @@ class Store:
                         c.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
         except sqlite3.DatabaseError as exc:
             raise StateError(f"state {self.path} is not usable: {exc}") from exc
+        problem = self.integrity_problem()
+        if problem:
+            raise StateError(f"state {self.path} fails its integrity check: {problem} (restore a backup or "
+                             "move the file away; the remediator does not start on a damaged state)")
+
+    # -- health -----------------------------------------------------------------------------------------
+    def integrity_problem(self) -> str:
+        """'' when `PRAGMA quick_check` passes on a fresh connection (no cached pages), else its report."""
+        try:
+            with self.reader() as c:
+                rows = [str(r[0]) for r in c.execute("PRAGMA quick_check(5)").fetchall()]
+        except (sqlite3.Error, StateError) as exc:
+            return str(exc)
+        return "" if rows == ["ok"] else "; ".join(rows)[:500]
+
+    def write_problem(self, worker: str) -> str:
+        """'' when a small committed write (a heartbeat row with a page of padding) succeeds: catches a
+        full disk, a read-only file or file system, a locked or damaged database."""
+        try:
+            with self.tx() as c:
+                c.execute("INSERT INTO heartbeat (worker, at, pad) VALUES (?, ?, zeroblob(4096)) "
+                          "ON CONFLICT(worker) DO UPDATE SET at = excluded.at, pad = excluded.pad",
+                          (worker, time.time()))
+                c.execute("DELETE FROM heartbeat WHERE at < ?", (time.time() - 3600,))
+        except (sqlite3.Error, StateError, OSError) as exc:
+            return f"state {self.path} is not writable: {exc}"
+        return ""
+
+    # -- retention -------------------------------------------------------------------------------------
+    @staticmethod
+    def prune(c: sqlite3.Connection, now: float, *, max_age: float, max_events: int, max_actions: int,
+              protect: float) -> dict[str, int]:
+        """Forget old history: events and finished actions older than `max_age`, or beyond the newest
+        `max_events` / `max_actions`. Running actions, active incidents and actions started within
+        `protect` seconds (the budget, breaker and backoff windows read them) are never removed. Pruned
+        actions are added to the `restarts_pruned` counters so restarts_total never goes down."""
+        out = {}
+        out["events"] = c.execute("DELETE FROM events WHERE at < ? OR id <= (SELECT id FROM events ORDER BY id DESC "
+                                  "LIMIT 1 OFFSET ?)", (now - max_age, max_events)).rowcount
+        doomed = ("FROM actions WHERE finished_at IS NOT NULL AND started_at < ? AND (finished_at < ? OR id <= "
+                  "(SELECT id FROM actions WHERE finished_at IS NOT NULL ORDER BY id DESC LIMIT 1 OFFSET ?))")
+        args = (now - protect, now - max_age, max_actions)
+        for r in c.execute(f"SELECT backend, coalesce(result, 'running') AS result, count(*) AS n {doomed} "
+                           "GROUP BY 1, 2", args).fetchall():
+            Store.bump(c, "restarts_pruned", f"{r['backend']}\t{r['result']}", int(r["n"]))
+        out["actions"] = c.execute(f"DELETE {doomed}", args).rowcount
+        out["incidents"] = c.execute(
+            "DELETE FROM incidents WHERE state = 'closed' AND closed_at < ?", (now - max_age,)).rowcount
+        c.execute("DELETE FROM incident_alerts WHERE incident_id NOT IN (SELECT id FROM incidents)")
+        c.execute("DELETE FROM resolved_alerts WHERE resolved_at < ?", (now - max_age,))
+        out["markers"] = c.execute("DELETE FROM markers WHERE expires_at < ?", (now - 3600,)).rowcount
+        c.execute("DELETE FROM silences WHERE result != 'active' AND created_at < ?", (now - max_age,))
+        return out
 
     @contextmanager
     def reader(self) -> Iterator[sqlite3.Connection]:
         """A short-lived read connection, closed afterwards (for threads that come and go, e.g. the
         agent-check handlers, which must not leave a connection behind per connection served)."""
+        self._guard()
         try:
-            c = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+            c = sqlite3.connect(f"file:{os.path.abspath(self.path)}?mode=rw", timeout=30.0, isolation_level=None,
+                                uri=True)
         except sqlite3.Error as exc:
             raise StateError(f"cannot open state {self.path}: {exc}") from exc
         try:
@@ -212,7 +383,7 @@ class Store:
               reason: str = "", **detail: Any) -> None:
         c.execute(
             "INSERT INTO events (at, kind, backend, incident_id, reason, detail) VALUES (?,?,?,?,?,?)",
-            (at, kind, backend, incident_id, reason[:2000], json.dumps(detail, default=str)[:8000]),
+            (at, kind, backend, incident_id, reason[:2000].encode("utf-8", "replace").decode(), encode_detail(detail)),
         )
         if kind in DECISION_KINDS:
             Store.bump(c, "decisions", kind)
@@ -225,9 +396,14 @@ class Store:
             (metric, label, by),
         )
 
-    def events(self, backend: str = "", limit: int = 100, kind: str = "") -> list[dict[str, Any]]:
+    def events(self, backend: str = "", limit: int = 100, kind: str = "",
+               before: int | None = None) -> list[dict[str, Any]]:
+        """Newest first; `before`: only events with a smaller id (the next page)."""
         sql = "SELECT * FROM events WHERE 1=1"
         args: list[Any] = []
+        if before is not None:
+            sql += " AND id < ?"
+            args.append(before)
         if backend:
             sql += " AND backend = ?"
             args.append(backend)
@@ -237,7 +413,7 @@ class Store:
         sql += " ORDER BY id DESC LIMIT ?"
         args.append(limit)
         rows = self.conn().execute(sql, args).fetchall()
-        return [{**dict(r), "detail": json.loads(r["detail"] or "{}")} for r in rows]
+        return [{**dict(r), "detail": decode_detail(r["detail"])} for r in rows]
 
     def counters(self, metric: str) -> dict[str, int]:
         rows = self.conn().execute("SELECT label, value FROM counters WHERE metric = ?", (metric,)).fetchall()

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import FakeClock
+from fakes import FakeClock, has_sample
 from flask.testing import FlaskClient
 from llm_health.remediator import action
 from llm_health.remediator.app import create_app
@@ -259,7 +259,7 @@ def test_bad_marker_requests(w: World) -> None:
 def test_file_marker_defers_and_expired_file_is_ignored(w: World, tmp_path: Path) -> None:
     busy = tmp_path / "busy"
     busy.mkdir()
-    marker = busy / "gpu-a.nightly-eval"
+    marker = busy / "gpu-a@nightly-eval"
     marker.write_text("ttl=600\n")
     os.utime(marker, (w.clock.t, w.clock.t))
     (busy / "gpu-ab").write_text("")                  # another name: not a marker for gpu-a
@@ -343,7 +343,7 @@ def test_failed_action_waits_for_backoff(w: World) -> None:
     w.run()
     assert len(w.calls) == 2
     restarts = w.client.get("/metrics").get_data(as_text=True)
-    assert 'llm_health_remediator_restarts_total{backend="gpu-a",result="failed"} 2' in restarts
+    assert has_sample(restarts, 'llm_health_remediator_restarts_total{backend="gpu-a",result="failed"} 2')
 
 
 def test_timed_out_action_is_never_retried_blindly(w: World) -> None:
@@ -367,7 +367,7 @@ def test_breaker_opens_across_the_fleet_and_resets_through_api(tmp_path: Path) -
     assert len(w.calls) == 2
     assert "breaker_open" in w.kinds()
     metrics = w.client.get("/metrics").get_data(as_text=True)
-    assert "llm_health_remediator_breaker_open 1" in metrics
+    assert has_sample(metrics, "llm_health_remediator_breaker_open 1")
     w.clock.advance(20_000)                      # stays open after the window
     w.run()
     assert len(w.calls) == 2
@@ -375,7 +375,7 @@ def test_breaker_opens_across_the_fleet_and_resets_through_api(tmp_path: Path) -
     assert w.client.post("/api/breaker/reset", headers=AUTH).status_code == 200
     w.run()
     assert len(w.calls) == 3
-    assert "llm_health_remediator_breaker_open 0" in w.client.get("/metrics").get_data(as_text=True)
+    assert has_sample(w.client.get("/metrics").get_data(as_text=True), "llm_health_remediator_breaker_open 0")
 
 
 def test_budget_holds_over_incidents(tmp_path: Path) -> None:
@@ -436,7 +436,7 @@ def test_api_metrics_status_and_events(w: World) -> None:
                  'llm_health_remediator_decisions_total{decision="signal"} 1',
                  'llm_health_remediator_restarts_total{backend="gpu-a",result="ok"} 1',
                  "llm_health_remediator_breaker_open 0"):
-        assert line in metrics
+        assert has_sample(metrics, line)
     page = w.client.get("/")
     assert page.status_code == 200 and b"gpu-a" in page.data and b"warming" in page.data
     assert w.client.get("/healthz").status_code == 200

@@ -27,7 +27,7 @@ def test_file_marker_lives_as_long_as_the_job(tmp_path: Path) -> None:
                                      sys.executable, "-c", job), name="busy", log_dir=tmp_path)
     try:
         busy = tmp_path / "busy"
-        markers = wait_until(lambda: list(busy.glob("gpu-a.*")), what="marker file")
+        markers = wait_until(lambda: list(busy.glob("gpu-a@*")), what="marker file")
         assert markers[0].read_text().strip() == "ttl=0.6"
         first = markers[0].stat().st_mtime
         wait_until(lambda: markers[0].stat().st_mtime > first, timeout=5, what="marker refreshed")

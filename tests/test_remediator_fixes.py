@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import requests
+from fakes import has_sample
 from llm_health.remediator import action, authority, policy
 from llm_health.remediator.agent import FleetAgent
 from llm_health.remediator.agent_check import agent_reply
@@ -298,7 +299,7 @@ def test_every_probe_is_counted_in_sqlite_and_metrics(tmp_path: Path, sim: Simul
     config = parse_config({
         "backends": [{"name": "gpu-a", "url": sim.url, "model": "sim-model", "restart": ["true"]}],
         "exporter": {"read_timeout": 2.0, "probe_timeout": 5.0, "api_key_file": "key"},
-        "remediator": {"state": "state.db", "verify_readings": 2, "verify_interval": 0.1},
+        "remediator": {"state": "state.db", "verify_readings": 2, "verify_interval": 0.1, "insecure_no_auth": True},
     }, source=str(tmp_path / "llm-health.yml"))
     app = create_app(config, start_authority=False)
     store = app.extensions["remediator"].store
@@ -311,8 +312,8 @@ def test_every_probe_is_counted_in_sqlite_and_metrics(tmp_path: Path, sim: Simul
     assert ready, why
     assert store.counters("probes") == {"gpu-a\tverify": 1, "gpu-a\twarmup": 1}
     text = app.test_client().get("/metrics").get_data(as_text=True)
-    assert 'llm_health_remediator_probes_total{backend="gpu-a",purpose="verify"} 1' in text
-    assert 'llm_health_remediator_probes_total{backend="gpu-a",purpose="warmup"} 1' in text
+    assert has_sample(text, 'llm_health_remediator_probes_total{backend="gpu-a",purpose="verify"} 1')
+    assert has_sample(text, 'llm_health_remediator_probes_total{backend="gpu-a",purpose="warmup"} 1')
     from llm_health.exporter import check
     assert check.verify(sim.url, readings=2, interval=0.1).outcome == "idle_ok"   # outside: not counted
     assert store.counters("probes") == {"gpu-a\tverify": 1, "gpu-a\twarmup": 1}

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import requests
-from fakes import FakeClock
+from fakes import FakeClock, has_sample
 from flask.testing import FlaskClient
 from llm_health.exporter.reading import EngineReading, Reading
 from llm_health.remediator import action, fleet
@@ -147,10 +147,10 @@ def test_restart_goes_through_every_state_and_every_view_shows_it(w: World) -> N
     assert view["gpu-a"]["lifecycle"]["since"] == w.clock.t
     assert view["gpu-a"]["incident"]["state"] == "draining"
     metrics = w.client.get("/metrics").get_data(as_text=True)
-    assert 'llm_health_remediator_lifecycle_state{backend="gpu-a",state="draining"} 1' in metrics
-    assert 'llm_health_remediator_lifecycle_state{backend="gpu-a",state="ready"} 0' in metrics
-    assert 'llm_health_remediator_lifecycle_state{backend="gpu-b",state="ready"} 1' in metrics
-    assert f'llm_health_remediator_lifecycle_since_seconds{{backend="gpu-a"}} {w.clock.t:.3f}' in metrics
+    assert has_sample(metrics, 'llm_health_remediator_lifecycle_state{backend="gpu-a",state="draining"} 1')
+    assert has_sample(metrics, 'llm_health_remediator_lifecycle_state{backend="gpu-a",state="ready"} 0')
+    assert has_sample(metrics, 'llm_health_remediator_lifecycle_state{backend="gpu-b",state="ready"} 1')
+    assert has_sample(metrics, f'llm_health_remediator_lifecycle_since_seconds{{backend="gpu-a"}} {w.clock.t:.3f}')
     assert b"DRAINING" in w.client.get("/").data
     w.clock.advance(4.9)                           # stalled: waits only stalled_drain_timeout (5 s)
     w.run()
@@ -257,8 +257,8 @@ def test_warmup_timeout_is_error_escalated_and_not_restarted_in_a_loop(w: World)
     assert w.state() == "error" and w.steps()[-1] == ("initializing", "error")
     assert "escalated" in w.kinds() and "warmup_timeout" in w.kinds()
     metrics = w.client.get("/metrics").get_data(as_text=True)
-    assert 'llm_health_remediator_escalations_total{backend="gpu-a"} 1' in metrics
-    assert 'llm_health_remediator_lifecycle_state{backend="gpu-a",state="error"} 1' in metrics
+    assert has_sample(metrics, 'llm_health_remediator_escalations_total{backend="gpu-a"} 1')
+    assert has_sample(metrics, 'llm_health_remediator_lifecycle_state{backend="gpu-a",state="error"} 1')
     page = w.client.get("/").get_data(as_text=True)
     assert "ERROR" in page and "escalated" in page
     w.clock.advance(10_000)
@@ -401,8 +401,8 @@ def test_silence_covers_the_restart_and_is_removed_after(tmp_path: Path, alertma
     assert kinds.index("draining") < kinds.index("silence_created") < kinds.index("restarting")
     assert kinds.index("silence_expired") < kinds.index("recovered")
     metrics = w.client.get("/metrics").get_data(as_text=True)
-    assert 'llm_health_remediator_silences_total{result="created"} 1' in metrics
-    assert 'llm_health_remediator_silences_total{result="expired"} 1' in metrics
+    assert has_sample(metrics, 'llm_health_remediator_silences_total{result="created"} 1')
+    assert has_sample(metrics, 'llm_health_remediator_silences_total{result="expired"} 1')
 
 
 def test_unreachable_alertmanager_is_recorded_and_never_blocks_the_restart(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import requests
 import yaml
+from fakes import has_sample
 from llm_health.remediator.drain import ServerStat, show_stat
 from llm_health.remediator.inflight import read_in_flight
 from llm_health.simulator.server import SimConfig, Simulator
@@ -262,9 +263,9 @@ def test_restart_walks_every_state_and_traffic_returns_only_after_warmup(rig_lb:
     kinds = [e["kind"] for e in rig.events("gpu-a")]
     assert kinds.index("draining") < kinds.index("restarting") < kinds.index("restarted") < kinds.index("recovered")
     metrics = requests.get(rig.url + "/metrics", timeout=5).text
-    assert 'llm_health_remediator_lifecycle_state{backend="gpu-a",state="ready"} 1' in metrics
-    assert 'llm_health_remediator_lifecycle_state{backend="gpu-a",state="draining"} 0' in metrics
-    assert f'llm_health_remediator_lifecycle_since_seconds{{backend="gpu-a"}} {ready["at"]:.3f}' in metrics
+    assert has_sample(metrics, 'llm_health_remediator_lifecycle_state{backend="gpu-a",state="ready"} 1')
+    assert has_sample(metrics, 'llm_health_remediator_lifecycle_state{backend="gpu-a",state="draining"} 0')
+    assert has_sample(metrics, f'llm_health_remediator_lifecycle_since_seconds{{backend="gpu-a"}} {ready["at"]:.3f}')
 
 
 def test_min_ready_holds_when_every_backend_stalls(rig_lb: Rig) -> None:

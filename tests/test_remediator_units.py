@@ -76,20 +76,21 @@ def test_marker_files(tmp_path: Path) -> None:
     assert file_markers(busy, "gpu-a", 100) == ()                # no folder: no markers
     busy.mkdir()
     (busy / "gpu-a").write_text("")                               # bare name, default ttl
-    (busy / "gpu-a.job1").write_text("ttl=30\n")
-    (busy / "gpu-a.job2").write_text("45")
-    (busy / "gpu-ab.job").write_text("")                          # not gpu-a
-    (busy / ".gpu-a.tmp").write_text("")                          # hidden: ignored
+    (busy / "gpu-a@job1").write_text("ttl=30\n")
+    (busy / "gpu-a@job2").write_text("45")
+    (busy / "gpu-ab@job").write_text("")                          # not gpu-a
+    (busy / "gpu-a.b").write_text("")                             # backend gpu-a.b's, not gpu-a's
+    (busy / ".gpu-a@tmp").write_text("")                          # hidden: ignored
     now = time.time()
     for p in busy.iterdir():
         os.utime(p, (now, now))
     markers = {m.id: m for m in file_markers(busy, "gpu-a", 100)}
-    assert set(markers) == {"file:gpu-a", "file:gpu-a.job1", "file:gpu-a.job2"}
+    assert set(markers) == {"file:gpu-a", "file:gpu-a@job1", "file:gpu-a@job2"}
     assert markers["file:gpu-a"].expires_at == pytest.approx(now + 100, abs=1)
-    assert markers["file:gpu-a.job1"].expires_at == pytest.approx(now + 30, abs=1)
-    assert markers["file:gpu-a.job2"].expires_at == pytest.approx(now + 45, abs=1)
+    assert markers["file:gpu-a@job1"].expires_at == pytest.approx(now + 30, abs=1)
+    assert markers["file:gpu-a@job2"].expires_at == pytest.approx(now + 45, abs=1)
     path = write_marker_file(busy, "gpu-b", 12, "tag")
-    assert path.name == "gpu-b.tag"
+    assert path.name == "gpu-b@tag"
     (m,) = file_markers(busy, "gpu-b", 100)
     assert m.valid(time.time()) and m.expires_at == pytest.approx(time.time() + 12, abs=2)
 

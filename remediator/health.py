@@ -1,0 +1,78 @@
+"""A truthful /healthz: this worker can do its job right now.
+
+Unhealthy (503, with the reasons) when
+* the state file is not the file this remediator opened (deleted or replaced: the store stops),
+* a small committed write fails (disk full, read-only file system, locked or damaged database),
+* `PRAGMA quick_check` fails (cached for `INTEGRITY_EVERY` seconds; it reads every page),
+* the authority loop has not finished a pass for `remediator.health_stale_after` seconds, unless
+  a restart action of this worker is running and still inside `action_timeout` (the loop waits for it).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from llm_health.remediator.authority import Authority
+from llm_health.remediator.store import StateError, Store
+
+from llm_health.config import Config
+
+INTEGRITY_EVERY = 30.0
+
+
+class Health:
+    def __init__(self, config: Config, store: Store, authority: Authority | None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.store = store
+        self.authority = authority
+        self.monotonic = monotonic
+        self.worker = f"{os.getpid()}"
+        self._lock = threading.Lock()
+        self._integrity: tuple[float, str] | None = None
+
+    def integrity(self) -> str:
+        with self._lock:
+            now = self.monotonic()
+            if self._integrity is None or now - self._integrity[0] > INTEGRITY_EVERY:
+                self._integrity = (now, self.store.integrity_problem())
+            return self._integrity[1]
+
+    def loop_problem(self) -> str:
+        a = self.authority
+        if a is None:
+            return ""
+        r = self.config.remediator
+        age = self.monotonic() - a.last_pass
+        if age <= r.health_stale_after:
+            return ""
+        try:
+            running = self.store.conn().execute(
+                "SELECT max(started_at) FROM actions WHERE holder = ? AND result IS NULL", (a.holder,)).fetchone()[0]
+        except StateError as exc:
+            return str(exc)
+        if running is not None and a.clock() - float(running) <= r.action_timeout + r.health_stale_after:
+            return ""
+        return (f"the authority loop has not finished a pass for {age:.0f}s "
+                f"(remediator.health_stale_after {r.health_stale_after:g}s): blocked or dead")
+
+    def report(self) -> dict[str, Any]:
+        problems = []
+        why = self.store.check_identity()
+        if why:
+            problems.append(why)
+        else:
+            for problem in (self.store.write_problem(self.worker), self.integrity(), self.loop_problem()):
+                if problem:
+                    problems.append(problem)
+        out: dict[str, Any] = {"ok": not problems, "worker": self.worker}
+        if problems:
+            out["problems"] = problems
+        if self.authority is not None:
+            out["authority_loop_age_seconds"] = round(self.monotonic() - self.authority.last_pass, 1)
+            out["holds_lease"] = self.authority._holding.is_set()
+        return out

@@ -1,0 +1,141 @@
+"""The remediator's /metrics: a prometheus_client collector over the SQLite state, plus the standard
+process series (process_*, python_*) of the worker that answers the scrape.
+
+Every worker reads the same state file, so all workers expose the same llm_health_remediator_*
+values; the process series describe the worker that answered. Series names are a contract
+(dashboards, rules, tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from llm_health.remediator import fleet
+from llm_health.remediator.authority import VERIFY, WARMUP
+from llm_health.remediator.lifecycle import LifecycleState
+from llm_health.remediator.store import NEEDS_ACK, Store
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+from llm_health.config import Config
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class StateCollector(Collector):
+    def __init__(self, config: Config, store: Store, health: Callable[[], dict[str, Any]] | None = None) -> None:
+        self.config = config
+        self.store = store
+        self.health = health
+
+    def collect(self) -> Iterator[Metric]:
+        store, config = self.store, self.config
+        conn = store.conn()
+        names = [b.name for b in config.backends]
+
+        received = store.counters("alerts_received")
+        m = CounterMetricFamily("llm_health_remediator_alerts_received", "Alerts received in webhook notifications.",
+                                labels=["status"])
+        for st in ("firing", "resolved"):
+            m.add_metric([st], received.get(st, 0))
+        yield m
+
+        m = CounterMetricFamily("llm_health_remediator_decisions", "Decisions recorded in the audit log, by kind.",
+                                labels=["decision"])
+        for kind, n in sorted(store.counters("decisions").items()):
+            m.add_metric([kind], n)
+        yield m
+
+        restarts: dict[tuple[str, str], int] = {}
+        for r in conn.execute("SELECT backend, coalesce(result, 'running') AS result, count(*) AS n FROM actions "
+                              "WHERE coalesce(result, '') != 'dry_run' GROUP BY 1, 2").fetchall():
+            restarts[(r["backend"], r["result"])] = int(r["n"])
+        for label, n in store.counters("restarts_pruned").items():   # history pruned by retention still counts
+            backend, _, result = label.partition("\t")
+            if result and result != "dry_run":
+                restarts[(backend, result)] = restarts.get((backend, result), 0) + n
+        m = CounterMetricFamily("llm_health_remediator_restarts", "Restart actions, by backend and result.",
+                                labels=["backend", "result"])
+        for (backend, result), n in sorted(restarts.items()):
+            m.add_metric([backend, result], n)
+        yield m
+
+        g = GaugeMetricFamily("llm_health_remediator_breaker_open", "1 while the fleet circuit breaker is open.")
+        g.add_metric([], int(Store.breaker(conn)["open"]))
+        yield g
+
+        rows = fleet.all_rows(conn)
+        state = GaugeMetricFamily("llm_health_remediator_lifecycle_state",
+                                  "1 for the lifecycle state each backend is in, 0 for the others.",
+                                  labels=["backend", "state"])
+        since = GaugeMetricFamily("llm_health_remediator_lifecycle_since_seconds",
+                                  "Unix time of the backend's last lifecycle transition (0 = not looked at yet).",
+                                  labels=["backend"])
+        for name in names:
+            r = rows.get(name)
+            current = r["state"] if r else fleet.UNSEEN.value
+            for st in LifecycleState:
+                state.add_metric([name, st.value], int(st.value == current))
+            since.add_metric([name], float(r["since"]) if r else 0.0)
+        yield state
+        yield since
+
+        acks = {r["backend"] for r in conn.execute("SELECT backend FROM incidents WHERE state = ?",
+                                                   (NEEDS_ACK,)).fetchall()}
+        g = GaugeMetricFamily("llm_health_remediator_needs_ack",
+                              "1 while the backend's incident waits for a person (outcome unknown, never "
+                              "retried blindly): acknowledge through POST /api/backends/<name>/ack.",
+                              labels=["backend"])
+        for name in names:
+            g.add_metric([name], int(name in acks))
+        yield g
+
+        esc = store.counters("escalations")
+        m = CounterMetricFamily("llm_health_remediator_escalations",
+                                "Restarts that need a person (warm-up timeout, action timeout, never ready).",
+                                labels=["backend"])
+        for name in names:
+            m.add_metric([name], esc.get(name, 0))
+        yield m
+
+        sil = store.counters("silences")
+        m = CounterMetricFamily("llm_health_remediator_silences",
+                                "Alertmanager silences around restarts, by result.", labels=["result"])
+        for result in ("created", "create_failed", "expired", "expire_failed"):
+            m.add_metric([result], sil.get(result, 0))
+        yield m
+
+        probes = {tuple(k.split("\t", 1)): v for k, v in store.counters("probes").items() if "\t" in k}
+        keys = {(name, purpose) for name in names for purpose in (VERIFY, WARMUP)} | set(probes)
+        m = CounterMetricFamily("llm_health_remediator_probes",
+                                "Generation requests the remediator sent (idle probes of its verifications, "
+                                "one-token warm-up requests), by backend and purpose.", labels=["backend", "purpose"])
+        for name, purpose in sorted(keys):
+            m.add_metric([name, purpose], probes.get((name, purpose), 0))
+        yield m
+
+        if self.health is not None:
+            report = self.health()
+            g = GaugeMetricFamily("llm_health_remediator_healthy",
+                                  "1 when this worker's /healthz checks pass (state file, writes, integrity, "
+                                  "authority loop).")
+            g.add_metric([], int(bool(report.get("ok"))))
+            yield g
+
+
+def registry_for(config: Config, store: Store, health: Callable[[], dict[str, Any]] | None = None) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StateCollector(config, store, health))
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)
