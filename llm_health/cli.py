@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("llm_health.exporter.check", "one-shot verdict for one server (exit 0 ok, 1 unknown, 2 stalled/down)"),
     "remediator": ("llm_health.remediator.cli", "Alertmanager webhook receiver: the one restart authority"),
     "busy": ("llm_health.remediator.busy", "run a batch job with a busy marker set for a backend"),
+    "token": ("llm_health.remediator.token", "write a random bearer token file for the remediator (once)"),
     "rules": ("llm_health.rules", "render the Prometheus rules from their templates"),
     "demo": ("llm_health.demo", "run the whole pipeline on loopback with simulated backends"),
 }

@@ -111,6 +111,8 @@ class RemediatorSettings:
     marker_max_ttl: float = 86400.0      # cap for every busy marker (API ttl_seconds, file ttl, busy --ttl)
     dry_run: bool = False
     workers: int = 2                     # gunicorn workers
+    threads: int = 16                    # threads per worker (gthread): slow clients hold one each, briefly
+    request_timeout: float = 10.0        # a request (headers and body) must arrive whole within this
     max_body_bytes: int = 1_048_576
     action_timeout: float = 600.0
     dedup_window: float = 300.0          # HA copies/repeats of one notification inside this are duplicates

@@ -424,7 +424,7 @@ def read_token(config: Config) -> str:
 
 
 def token_file_warning(config: Config) -> str:
-    """A warning when the token file can be read (or written) by users other than its owner."""
+    """A warning when the token file can be read by anyone (others) or written by its group."""
     r = config.remediator
     if not r.token_file:
         return ""
@@ -433,8 +433,8 @@ def token_file_warning(config: Config) -> str:
         mode = path.stat().st_mode
     except OSError:
         return ""
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        return (f"WARNING: remediator.token_file {path} is accessible by other users (mode {stat.filemode(mode)}); "
+    if mode & (stat.S_IRWXO | stat.S_IWGRP):
+        return (f"WARNING: remediator.token_file {path} is readable or writable by other users (mode {stat.filemode(mode)}); "
                 f"anyone who can read it can restart backends. Fix: chmod 600 {path}")
     return ""
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import sys
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
-from llm_health.remediator.app import create_app, read_token
+from llm_health.remediator.app import check_exposure, create_app, read_token, token_file_warning
 from llm_health.remediator.authority import state_path
+from llm_health.remediator.serving import GuardedThreadWorker
 from llm_health.remediator.store import StateError, Store
 
 from llm_health.config import Config, ConfigError, load_config
@@ -24,6 +26,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--listen", help="HOST:PORT (default: remediator.listen)")
     parser.add_argument("--workers", type=int, help="gunicorn workers (default: remediator.workers)")
     parser.add_argument("--dry-run", action="store_true", help="record 'would restart', execute nothing")
+    parser.add_argument("--insecure-no-auth", action="store_true",
+                        help="serve without remediator.token_file (only with a loopback --listen; local trials)")
 
 
 def apply_flags(config: Config, args: argparse.Namespace) -> Config:
@@ -40,20 +44,26 @@ def apply_flags(config: Config, args: argparse.Namespace) -> Config:
         changes["workers"] = args.workers
     if args.dry_run:
         changes["dry_run"] = True
+    if getattr(args, "insecure_no_auth", False):
+        changes["insecure_no_auth"] = True
     return dataclasses.replace(config, remediator=dataclasses.replace(r, **changes))
 
 
 class RemediatorServer(BaseApplication):  # type: ignore[misc]
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, state_identity: tuple[int, int] | None = None) -> None:
         self.llm_config = config
+        self.state_identity = state_identity
         super().__init__()
 
     def load_config(self) -> None:
         r = self.llm_config.remediator
+        GuardedThreadWorker.request_timeout = r.request_timeout
+        GuardedThreadWorker.max_body_bytes = r.max_body_bytes
         self.cfg.set("bind", [r.listen])
         self.cfg.set("workers", max(1, r.workers))
-        self.cfg.set("worker_class", "gthread")
-        self.cfg.set("threads", 4)
+        self.cfg.set("worker_class", GuardedThreadWorker)
+        self.cfg.set("threads", max(1, r.threads))
+        self.cfg.set("keepalive", 5)
         self.cfg.set("timeout", 60)
         self.cfg.set("graceful_timeout", 10)
         self.cfg.set("preload_app", False)
@@ -62,18 +72,22 @@ class RemediatorServer(BaseApplication):  # type: ignore[misc]
 
     def load(self) -> Any:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(levelname)s %(message)s")
-        return create_app(self.llm_config)
+        return create_app(self.llm_config, expect_state=self.state_identity)
 
 
 def run(args: argparse.Namespace) -> int:
     config = apply_flags(load_config(args.config), args)
-    read_token(config)  # fail before forking when the token file is unusable
+    check_exposure(config, read_token(config))  # fail before forking when the token is unusable or missing
+    warning = token_file_warning(config)
+    if warning:
+        print(f"llm-health remediator: {warning}", file=sys.stderr, flush=True)
     store = Store(state_path(config))
     try:
-        store.init()
+        store.init()   # creates the file on first start, checks its integrity
     except StateError as exc:
         raise ConfigError(str(exc)) from exc
     finally:
         store.close()
-    RemediatorServer(config).run()
+    # workers open exactly this file: never a new one created behind the first one's back
+    RemediatorServer(config, store.identity).run()
     return 0

@@ -29,7 +29,7 @@ COMPOSE_FILE = ROOT / "docker-compose.yml"
 
 SIM_STACK = {"sim-a", "sim-b", "haproxy", "exporter", "remediator"}
 GPU_STACK = {"vllm-a", "vllm-b", "haproxy-gpu", "exporter-gpu", "remediator-gpu"}
-SHARED = {"prometheus", "alertmanager", "grafana"}
+SHARED = {"token-init", "prometheus", "alertmanager", "grafana"}
 # Container ports of the third-party images (their documented defaults; our commands do not change them).
 IMAGE_PORTS = {"prom/prometheus": {9090}, "prom/alertmanager": {9093}, "grafana/grafana": {3000}}
 # Host paths outside the repo that a service may bind-mount.
@@ -426,3 +426,32 @@ def test_prometheus_config_with_the_repo_rules_passes_promtool(prometheus: dict[
     path.write_text(yaml.safe_dump(config))
     result = subprocess.run(["promtool", "check", "config", str(path)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_remediators_and_alertmanager_share_a_generated_token(services: dict[str, dict[str, Any]]) -> None:
+    """Issue 12 finding 4: the compose stack never runs the remediator without a token."""
+    init = services["token-init"]
+    assert init["command"][:3] == ["token", "--out", "/run/llm-health-token/token"]
+    assert init["restart"] == "no"
+    for name, config in (("remediator", "llm-health.yml"), ("remediator-gpu", "llm-health-gpu.yml")):
+        assert "token-init" in services[name]["depends_on"]
+        assert "llm-health-token:/run/llm-health-token:ro" in services[name]["volumes"]
+        remediator = yaml.safe_load((ROOT / "deploy" / "compose" / config).read_text())["remediator"]
+        assert remediator["token_file"] == "/run/llm-health-token/token"
+        assert not remediator.get("insecure_no_auth")
+    assert "llm-health-token:/run/llm-health-token:ro" in services["alertmanager"]["volumes"]
+    am = yaml.safe_load((ROOT / "deploy" / "compose" / "alertmanager.yml").read_text())
+    for receiver in am["receivers"]:
+        for hook in receiver.get("webhook_configs", []):
+            assert hook["http_config"]["authorization"]["credentials_file"] == "/run/llm-health-token/token"
+
+
+def test_token_command_writes_a_private_token_once(tmp_path: Path) -> None:
+    from llm_health.cli import main
+
+    path = tmp_path / "t" / "token"
+    assert main(["token", "--out", str(path)]) == 0
+    first = path.read_text()
+    assert len(first.strip()) == 64 and (path.stat().st_mode & 0o777) == 0o600
+    assert main(["token", "--out", str(path)]) == 0
+    assert path.read_text() == first
