@@ -67,8 +67,26 @@ def _apply(c: sqlite3.Connection, config: Config, alert: Alert, now: float) -> s
                     "(no remediation=\"restart\" label)", **_brief(alert))
         return "signal"
     if alert.status == "firing":
+        if _already_resolved(c, alert):
+            Store.event(c, now, "stale_firing", backend.name, active["id"] if active else None,
+                        reason=f"{alert.name or 'alert'} firing, but this very alert (fingerprint and startsAt) was "
+                        "already resolved: a late resend, ignored (a new firing has a new startsAt)", **_brief(alert))
+            return "stale_firing"
         return _firing(c, backend.name, active, alert, now)
+    if alert.starts_at:
+        c.execute("INSERT OR IGNORE INTO resolved_alerts (fingerprint, starts_at, resolved_at) VALUES (?,?,?)",
+                  (alert.fingerprint, alert.starts_at, now))
     return _resolved(c, backend.name, active, alert, now)
+
+
+def _already_resolved(c: sqlite3.Connection, alert: Alert) -> bool:
+    """Alertmanager identifies one firing of an alert by (fingerprint, startsAt): Prometheus keeps
+    startsAt while the alert stays active and gives a new one when it fires again after resolving.
+    A firing copy of an alert whose resolution we already have is a late resend (HA peer, retry)."""
+    if not alert.starts_at:
+        return False
+    return c.execute("SELECT 1 FROM resolved_alerts WHERE fingerprint = ? AND starts_at = ?",
+                     (alert.fingerprint, alert.starts_at)).fetchone() is not None
 
 
 def _firing(c: sqlite3.Connection, backend: str, active: sqlite3.Row | None, alert: Alert, now: float) -> str:
