@@ -34,6 +34,7 @@ TEMPLATE_DIR = "templates/rules"
 OUTPUTS = {
     "llm_health_records.yml.j2": "llm_health_records.yml",
     "llm_health_alerts.yml.j2": "llm_health_alerts.yml",
+    "llm_health_self.yml.j2": "llm_health_self.yml",   # llm-health watching itself (group llm-health.self)
 }
 DEFAULT_OUT = Path("rules")  # relative to the working directory (the repo root in a checkout)
 
@@ -55,6 +56,7 @@ RATE_WINDOWS = {
     "rate_window": "1m",
     "proxy_window": "15m",
     "probe_busy_window": "5m",
+    "webhook_window": "5m",
 }
 MIN_SCRAPES_PER_WINDOW = 4
 FLAG_HELP = {
@@ -119,6 +121,15 @@ class RuleSettings:
     probe_busy_window: str | None = None  # (5m)
     runbook_url: str = "https://github.com/llm-health/llm-health/blob/main/docs/runbooks.md"
     exporter: bool = True             # False: rules over vLLM's metrics only (no exporter alerts/branches)
+    # llm-health.self: the remediator and Alertmanager's deliveries to it
+    remediator_selector: str = 'job="llm-health-remediator"'
+    webhook_selector: str = 'integration="webhook"'
+    remediator_down_for: str = "2m"
+    needs_ack_for: str = "5m"
+    restart_failures_threshold: int = 3
+    webhook_window: str | None = None  # LLMHealthWebhookDeliveryFailing's increase() window (5m)
+    webhook_failing_for: str = "10m"
+    watchdog: bool = False            # True: the always-firing LLMHealthWatchdog (for a dead man's switch)
 
     def validated(self) -> RuleSettings:
         """A copy with every derived window filled in; ConfigError naming the flag on bad input."""
@@ -144,6 +155,8 @@ class RuleSettings:
             raise ConfigError(f"--error-rate-threshold: {s.error_rate_threshold} must be in (0, 1)")
         if s.preemption_rate_threshold < 0:
             raise ConfigError("--preemption-rate-threshold: must be >= 0")
+        if s.restart_failures_threshold < 1:
+            raise ConfigError("--restart-failures-threshold: must be >= 1")
         if s.restart_loop_threshold < 1:
             raise ConfigError("--restart-loop-threshold: must be >= 1")
         if s.min_backends_up < 1:
@@ -273,6 +286,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     render_p.add_argument(
         "--without-exporter", dest="exporter", action="store_false", default=None,
         help="rules over vLLM's own metrics only: no exporter-based alerts or verdict branches",
+    )
+    render_p.add_argument(
+        "--watchdog", dest="watchdog", action="store_true", default=None,
+        help="add LLMHealthWatchdog, always firing, for a dead man's switch receiver (default: off)",
     )
     for f in fields(RuleSettings):
         default = getattr(defaults, f.name)
