@@ -181,3 +181,44 @@ def test_f1_remediator_down_fires_on_a_real_prometheus(tmp_path: Path) -> None:
     finally:
         rem.stop()
         prom.stop()
+
+
+def busy_config(tmp: Path) -> Path:
+    path = tmp / "busy.yml"
+    path.write_text(yaml.safe_dump({"backends": [{"name": "gpu-a", "url": "http://127.0.0.1:18001"}],
+                                    "remediator": {"busy_dir": "busy"}}))
+    return path
+
+
+def test_f7_busy_wrapper_recreates_a_lost_marker(tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    job = f"import os, sys, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)\nsys.exit(0)"
+    proc = ManagedProcess(llm_health("busy", "--backend", "gpu-a", "--ttl", "0.6", "--config", busy_config(tmp_path),
+                                     "--", "python3", "-c", job), name="busy", log_dir=tmp_path)
+    try:
+        busy = tmp_path / "busy"
+        (first,) = wait_until(lambda: list(busy.glob("gpu-a@*")), what="marker file")
+        first.unlink()                                             # lost: removed by hand
+        wait_until(lambda: list(busy.glob("gpu-a@*")), timeout=10, what="marker re-created")
+        assert "re-created" in proc.log()
+        go.write_text("")
+        assert proc.proc.wait(timeout=10) == 0
+    finally:
+        proc.stop()
+
+
+def test_f7_busy_wrapper_stops_loudly_when_the_marker_cannot_come_back(tmp_path: Path) -> None:
+    ran_on = tmp_path / "still-running"
+    job = f"import time\nwhile True:\n    open({str(ran_on)!r}, 'w').write(str(time.time()))\n    time.sleep(0.05)"
+    proc = ManagedProcess(llm_health("busy", "--backend", "gpu-a", "--ttl", "0.6", "--config", busy_config(tmp_path),
+                                     "--", "python3", "-c", job), name="busy", log_dir=tmp_path)
+    try:
+        busy = tmp_path / "busy"
+        wait_until(lambda: list(busy.glob("gpu-a@*")) and ran_on.exists(), what="marker file and job running")
+        shutil.rmtree(busy)
+        busy.write_text("a file where the marker folder was")     # the marker cannot be written again
+        assert wait_until(lambda: proc.proc.poll() is not None and [proc.proc.returncode], timeout=15,
+                          what="busy wrapper stopping")[0] == 3
+        assert "cannot be re-created" in proc.log()
+    finally:
+        proc.stop()
