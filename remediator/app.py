@@ -116,6 +116,9 @@ def _guard_mutation() -> tuple[Response, int] | None:
     problem = _cross_site_problem()
     if problem:
         return _error(403, problem)
+    limit = ctx().config.remediator.max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        return _error(413, f"body too large: {request.content_length} bytes > {limit}")
     has_body = bool(request.content_length) or "chunked" in request.headers.get("Transfer-Encoding", "").lower()
     if (request.content_type or has_body) and request.mimetype != "application/json":
         return _error(415, f"Content-Type must be application/json, got {request.content_type[:80]!r}"
