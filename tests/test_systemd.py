@@ -9,7 +9,6 @@ the real JavaScript semantics.
 
 from __future__ import annotations
 
-import configparser
 import json
 import re
 import shutil
@@ -166,7 +165,3 @@ def test_example_config_restart_argv_matches_the_polkit_grant() -> None:
     """docs/install.md's restart argv is what the rule grants (no sudo, no other verb)."""
     text = (ROOT / "docs" / "install.md").read_text()
     assert '["systemctl", "--no-ask-password", "restart", "vllm@gpu-a.service"]' in text
-    parser = configparser.ConfigParser()  # the units are also plain INI for tools that read them so
-    parser.optionxform = str  # type: ignore[assignment,method-assign]
-    for path in UNITS:
-        parser.read_string(path.read_text().replace("%", "%%"), source=path.name)
