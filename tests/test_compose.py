@@ -192,6 +192,55 @@ def test_dockerfile_builds_the_llm_health_image(services: dict[str, dict[str, An
     assert built == {n for n, s in services.items() if s["image"] == "llm-health:local"}
 
 
+def test_dockerfile_runs_as_non_root_with_a_healthcheck() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    users = re.findall(r"^USER\s+(\S+)", text, re.M)
+    assert users and users[-1].split(":")[0] not in {"root", "0"}, "the image must end as a non-root user"
+    (health,) = re.findall(r"^HEALTHCHECK .*CMD (\[.*\])$", text, re.M)
+    assert yaml.safe_load(health)[:2] == ["llm-health", "healthcheck"]
+    for needed in ("setup.py", "LICENSE", "dashboards", "rules", "docs/runbooks.md"):
+        assert re.search(rf"^COPY .*{re.escape(needed)}", text, re.M), f"the wheel build needs {needed}"
+
+
+def healthcheck_url(test: list[str]) -> tuple[str, int, str] | None:
+    """(host, port, path) that a healthcheck command reaches, for the forms used in docker-compose.yml."""
+    text = " ".join(test)
+    m = re.search(r"https?://([^/:\s']+):(\d+)(/[^\s']*)", text)
+    if m:
+        return m.group(1), int(m.group(2)), m.group(3)
+    m = re.search(r"/dev/tcp/([^/\s]+)/(\d+)", text)
+    if m:
+        return m.group(1), int(m.group(2)), re.search(r"GET (\S+)", text).group(1)  # type: ignore[union-attr]
+    return None
+
+
+def test_every_service_has_a_healthcheck_on_its_own_port(services: dict[str, dict[str, Any]]) -> None:
+    for name, service in services.items():
+        check = service.get("healthcheck")
+        assert check and check["test"][0] == "CMD", f"{name}: no healthcheck"
+        target = healthcheck_url(check["test"])
+        assert target is not None, f"{name}: cannot tell what {check['test']} checks"
+        host, port, _ = target
+        assert host == "127.0.0.1", f"{name}: a healthcheck checks its own container"
+        assert port in listening_ports(services, name), f"{name}: nothing listens on {port}"
+        if service["image"].startswith("llm-health:"):
+            assert check["test"][1] == "llm-health"
+            args = build_parser().parse_args(check["test"][2:])
+            assert args.command == "healthcheck"
+    for name in ("vllm-a", "vllm-b"):  # tolerant: a busy vLLM's /health is slow, not broken
+        check = services[name]["healthcheck"]
+        assert check["timeout"] == "60s" and check["retries"] >= 10
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash not installed")
+def test_haproxy_healthcheck_is_valid_bash(services: dict[str, dict[str, Any]]) -> None:
+    for name in ("haproxy", "haproxy-gpu"):
+        test = services[name]["healthcheck"]["test"]
+        assert test[1:3] == ["bash", "-c"]
+        syntax = subprocess.run(["bash", "-n", "-c", test[3]], capture_output=True, text=True, timeout=10)
+        assert syntax.returncode == 0, syntax.stderr
+
+
 def test_backends_have_no_docker_restart_policy(services: dict[str, dict[str, Any]]) -> None:
     for name in ("sim-a", "sim-b", "vllm-a", "vllm-b"):
         assert services[name]["restart"] == "no", f"{name}: the remediator is the one restart authority"
