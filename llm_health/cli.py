@@ -1,6 +1,8 @@
 """`llm-health` console command: one entry point, one module per subcommand.
 
-Each subcommand module offers `configure(parser)` and `run(args) -> int`.
+Each subcommand module offers `configure(parser)` and `run(args) -> int`. Only the module of the
+subcommand being run is imported: `llm-health --version`, `--help` and `rules render` do not load the
+web stack (flask, gunicorn, requests, prometheus_client); tests/test_cli_lazy.py holds that.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import importlib
 import sys
 
 from llm_health import __version__
+from llm_health.assets import AssetError
 from llm_health.config import ConfigError
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -20,29 +23,44 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "busy": ("llm_health.remediator.busy", "run a batch job with a busy marker set for a backend"),
     "token": ("llm_health.remediator.token", "write a random bearer token file for the remediator (once)"),
     "rules": ("llm_health.rules", "render the Prometheus rules from their templates"),
+    "dashboards": ("llm_health.dashboards", "write the shipped Grafana dashboards (JSON)"),
+    "healthcheck": ("llm_health.healthcheck", "exit 0 when a URL answers 2xx (container HEALTHCHECK of our own parts)"),
     "demo": ("llm_health.demo", "run the whole pipeline on loopback with simulated backends"),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The full parser; with `only`, the subcommand modules other than `only` are not imported (their
+    subparsers exist for --help but take no options)."""
     parser = argparse.ArgumentParser(prog="llm-health", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"llm-health {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
+        if only is not None and name != only:
+            continue
         mod = importlib.import_module(module)
         mod.configure(p)
         p.set_defaults(_run=mod.run)
     return parser
 
 
+def command_of(argv: list[str]) -> str:
+    """The subcommand named in argv (the first word that is not an option), or "" when there is none."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(only=command_of(argv))
     args = parser.parse_args(argv)
     try:
         return int(args._run(args) or 0)
-    except ConfigError as exc:
+    except (ConfigError, AssetError) as exc:
         print(f"llm-health {args.command}: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -1,6 +1,7 @@
 """`llm-health rules`: render the Prometheus rules from their templates, and check them with promtool.
 
     llm-health rules render [--out DIR] [--scrape-interval 15s] [--vllm-selector 'job="vllm"'] [--stall-window 2m] ...
+    llm-health rules render --format prometheusrule [--k8s-name llm-health] [--k8s-namespace NS] [--k8s-label release=prom]
     llm-health rules check [--dir DIR]
 
 Windows read through rate/increase/changes/resets (RATE_WINDOWS) need several samples: each must be
@@ -27,6 +28,7 @@ from typing import Any
 
 import jinja2
 
+from llm_health import prometheusrule
 from llm_health.config import ConfigError
 
 TEMPLATE_PACKAGE = "llm_health"
@@ -59,6 +61,10 @@ RATE_WINDOWS = {
     "webhook_window": "5m",
 }
 MIN_SCRAPES_PER_WINDOW = 4
+DEFAULT_RUNBOOK_BASE_URL = "http://localhost:9411/runbooks"
+# Settings whose flag is not --FIELD-NAME (first is shown in errors and help; the rest are aliases).
+FLAG_NAMES = {"runbook_url": ("--runbook-base-url", "--runbook-url")}
+FORMATS = ("rules", "prometheusrule")
 FLAG_HELP = {
     "scrape_interval": "Prometheus' scrape interval for vLLM and the exporter; the rate windows must hold 4 scrapes",
     "down_for": "grace before LLMBackendDown; must exceed the model load time",
@@ -66,6 +72,7 @@ FLAG_HELP = {
     "error_rate_threshold": "LLMBackendErrorRate: share (0..1) of 5xx among generation responses over the rate window",
     "error_rate_for": "LLMBackendErrorRate: the share stays above the threshold this long",
     "error_rate_handlers": "LLMBackendErrorRate: regex of vLLM's generation handlers (http_requests_total handler label)",
+    "runbook_url": "URL serving docs/runbooks.md (the remediator's /runbooks); alerts link to BASE#alertname",
 }
 FIXED_WINDOWS = {"1h": "the 1h restart count (LLMBackendRestartLoop)"}
 
@@ -119,7 +126,10 @@ class RuleSettings:
     proxy_down_for: str = "2m"
     exporter_down_for: str = "5m"
     probe_busy_window: str | None = None  # (5m)
-    runbook_url: str = "https://github.com/llm-health/llm-health/blob/main/docs/runbooks.md"
+    # Base of every alert's runbook_url (flag --runbook-base-url): the remediator serves docs/runbooks.md
+    # at /runbooks; each alert links to its section (#alertname, lowercase). The default suits a browser
+    # on the remediator's host; set the address people reach it at (docs/install.md, docs/kubernetes.md).
+    runbook_url: str = DEFAULT_RUNBOOK_BASE_URL
     exporter: bool = True             # False: rules over vLLM's metrics only (no exporter alerts/branches)
     # llm-health.self: the remediator and Alertmanager's deliveries to it
     remediator_selector: str = 'job="llm-health-remediator"'
@@ -218,6 +228,8 @@ def _check_handler_regex(value: object, flag: str) -> None:
 
 
 def _flag(name: str) -> str:
+    if name in FLAG_NAMES:
+        return FLAG_NAMES[name][0]
     return "--" + name.replace("_", "-")
 
 
@@ -282,6 +294,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     render_p = sub.add_parser("render", help="render the rule templates into DIR (default: the repo's rules/)")
     render_p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: %(default)s)")
     render_p.add_argument("--check", action="store_true", help="run promtool check rules on the result")
+    render_p.add_argument(
+        "--format", choices=FORMATS, default="rules",
+        help="rules: the two rule files; prometheusrule: one PrometheusRule object for prometheus-operator, "
+             f"written to DIR/{prometheusrule.FILE_NAME} (default: %(default)s)",
+    )
+    render_p.add_argument("--k8s-name", default=prometheusrule.DEFAULT_NAME,
+                          help="prometheusrule: metadata.name (default: %(default)s)")
+    render_p.add_argument("--k8s-namespace", default=None,
+                          help="prometheusrule: metadata.namespace (default: none; kustomize or kubectl -n sets it)")
+    render_p.add_argument("--k8s-label", action="append", default=[], metavar="KEY=VALUE",
+                          help="prometheusrule: a metadata label, e.g. release=kube-prometheus-stack to match "
+                               "the operator's ruleSelector (repeatable)")
     defaults = RuleSettings()
     render_p.add_argument(
         "--without-exporter", dest="exporter", action="store_false", default=None,
@@ -302,7 +326,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
             shown = str(default)
         shown = f"{FLAG_HELP[f.name]} (default: {shown})" if f.name in FLAG_HELP else f"default: {shown}"
         render_p.add_argument(
-            _flag(f.name),
+            *FLAG_NAMES.get(f.name, (_flag(f.name),)),
+            dest=f.name,
             type=kind,
             default=None,
             metavar=kind.__name__.upper() if kind is not str else "VALUE",
@@ -320,6 +345,15 @@ def _report_check(paths: list[Path]) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.rules_command == "render" and args.format == "prometheusrule":
+        labels = prometheusrule.parse_labels(args.k8s_label)
+        text = prometheusrule.build(render(settings_from_args(args)), args.k8s_name, args.k8s_namespace, labels)
+        target = prometheusrule.write(args.out, text)
+        print(f"wrote {target}")
+        if not args.check:
+            return 0
+        with tempfile.TemporaryDirectory() as tmp:
+            return _report_check([prometheusrule.groups_file(text, Path(tmp))])
     if args.rules_command == "render":
         written = write_rendered(args.out, settings_from_args(args))
         for path in written:

@@ -28,6 +28,7 @@ from llm_health.remediator.health import Health
 from llm_health.remediator.incident import ingest
 from llm_health.remediator.marker import file_markers
 from llm_health.remediator.retention import Pruner
+from llm_health.remediator.runbooks import runbooks
 from llm_health.remediator.store import CLOSED, NEEDS_ACK, OBSERVED, StateError, Store
 from werkzeug.exceptions import HTTPException
 
@@ -494,6 +495,7 @@ def create_app(
     app.register_blueprint(webhook)
     app.register_blueprint(api)
     app.register_blueprint(status)
+    app.register_blueprint(runbooks)
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException) -> Any:

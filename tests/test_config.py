@@ -24,7 +24,7 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "deploy" / "llm-health.exampl
 def test_example_config_loads_and_names_every_setting() -> None:
     config = load_config(EXAMPLE)
     assert [b.name for b in config.backends] == ["gpu-a", "gpu-b"]
-    assert config.backends[0].restart == ("systemctl", "restart", "vllm@gpu-a")
+    assert config.backends[0].restart == ("systemctl", "--no-ask-password", "restart", "vllm@gpu-a.service")
     raw = yaml.safe_load(EXAMPLE.read_text())
     for section, cls in (("exporter", ExporterSettings), ("remediator", RemediatorSettings)):
         missing = {f.name for f in dataclasses.fields(cls)} - set(raw[section])

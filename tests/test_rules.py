@@ -288,6 +288,8 @@ def test_alertmanager_example_passes_amtool() -> None:
         (["alertname=LLMBackendRestartLoop", "backend=a", "severity=warning"], "operators"),
         (["alertname=LLMHealthProbeSentToBusyBackend", "backend=a", "severity=warning"], "operators"),
         (["alertname=LLMBackendErrorRate", "backend=a", "severity=warning", "category=error-rate"], "operators"),
+        # info is a record, not a page
+        (["alertname=LLMBackendRestarted", "backend=a", "severity=info"], "operators-info"),
     ],
 )
 def test_only_restart_alerts_reach_the_remediator(labels: list[str], receivers: str) -> None:

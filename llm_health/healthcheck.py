@@ -1,0 +1,47 @@
+"""`llm-health healthcheck [URL] [--timeout S]`: exit 0 when URL answers 2xx, 1 otherwise (container HEALTHCHECK).
+
+For our own processes only (exporter /metrics, remediator /healthz, simulator /health); the URL
+defaults to $LLM_HEALTH_HEALTHCHECK_URL, else the remediator's http://127.0.0.1:9411/healthz.
+Docker never restarts a container for being unhealthy; this reports, it decides nothing. Standard
+library only, so it starts fast and imports nothing of the web stack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import urllib.error
+import urllib.request
+from urllib.parse import urlparse
+
+from llm_health.config import ConfigError
+
+ENV = "LLM_HEALTH_HEALTHCHECK_URL"
+DEFAULT_URL = "http://127.0.0.1:9411/healthz"
+
+
+def check(url: str, timeout: float) -> tuple[bool, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - http(s) only, checked
+            return 200 <= response.status < 300, f"HTTP {response.status}"
+    except urllib.error.HTTPError as exc:
+        return False, f"HTTP {exc.code}"
+    except (urllib.error.URLError, OSError) as exc:
+        return False, str(getattr(exc, "reason", exc))
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("url", nargs="?", default=None, help=f"default: ${ENV} or {DEFAULT_URL}")
+    parser.add_argument("--timeout", type=float, default=5.0, help="seconds (default: %(default)s)")
+
+
+def run(args: argparse.Namespace) -> int:
+    url = args.url or os.environ.get(ENV) or DEFAULT_URL
+    if urlparse(url).scheme not in ("http", "https") or not urlparse(url).hostname:
+        raise ConfigError(f"{url!r} is not an http(s) URL")
+    if args.timeout <= 0:
+        raise ConfigError("--timeout: must be > 0")
+    ok, detail = check(url, args.timeout)
+    print(f"{url}: {detail}", file=sys.stdout if ok else sys.stderr)
+    return 0 if ok else 1
