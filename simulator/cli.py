@@ -16,8 +16,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--control-port", type=int, default=None,
                         help="second listener serving only /sim/fault and /sim/stats; survives crash and hang")
     parser.add_argument("--model", default="sim-model", help="served model name (default sim-model)")
-    parser.add_argument("--engine", choices=("v0", "v1"), default="v1",
-                        help="metrics flavour: v1 (vLLM 0.11+, default) or v0 (old engine)")
+    parser.add_argument("--engine", choices=("v0", "v1", "sglang", "llamacpp"), default="v1",
+                        help="engine flavour: v1 (vLLM 0.11+, default), v0 (old vLLM engine), sglang (0.5.x) "
+                             "or llamacpp (llama-server b11434)")
+    parser.add_argument("--tp-size", type=int, default=1,
+                        help="sglang: tensor-parallel ranks exporting the scheduler series (default 1)")
+    parser.add_argument("--load-seconds", type=float, default=0.0,
+                        help="sglang/llamacpp: answer 503 (llama.cpp: 'Loading model') this long after each "
+                             "start (engine seconds; default 0)")
     parser.add_argument("--engines", type=int, default=1, help="data-parallel engines (engine label 0..N-1)")
     parser.add_argument("--multiprocess", action="store_true",
                         help="multiprocess-mode page: no process_*, python_*, *_created")
@@ -57,6 +63,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         restart_seconds=args.restart_seconds,
         time_scale=args.time_scale,
         idle_log_seconds=args.idle_log_seconds,
+        tp_size=args.tp_size,
+        load_seconds=args.load_seconds,
     )
 
 

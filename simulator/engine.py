@@ -17,6 +17,11 @@ Model (close to vLLM's V1 scheduler, simplified):
 Metrics bookkeeping follows the engine flavour: `v1` observes `iteration_tokens` only on steps that
 emit output and credits the whole prompt at first-token time; `v0` observes every step, counts
 prompt tokens per computed chunk and observes a 0 every `idle_log_seconds` while idle.
+`sglang`: the scheduler publishes its gauges (running, queue, token usage) only on prefill batches,
+every `decode_log_interval` decode batches (SGLang's default 40) and when it goes idle, so they can
+be a few steps stale; it counts forward passes per mode. `llamacpp` (llama-server): one
+`llama_decode` per step (`n_decode`), prompt tokens credited when a slot finishes its prompt,
+generated tokens (`tokens_predicted`) credited **only when a request finishes**, the gauges are live.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ REQUEST_LATENCY_BUCKETS: tuple[float, ...] = (
     120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
 )
 FINISHED_REASONS_V1: tuple[str, ...] = ("stop", "length", "abort")
+FLAVOURS: tuple[str, ...] = ("v0", "v1", "sglang", "llamacpp")
+SGLANG_DECODE_LOG_INTERVAL = 40
 
 _ids = itertools.count(1)
 
@@ -120,6 +127,32 @@ class EngineStats:
     iteration_tokens: Histogram = field(default_factory=lambda: Histogram(ITERATION_TOKENS_BUCKETS))
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     e2e: Histogram = field(default_factory=lambda: Histogram(REQUEST_LATENCY_BUCKETS))
+    finished: int = 0                 # requests finished (any reason)
+    # sglang: forward passes per mode, decode batches since the gauges were last published
+    prefill_passes: int = 0
+    decode_passes: int = 0
+    decode_since_log: int = 0
+    # llamacpp: generated tokens credited at completion only, times, slot statistics
+    tokens_predicted: int = 0
+    prompt_seconds: float = 0.0
+    predicted_seconds: float = 0.0
+    busy_slot_decodes: int = 0        # sum over decodes of the busy slots (n_busy_slots_per_decode = this / steps)
+    n_tokens_max: int = 0
+    # llamacpp: the "bucket" since the previous /metrics read (llama-server resets it on every read)
+    window_prompt_tokens: int = 0
+    window_prompt_seconds: float = 0.0
+    window_predicted_tokens: int = 0
+    window_predicted_seconds: float = 0.0
+
+    def take_window(self) -> tuple[float, float]:
+        """llama-server's throughput gauges (prompt, predicted tokens/s) over the window since the
+        previous /metrics read, and a new window: two scrapers steal each other's window."""
+        prompt = self.window_prompt_tokens / self.window_prompt_seconds if self.window_prompt_seconds > 0 else 0.0
+        predicted = (self.window_predicted_tokens / self.window_predicted_seconds
+                     if self.window_predicted_seconds > 0 else 0.0)
+        self.window_prompt_tokens = self.window_predicted_tokens = 0
+        self.window_prompt_seconds = self.window_predicted_seconds = 0.0
+        return prompt, predicted
 
 
 class Engine:
@@ -137,9 +170,10 @@ class Engine:
         idle_log_seconds: float = 10.0,
         start: float = 0.0,
         index: int = 0,
+        decode_log_interval: int = SGLANG_DECODE_LOG_INTERVAL,
     ) -> None:
-        if flavour not in ("v0", "v1"):
-            raise ValueError(f"unknown engine flavour {flavour!r} (v0 or v1)")
+        if flavour not in FLAVOURS:
+            raise ValueError(f"unknown engine flavour {flavour!r} ({', '.join(FLAVOURS)})")
         if max_num_seqs < 1 or step_seconds <= 0 or chunk_tokens < 1 or kv_blocks < 1 or block_size < 1:
             raise ValueError("max_num_seqs, step_seconds, chunk_tokens, kv_blocks, block_size must be positive")
         self.max_num_seqs = max_num_seqs
@@ -150,6 +184,7 @@ class Engine:
         self.flavour = flavour
         self.idle_log_seconds = idle_log_seconds
         self.index = index
+        self.decode_log_interval = max(1, decode_log_interval)
         self.now = start
         self.running: list[SimRequest] = []
         self.waiting: deque[SimRequest] = deque()
@@ -157,7 +192,7 @@ class Engine:
         self.next_step_at: float | None = None
         self.next_idle_log_at: float | None = start + idle_log_seconds if flavour == "v0" else None
         self.stats = EngineStats()
-        if flavour == "v1":
+        if flavour != "v0":
             self.stats.request_success = {reason: 0 for reason in FINISHED_REASONS_V1}
 
     # ------------------------------------------------------------------ queries
@@ -198,6 +233,8 @@ class Engine:
         req.finished_reason = "abort"
         req.finish_time = self.now
         self.stats.request_success["abort"] = self.stats.request_success.get("abort", 0) + 1
+        self.stats.finished += 1  # llama-server: a cancelled slot is released without crediting its tokens
+        self._publish_gauges(force=self.in_flight == 0)
 
     def fail_all(self, reason: str) -> list[SimRequest]:
         """The process died: every in-flight request fails."""
@@ -335,6 +372,12 @@ class Engine:
                     req.first_token_time = self.now
                     prompt_credit += req.prompt_tokens
                     self.stats.ttft.observe(self.now - req.arrival)
+                    if self.flavour == "llamacpp":
+                        began = req.first_scheduled if req.first_scheduled is not None else req.arrival
+                        spent = self.now - began + self.step_seconds  # the step that finished the prompt counts
+                        self.stats.prompt_seconds += spent
+                        self.stats.window_prompt_tokens += req.prompt_tokens
+                        self.stats.window_prompt_seconds += spent
             else:
                 req.computed += 1  # the KV of the token sampled last step
             req.generated += 1
@@ -348,17 +391,50 @@ class Engine:
             req.finish_time = self.now
             self.stats.request_success["length"] = self.stats.request_success.get("length", 0) + 1
             self.stats.e2e.observe(self.now - req.arrival)
+            self.stats.finished += 1
+            if self.flavour == "llamacpp":
+                self._credit_predicted(req)
         # 5. stats
         st = self.stats
         st.steps += 1
         st.generation_tokens += emitted
-        if self.flavour == "v1":
+        if self.flavour == "v0":
+            st.prompt_tokens += prefill_computed
+            st.iteration_tokens.observe(prefill_computed + emitted)
+        else:
             st.prompt_tokens += prompt_credit
             if emitted:
                 st.iteration_tokens.observe(prompt_credit + emitted)
-        else:
-            st.prompt_tokens += prefill_computed
-            st.iteration_tokens.observe(prefill_computed + emitted)
+        if self.flavour == "llamacpp":
+            st.busy_slot_decodes += len(scheduled)
+            longest = max((r.computed for r in self.running), default=0)
+            longest = max([longest, *(r.prompt_tokens + r.generated for r in finished)])
+            st.n_tokens_max = max(st.n_tokens_max, longest)
+        prefill_batch = prefill_computed > 0
+        if self.flavour == "sglang":
+            if prefill_batch:
+                st.prefill_passes += 1
+            else:
+                st.decode_passes += 1
+                st.decode_since_log += 1
+        self._publish_gauges(force=prefill_batch or self.in_flight == 0)
+
+    def _publish_gauges(self, *, force: bool) -> None:
+        """The stat logger publishes running / waiting / KV usage. SGLang only on prefill batches, every
+        `decode_log_interval` decode batches and when idle; the others after every step."""
+        st = self.stats
+        if self.flavour == "sglang" and not force and st.decode_since_log < self.decode_log_interval:
+            return
+        st.decode_since_log = 0
         st.running = len(self.running)
         st.waiting = len(self.waiting)
         st.kv_usage = self.kv_usage
+
+    def _credit_predicted(self, req: SimRequest) -> None:
+        """llama-server adds a request's generated tokens to tokens_predicted_total when it finishes."""
+        st = self.stats
+        st.tokens_predicted += req.generated
+        spent = max(self.now - (req.first_token_time if req.first_token_time is not None else self.now), 0.0)
+        st.predicted_seconds += spent
+        st.window_predicted_tokens += req.generated
+        st.window_predicted_seconds += spent

@@ -7,6 +7,14 @@ Two engine flavours (see docs/reference/vllm-metrics-facts.md):
   `vllm:gpu_cache_usage_perc`, `vllm:num_requests_swapped`, no `*_created`.
 `multiprocess=True` drops `process_*`, `python_*` and `*_created` and orders the page like
 prometheus_client's MultiProcessCollector (counters, gauges, histograms; `_sum` before buckets).
+
+Two other engines (docs/reference/vllm-metrics-facts.md §5.1, docs/reference/llamacpp-facts.md):
+* `sglang` (0.5.x): always multiprocess (no process_*, no _created, HELP "Multiprocess metric").
+  Scheduler series carry `model_name, engine_type, tp_rank, pp_rank, moe_ep_rank` (+ `dp_rank` with
+  more than one engine) and are exported by every TP rank (`tp_size`); tokenizer-side counters and
+  histograms carry `model_name` only (one tokenizer for all DP ranks).
+* `llamacpp` (llama-server b11434): unlabelled `llamacpp:*` series with HELP and TYPE, no process_*,
+  no _created, no kv_cache_* (removed upstream). Reading the page resets the throughput window.
 """
 
 from __future__ import annotations
@@ -24,11 +32,16 @@ from prometheus_client.utils import floatToGoString
 Labels = dict[str, str]
 
 
+ENGINES = ("v0", "v1", "sglang", "llamacpp")
+MULTIPROCESS_HELP = "Multiprocess metric"
+
+
 @dataclass(frozen=True)
 class Flavour:
-    engine: str = "v1"  # "v0" | "v1"
+    engine: str = "v1"  # "v0" | "v1" | "sglang" | "llamacpp"
     multiprocess: bool = False
     model: str = "sim-model"
+    tp_size: int = 1    # sglang: every tensor-parallel rank exports the scheduler series
 
 
 @dataclass
@@ -189,6 +202,122 @@ def vllm_families(engines: Sequence[Engine], flavour: Flavour, created: float) -
     return fams
 
 
+def sglang_families(engines: Sequence[Engine], flavour: Flavour) -> list[Family]:
+    """SGLang 0.5.x: scheduler gauges and counters per (dp_rank, tp_rank), tokenizer counters per model."""
+    dp = len(engines) > 1
+
+    def sched(engine: Engine, tp_rank: int) -> Labels:
+        labels = {"model_name": flavour.model, "engine_type": "unified", "tp_rank": str(tp_rank),
+                  "pp_rank": "0", "moe_ep_rank": "0"}
+        if dp:
+            labels["dp_rank"] = str(engine.index)
+        return labels
+
+    tok = {"model_name": flavour.model}
+
+    def gauge(name: str, value_of) -> Family:  # noqa: ANN001
+        fam = Family(name, "gauge", MULTIPROCESS_HELP)
+        for e in engines:
+            for tp in range(flavour.tp_size):
+                fam.samples.append((name, sched(e, tp), float(value_of(e))))
+        return fam
+
+    def total(name: str, value_of) -> Family:  # noqa: ANN001
+        fam = Family(name, "counter", MULTIPROCESS_HELP)
+        fam.samples.append((name + "_total", tok, float(sum(value_of(e) for e in engines))))
+        return fam
+
+    passes = Family("sglang:cuda_graph_passes", "counter", MULTIPROCESS_HELP)
+    for e in engines:
+        for tp in range(flavour.tp_size):
+            for mode, n in (("decode_cuda_graph", e.stats.decode_passes), ("prefill_none", e.stats.prefill_passes)):
+                passes.samples.append(("sglang:cuda_graph_passes_total", {**sched(e, tp), "mode": mode}, float(n)))
+
+    def merged(hist_of) -> Histogram:  # noqa: ANN001
+        first = hist_of(engines[0])
+        out = Histogram(first.buckets)
+        for e in engines:
+            h = hist_of(e)
+            out.count += h.count
+            out.total += h.total
+            out.counts = [a + b for a, b in zip(out.counts, h.counts, strict=True)]
+        return out
+
+    def histogram(name: str, hist_of) -> Family:  # noqa: ANN001
+        fam = Family(name, "histogram", MULTIPROCESS_HELP)
+        _histogram_samples(fam, tok, merged(hist_of), multiprocess=True)
+        return fam
+
+    tokens_capacity = engines[0].kv_blocks * engines[0].block_size
+    return [
+        total("sglang:prompt_tokens", lambda e: e.stats.prompt_tokens),
+        total("sglang:generation_tokens", lambda e: e.stats.generation_tokens),
+        total("sglang:cached_tokens", lambda e: e.stats.prefix_cache_hits),
+        total("sglang:num_requests", lambda e: e.stats.finished),
+        total("sglang:num_aborted_requests", lambda e: e.stats.request_success.get("abort", 0)),
+        passes,
+        gauge("sglang:num_running_reqs", lambda e: e.stats.running),
+        gauge("sglang:num_queue_reqs", lambda e: e.stats.waiting),
+        gauge("sglang:num_grammar_queue_reqs", lambda e: 0),
+        gauge("sglang:num_used_tokens", lambda e: round(e.stats.kv_usage * tokens_capacity)),
+        gauge("sglang:token_usage", lambda e: e.stats.kv_usage),
+        gauge("sglang:gen_throughput", lambda e: 0.0),
+        gauge("sglang:cache_hit_rate", lambda e: 0.0),
+        gauge("sglang:max_total_num_tokens", lambda e: float(tokens_capacity)),
+        histogram("sglang:time_to_first_token_seconds", lambda e: e.stats.ttft),
+        histogram("sglang:e2e_request_latency_seconds", lambda e: e.stats.e2e),
+    ]
+
+
+LLAMACPP_SERIES: tuple[tuple[str, str, str], ...] = (
+    # (wire name without prefix, type, HELP) in llama-server's order (b11434)
+    ("prompt_tokens_total", "counter", "Number of prompt tokens processed."),
+    ("prompt_seconds_total", "counter", "Prompt process time"),
+    ("tokens_predicted_total", "counter", "Number of generation tokens processed."),
+    ("tokens_predicted_seconds_total", "counter", "Predict process time"),
+    ("prompt_tokens_cached_total", "counter", "Number of prompt tokens served from the cache."),
+    ("n_decode_total", "counter", "Total number of llama_decode() calls"),
+    ("n_tokens_max", "counter", "Largest observed n_tokens."),
+    ("n_busy_slots_per_decode", "gauge", "Average number of busy slots per llama_decode() call"),
+    ("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s."),
+    ("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s."),
+    ("requests_processing", "gauge", "Number of requests processing."),
+    ("requests_deferred", "gauge", "Number of requests deferred."),
+)
+
+
+def _llamacpp_number(value: float) -> str:
+    """llama-server prints integers as integers and other numbers with 6 significant digits."""
+    if value == int(value) and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:g}"
+
+
+def render_llamacpp(engine: Engine) -> str:
+    """llama-server's /metrics page. Resets the throughput window (as every read of the real one does)."""
+    st = engine.stats
+    prompt_tps, predicted_tps = st.take_window()
+    values = {
+        "prompt_tokens_total": st.prompt_tokens,
+        "prompt_seconds_total": st.prompt_seconds,
+        "tokens_predicted_total": st.tokens_predicted,
+        "tokens_predicted_seconds_total": st.predicted_seconds,
+        "prompt_tokens_cached_total": 0,
+        "n_decode_total": st.steps,
+        "n_tokens_max": st.n_tokens_max,
+        "n_busy_slots_per_decode": st.busy_slot_decodes / st.steps if st.steps else 0.0,
+        "prompt_tokens_seconds": prompt_tps,
+        "predicted_tokens_seconds": predicted_tps,
+        "requests_processing": st.running,
+        "requests_deferred": st.waiting,
+    }
+    out: list[str] = []
+    for name, kind, help_text in LLAMACPP_SERIES:
+        wire = "llamacpp:" + name
+        out.append(f"# HELP {wire} {help_text}\n# TYPE {wire} {kind}\n{wire} {_llamacpp_number(float(values[name]))}\n")
+    return "".join(out)
+
+
 def _memory() -> tuple[float, float]:
     try:
         with open("/proc/self/statm") as f:
@@ -265,8 +394,14 @@ def render(
         engines = [engines]
     if isinstance(flavour, str):
         flavour = Flavour(engine=flavour)
-    if flavour.engine not in ("v0", "v1"):
+    if flavour.engine not in ENGINES:
         raise ValueError(f"unknown engine flavour {flavour.engine!r}")
+    if flavour.engine == "llamacpp":
+        if len(engines) != 1:
+            raise ValueError("llama-server has one engine")
+        return render_llamacpp(engines[0])
+    if flavour.engine == "sglang":
+        return format_families(sglang_families(engines, flavour), multiprocess=True)
     fams: list[Family] = []
     if not flavour.multiprocess:
         fams.extend(process_families(process_start_time))

@@ -19,12 +19,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from llm_health.simulator.engine import Engine, RequestState, SimRequest
-from llm_health.simulator.metrics import Flavour, render
+from llm_health.simulator.metrics import ENGINES, Flavour, render
 
 FAULTS = ("none", "stall", "hang", "crash", "restart", "slow_metrics", "error")
 ERROR_MESSAGE = "simulated engine error: the request failed"
 PROBE_HEADER = "X-LLM-Health-Probe"
-VERSIONS = {"v0": "0.6.6.post1", "v1": "0.11.2"}
+VERSIONS = {"v0": "0.6.6.post1", "v1": "0.11.2", "sglang": "0.5.3", "llamacpp": "b11434"}
+LLAMACPP_START_HEADER = "Process-Start-Time-Unix"  # llama-server: in fact monotonic microseconds since boot
+SGLANG_HEALTH_TIMEOUT = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT: /health waits this long for any engine output
 GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
 
 
@@ -55,14 +57,23 @@ class SimConfig:
     restart_seconds: float = 1.0
     time_scale: float = 1.0
     idle_log_seconds: float = 10.0
+    tp_size: int = 1             # sglang: tensor-parallel ranks exporting the scheduler series
+    load_seconds: float = 0.0    # sglang / llamacpp: answer 503 while "loading the model" after each start
 
     def validate(self) -> None:
-        if self.engine not in ("v0", "v1"):
-            raise ValueError("--engine must be v0 or v1")
+        if self.engine not in ENGINES:
+            raise ValueError(f"--engine must be one of {', '.join(ENGINES)}")
         if self.engines < 1:
             raise ValueError("--engines must be at least 1")
-        if self.engine == "v0" and self.engines > 1:
-            raise ValueError("--engine v0 has no engine label: use --engines 1")
+        if self.engine in ("v0", "llamacpp") and self.engines > 1:
+            raise ValueError(f"--engine {self.engine} has no engine label: use --engines 1")
+        if self.tp_size < 1 or (self.tp_size > 1 and self.engine != "sglang"):
+            raise ValueError("--tp-size must be at least 1, and above 1 only with --engine sglang")
+        if self.load_seconds < 0:
+            raise ValueError("--load-seconds must be >= 0")
+        if self.load_seconds > 0 and self.engine in ("v0", "v1"):
+            raise ValueError("--load-seconds is for sglang/llamacpp (a loading vLLM refuses connections: "
+                             "use --restart-seconds)")
         if self.time_scale <= 0:
             raise ValueError("--time-scale must be positive")
         if self.restart_seconds < 0:
@@ -83,6 +94,8 @@ class SimProcess:
         self.cfg = cfg
         self.t0 = time.monotonic()
         self.start_time = time.time()
+        self.boot_micros = int(self.t0 * 1e6)  # llama-server's Process-Start-Time-Unix header
+        self.ready_at = self.t0 + cfg.load_seconds / cfg.time_scale
         self.engines = [
             Engine(
                 max_num_seqs=cfg.max_num_seqs,
@@ -102,6 +115,10 @@ class SimProcess:
 
     def engine_time(self) -> float:
         return (time.monotonic() - self.t0) * self.cfg.time_scale
+
+    @property
+    def loading(self) -> bool:
+        return time.monotonic() < self.ready_at
 
     def next_engine(self) -> Engine:
         return next(self._rr)
@@ -169,6 +186,7 @@ class Simulator:
         self.stats = SimStats()
         self.process = SimProcess(cfg)
         self.fault = "none"
+        self.stalled_page: str | None = None  # llamacpp: the page while the loop is frozen inside decode
         self.slow_metrics_seconds = 3.0
         self._fault_timer: threading.Timer | None = None
         self._fault_epoch = 0
@@ -315,6 +333,8 @@ class Simulator:
                 if scaled is not None:
                     self._after(scaled, lambda: self.set_fault("restart", 0.0))
             elif name in ("stall", "hang"):
+                if name == "stall" and previous != "stall":
+                    self.stalled_page = self._stall_snapshot()
                 self.fault = name
                 if scaled is not None:
                     self._after(scaled, lambda: self.set_fault("none"))
@@ -329,6 +349,31 @@ class Simulator:
                 self.fault = "none"
             self.cond.notify_all()
             return self._fault_answer(previous)
+
+    def _stall_snapshot(self) -> str | None:
+        """llama.cpp: a loop frozen inside decode (work in flight) leaves a helper answering /metrics with
+        the page as it was; frozen outside decode or while idle, /metrics hangs (None)."""
+        if self.cfg.engine != "llamacpp" or self.process.dead is not None:
+            return None
+        proc = self.process
+        if proc.running + proc.waiting == 0:
+            return None
+        return render(proc.engines, self._flavour(), process_start_time=proc.start_time, created=proc.created)
+
+    def _flavour(self) -> Flavour:
+        return Flavour(engine=self.cfg.engine, multiprocess=self.cfg.multiprocess, model=self.cfg.model,
+                       tp_size=self.cfg.tp_size)
+
+    def wait_while_stalled(self, listener: _Listener, limit: float | None = None) -> bool:
+        """Block while the engine is stalled (at most `limit` real seconds); True if still stalled."""
+        deadline = None if limit is None else time.monotonic() + limit
+        with self.cond:
+            while self.fault == "stall" and listener.alive and not self._stopping.is_set():
+                left = 0.2 if deadline is None else min(0.2, deadline - time.monotonic())
+                if left <= 0:
+                    break
+                self.cond.wait(left)
+            return self.fault == "stall"
 
     def _fault_answer(self, previous: str) -> dict[str, Any]:
         return {"fault": self.fault, "previous": previous, "restarts": self.stats.restarts}
@@ -421,8 +466,7 @@ class Simulator:
     def metrics_page(self) -> str:
         with self.cond:
             proc = self.process
-            flavour = Flavour(engine=self.cfg.engine, multiprocess=self.cfg.multiprocess, model=self.cfg.model)
-            return render(proc.engines, flavour, process_start_time=proc.start_time, created=proc.created)
+            return render(proc.engines, self._flavour(), process_start_time=proc.start_time, created=proc.created)
 
     def stats_json(self) -> dict[str, Any]:
         with self.cond:
@@ -439,6 +483,7 @@ class Simulator:
                 "restarts": st.restarts,
                 "process_start_time": self.process.start_time,
                 "engine": self.cfg.engine,
+                "loading": self.process.loading,
                 "url": self.url,
                 "port_open": self.main is not None,
             }
@@ -528,11 +573,13 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def _send_text(self, status: int, text: str, content_type: str) -> None:
+    def _send_text(self, status: int, text: str, content_type: str, headers: dict[str, str] | None = None) -> None:
         body = text.encode()
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
         self.end_headers()
         self.wfile.write(body)
 
@@ -639,7 +686,26 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             route[1]()
 
+    def _loading(self) -> bool:
+        """sglang / llamacpp while the model loads: 503 (llama-server's "Loading model")."""
+        if not self.sim.process.loading:
+            return False
+        if self.sim.cfg.engine == "llamacpp":
+            self._send_json(503, {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}})
+        else:
+            self._send_json(503, {"detail": "Service Unavailable"})
+        return True
+
     def _health(self) -> None:
+        sim = self.sim
+        if self._loading():
+            return
+        if sim.cfg.engine == "sglang":
+            # SGLang's /health waits up to SGLANG_HEALTH_CHECK_TIMEOUT for any output from the engine
+            if sim.wait_while_stalled(self.server, SGLANG_HEALTH_TIMEOUT / sim.cfg.time_scale):
+                self._send_json(503, {"detail": "Service Unavailable"})
+                return
+        # vLLM and llama.cpp answer from the HTTP thread: 200 through every engine stall
         self.send_response(200)
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -650,7 +716,7 @@ class _Handler(BaseHTTPRequestHandler):
             "id": sim.cfg.model,
             "object": "model",
             "created": int(sim.process.start_time),
-            "owned_by": "vllm",
+            "owned_by": {"sglang": "sglang", "llamacpp": "llamacpp"}.get(sim.cfg.engine, "vllm"),
             "root": sim.cfg.model,
             "parent": None,
             "max_model_len": sim.cfg.kv_blocks * sim.cfg.block_size,
@@ -662,14 +728,30 @@ class _Handler(BaseHTTPRequestHandler):
         if sim.cfg.no_metrics:
             self._send_json(404, {"detail": "Not Found"})
             return
+        if sim.cfg.engine == "llamacpp" and self._loading():
+            return
         with sim.cond:
             delay = sim.slow_metrics_seconds / sim.cfg.time_scale if sim.fault == "slow_metrics" else 0.0
         if delay > 0:
             time.sleep(delay)
+        page: str | None = None
+        headers: dict[str, str] = {}
+        if sim.cfg.engine == "llamacpp":
+            # /metrics is a task for the inference loop: frozen inside decode a helper answers with the
+            # frozen page; frozen outside decode (or idle) the request waits for the loop, with no timeout.
+            with sim.cond:
+                stalled, page = sim.fault == "stall", sim.stalled_page
+            if stalled and page is None:
+                sim.wait_while_stalled(self.server)
+            elif not stalled:
+                page = None
+            headers[LLAMACPP_START_HEADER] = str(sim.process.boot_micros)
         if not self.server.alive:
             self._drop()
             return
-        self._send_text(200, sim.metrics_page(), "text/plain; version=0.0.4; charset=utf-8")
+        if page is None:
+            page = sim.metrics_page()
+        self._send_text(200, page, "text/plain; version=0.0.4; charset=utf-8", headers)
 
     # ------------------------------------------------------------------ generation
     def _generate(self, path: str) -> None:
@@ -679,6 +761,8 @@ class _Handler(BaseHTTPRequestHandler):
             prompt, max_tokens, stream = parse_generation(path, body, sim.cfg.model)
         except LookupError as exc:
             self._openai_error(404, str(exc), "NotFoundError")
+            return
+        if self._loading():
             return
         with sim.cond:
             failing = sim.fault == "error"
