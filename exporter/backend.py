@@ -42,11 +42,15 @@ class HttpFailure(Exception):
         self.status = status
 
 
+START_HEADER = "Process-Start-Time-Unix"  # llama-server: changes on every restart (no identity series)
+
+
 @dataclass(frozen=True)
 class Response:
     status: int
     body: bytes
     seconds: float
+    start_header: str | None = None
 
 
 class Target:
@@ -101,7 +105,7 @@ class Target:
                 data = _read_body(resp, started + 2 * timeout)
                 if resp.will_close:
                     self.close()
-                return Response(resp.status, data, time.monotonic() - started)
+                return Response(resp.status, data, time.monotonic() - started, resp.getheader(START_HEADER))
             except ConnectionRefusedError as exc:
                 self.close()
                 raise HttpFailure("refused", "connection refused") from exc
@@ -181,7 +185,7 @@ def observe(target: Target) -> Observation:
     if resp.status != 200:
         return Observation(outcome=READ_ERROR, detail=f"HTTP {resp.status}")
     try:
-        reading = read_text(resp.body.decode("utf-8", errors="replace"))
+        reading = read_text(resp.body.decode("utf-8", errors="replace"), resp.start_header)
     except Exception as exc:  # noqa: BLE001 - a parser bug must not kill the cycle
         return Observation(outcome=READ_ERROR, detail=f"unreadable page: {exc}")
     if not reading.has_engine_metrics:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from llm_health.exporter.backend import Target, health_ok, load_api_key, observe
 from llm_health.exporter.probe import Prober
-from llm_health.exporter.reading import Reading
+from llm_health.exporter.reading import Reading, rate_text, rates
 from llm_health.exporter.verdict import (
     PROBE_OK,
     READ_ERROR,
@@ -191,8 +191,8 @@ def _engines(good: list[tuple[Reading, float]], all_good: bool) -> tuple[Verific
         return None  # idle and quiet: the probe decides
     (a, ta), (b, tb) = good[-2], good[-1]
     dt = max(tb - ta, 1e-9)
-    tps = max(b.generation_tokens() - a.generation_tokens(), 0.0) / dt
-    return (Verification(PROGRESS, f"{_work(b)}, engine progressing ({tps:.0f} tokens/s)", b.work),
+    tps, sps = rates(a, b, dt)
+    return (Verification(PROGRESS, f"{_work(b)}, engine progressing ({rate_text(b, tps, sps)})", b.work),
             Verdict.BUSY if b.work > 0 else Verdict.IDLE)
 
 

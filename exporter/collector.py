@@ -31,6 +31,10 @@ class FleetCollector(Collector):
         tps = GaugeMetricFamily(
             "llm_health_generation_tokens_per_second",
             "Generation tokens per second between the last two readings", labels=["backend"])
+        sps = GaugeMetricFamily(
+            "llm_health_engine_steps_per_second",
+            "Engine steps per second between the last two readings (vLLM V1 iterations, SGLang forward passes, "
+            "llama.cpp llama_decode calls; 0 without a step counter)", labels=["backend"])
         progress = GaugeMetricFamily(
             "llm_health_last_progress_timestamp_seconds",
             "Unix time when engine progress was last observed (absent until it has been)", labels=["backend"])
@@ -47,6 +51,7 @@ class FleetCollector(Collector):
             code.add_metric([b.name], float(CODES[b.verdict]))
             in_flight.add_metric([b.name], b.in_flight)
             tps.add_metric([b.name], b.tokens_per_second)
+            sps.add_metric([b.name], b.steps_per_second)
             if b.last_progress is not None:  # never seen is missing data, not "progress in 1970"
                 progress.add_metric([b.name], b.last_progress)
             for r in PROBE_RESULTS:
@@ -60,4 +65,4 @@ class FleetCollector(Collector):
             proxy.add_metric([p.name], 1.0 if p.up else 0.0)
         cycle = GaugeMetricFamily("llm_health_cycle_duration_seconds", "Duration of the last fleet cycle")
         cycle.add_metric([], snap.cycle_seconds)
-        yield from (verdict, code, in_flight, tps, progress, probes, sent, readings, proxy, cycle)
+        yield from (verdict, code, in_flight, tps, sps, progress, probes, sent, readings, proxy, cycle)

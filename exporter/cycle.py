@@ -92,6 +92,7 @@ class BackendView:
     readings: dict[str, int]
     probes: dict[str, int]
     probes_sent: int
+    steps_per_second: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -299,6 +300,7 @@ class Fleet:
                 readings=dict(s.readings),
                 probes=dict(s.probes),
                 probes_sent=s.probes_sent,
+                steps_per_second=s.state.steps_per_second,
             )
             for s in self.backends
         )

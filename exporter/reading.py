@@ -4,12 +4,25 @@ Per engine (vLLM's `engine` label, SGLang's `dp_rank`, else "0"): running, waiti
 the progress counters, i.e. the series that move only when the engine steps. Counters with extra
 labels (`finished_reason`, `model_name`, `mode`) are summed per engine.
 
-Process identity: `process_start_time_seconds` and the `*_created` series (V1 single process).
-Multiprocess pages have neither; there a counter going backwards is the restart signal
-(checked in `verdict.py`, which owns the comparison of two readings).
+Process identity: `process_start_time_seconds` and the `*_created` series (V1 single process), and
+llama-server's `Process-Start-Time-Unix` response header (passed in by the caller). Multiprocess
+pages (and SGLang's, always) have none of these; there a counter going backwards is the restart
+signal (checked in `verdict.py`, which owns the comparison of two readings).
 
-Flavours: `v0`, `v1` (vLLM), `sglang`, `llamacpp`. vLLM V0 observes `iteration_tokens_total`
-with a 0 every 10 s while idle, so its `_count` is a progress signal on V1 only.
+Flavours (docs/design.md "Series per engine"):
+* `v0`, `v1` (vLLM). V0 observes `iteration_tokens_total` with a 0 every 10 s while idle, so its
+  `_count` is a progress signal on V1 only.
+* `sglang`: scheduler series per rank; only `tp_rank="0"`, `pp_rank="0"` is read (every TP rank
+  exports the same), the engine key is `dp_rank`. Tokenizer-side counters (`generation_tokens`,
+  `prompt_tokens`, no rank labels) are server-wide: `Reading.server`; an engine without counters of
+  its own is judged by them (so with several DP ranks and no per-rank counter, one wedged rank is
+  hidden by the others' progress). With a single rank they count as its own.
+* `llamacpp`: progress from `n_decode_total` (one per engine step); `tokens_predicted_total` moves
+  only when a request finishes (still evidence of progress, never a rate); in flight =
+  `requests_processing` + `requests_deferred`; `kv_cache_usage_ratio` is optional (gone in b11434).
+
+Steps per second come from the step counters (`STEP_COUNTERS`): vLLM V1's iteration count, SGLang's
+forward passes, llama.cpp's decode calls.
 """
 
 from __future__ import annotations
@@ -53,7 +66,9 @@ LLAMACPP_COUNTERS = {
 }
 LLAMACPP_RUNNING = "llamacpp:requests_processing"
 LLAMACPP_WAITING = ("llamacpp:requests_deferred",)
-LLAMACPP_KV = ("llamacpp:kv_cache_usage_ratio",)
+LLAMACPP_KV = ("llamacpp:kv_cache_usage_ratio",)  # optional: removed upstream (absent in b11434)
+STEP_COUNTERS = ("iteration_count", "forward_passes", "decode_calls")
+SGLANG_RANK_LABELS = ("tp_rank", "pp_rank", "dp_rank")
 
 PROCESS_START = "process_start_time_seconds"
 
@@ -76,6 +91,7 @@ class EngineReading:
     waiting: float = 0.0
     kv_usage: float | None = None
     counters: dict[str, float] = field(default_factory=dict)
+    shared: bool = False  # SGLang: `counters` are the server-wide ones (no counter of its own)
 
     @property
     def work(self) -> float:
@@ -88,6 +104,8 @@ class Reading:
     engines: dict[str, EngineReading]
     process_start: float | None = None
     created: dict[str, float] = field(default_factory=dict)  # series key -> creation time
+    start_header: float | None = None             # llama-server's Process-Start-Time-Unix header
+    server: dict[str, float] = field(default_factory=dict)   # SGLang tokenizer-side counters (all ranks)
 
     @property
     def has_engine_metrics(self) -> bool:
@@ -106,7 +124,36 @@ class Reading:
         return self.running + self.waiting
 
     def generation_tokens(self) -> float:
+        if "generation_tokens" in self.server:
+            return self.server["generation_tokens"]
         return sum(e.counters.get("generation_tokens", 0.0) for e in self.engines.values())
+
+    def steps(self) -> float | None:
+        """Engine steps so far (all engines), or None when the page has no step counter."""
+        values = [e.counters[name] for e in self.engines.values() if not e.shared
+                  for name in STEP_COUNTERS if name in e.counters]
+        return sum(values) if values else None
+
+    @property
+    def rate_unit(self) -> str:
+        """What moves steadily on this engine: llama.cpp credits tokens only at completion."""
+        return "decode steps/s" if self.flavour == "llamacpp" else "tokens/s"
+
+
+def rates(old: Reading, new: Reading, seconds: float) -> tuple[float, float]:
+    """(generation tokens/s, engine steps/s) from `old` to `new`, `seconds` apart (0 when unknown)."""
+    dt = max(seconds, 1e-9)
+    tps = max(new.generation_tokens() - old.generation_tokens(), 0.0) / dt
+    steps_new, steps_old = new.steps(), old.steps()
+    sps = max(steps_new - steps_old, 0.0) / dt if steps_new is not None and steps_old is not None else 0.0
+    return tps, sps
+
+
+def rate_text(reading: Reading, tps: float, sps: float) -> str:
+    """"840 tokens/s", or on llama.cpp (tokens credited only at completion) "56 decode steps/s"."""
+    if reading.rate_unit == "tokens/s":
+        return f"{tps:.0f} tokens/s"
+    return f"{sps:.0f} {reading.rate_unit}"
 
 
 def _series_key(s: Sample) -> str:
@@ -132,16 +179,21 @@ def _flavour(page: Page, samples: list[Sample]) -> str:
     return "none"
 
 
+SERVER = ""  # engine key of SGLang's server-wide (tokenizer-side) series
+
+
 def _engine_of(flavour: str, labels: dict[str, str]) -> str | None:
     """Engine key of a sample, or None when the sample belongs to a replica we do not read."""
     if flavour == "sglang":
         if labels.get("tp_rank", "0") != "0" or labels.get("pp_rank", "0") != "0":
             return None
+        if not any(k in labels for k in SGLANG_RANK_LABELS):
+            return SERVER
         return labels.get("dp_rank", "0")
     return labels.get("engine", "0")
 
 
-def from_page(page: Page) -> Reading:
+def from_page(page: Page, start_header: float | None = None) -> Reading:
     samples = page.samples
     flavour = _flavour(page, samples)
     if flavour == "v0" or flavour == "v1":
@@ -152,7 +204,7 @@ def from_page(page: Page) -> Reading:
         counters, running, waiting, kvs = LLAMACPP_COUNTERS, LLAMACPP_RUNNING, LLAMACPP_WAITING, LLAMACPP_KV
     else:
         counters, running, waiting, kvs = {}, "", (), ()
-    reading = Reading(flavour=flavour, engines={})
+    reading = Reading(flavour=flavour, engines={}, start_header=start_header)
     engines = reading.engines
     has_running = False
     for s in samples:
@@ -170,6 +222,9 @@ def from_page(page: Page) -> Reading:
         if short is not None:
             if flavour == "v0" and short == "iteration_count":
                 continue
+            if key == SERVER:
+                reading.server[short] = reading.server.get(short, 0.0) + s.value
+                continue
             eng = engines.get(key)
             if eng is None:
                 eng = engines[key] = EngineReading()
@@ -185,12 +240,28 @@ def from_page(page: Page) -> Reading:
             eng = engines.get(key) or engines.setdefault(key, EngineReading())
             if eng.kv_usage is None:
                 eng.kv_usage = s.value
+    engines.pop(SERVER, None)  # server-wide gauges (none known) do not make an engine
+    if reading.server:
+        for eng in engines.values():
+            if not eng.counters:
+                eng.counters = dict(reading.server)
+                eng.shared = True
+            elif len(engines) == 1:  # one rank: the server-wide counters are its own too
+                for name, value in reading.server.items():
+                    eng.counters.setdefault(name, value)
     if not has_running:
         # without a running-requests gauge we cannot tell idle from busy: treat as no engine metrics
         reading.engines = {}
     return reading
 
 
-def read_text(text: str) -> Reading:
-    """Exposition text -> Reading (the one call the exporter makes per backend and interval)."""
-    return from_page(parse(text, keep=wanted, helps=(VLLM_RUNNING,)))
+def read_text(text: str, start_header: str | None = None) -> Reading:
+    """Exposition text -> Reading (the one call the exporter makes per backend and interval).
+    `start_header`: llama-server's Process-Start-Time-Unix header, when the answer had one."""
+    start: float | None = None
+    if start_header:
+        try:
+            start = float(start_header)
+        except ValueError:
+            start = None
+    return from_page(parse(text, keep=wanted, helps=(VLLM_RUNNING,)), start)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from llm_health.exporter.reading import EngineReading, Reading
+from llm_health.exporter.reading import EngineReading, Reading, rate_text, rates
 
 
 class Verdict(StrEnum):
@@ -133,7 +133,8 @@ class BackendState:
     slow_since: float | None = None       # first of consecutive /metrics timeouts while work was present
     last_progress: float | None = None    # clock time of the last observed engine progress
     in_flight: float = 0.0
-    tokens_per_second: float = 0.0
+    tokens_per_second: float = 0.0        # generation-token counter rate (llama.cpp: credited at completion)
+    steps_per_second: float = 0.0         # engine-step counter rate (V1 iterations, SGLang passes, llama.cpp decodes)
     probe_failures: int = 0
     probe_rejected: str = ""              # the last probe was rejected (4xx): idle is "unknown" until one answers
 
@@ -155,6 +156,12 @@ def other_process(old: Reading, new: Reading) -> str:
     if old.process_start is not None and new.process_start is not None:
         if abs(new.process_start - old.process_start) > 1e-3:
             return "process start time changed"
+    if old.start_header is not None and new.start_header is not None and new.start_header != old.start_header:
+        return "Process-Start-Time-Unix header changed"
+    for name, value in new.server.items():
+        before = old.server.get(name)
+        if before is not None and value < before:
+            return f"counter {name} went backwards ({before:g} -> {value:g})"
     for key, value in new.created.items():
         before = old.created.get(key)
         if before is not None and abs(before - value) > 1e-3:
@@ -199,9 +206,9 @@ def _failed(prev: BackendState, what: str, now: float, settings: Thresholds, **c
     failures = prev.failures + 1
     if failures >= settings.down_after:
         return _become(prev, Verdict.DOWN, f"{what} ({failures} in a row)", now,
-                       failures=failures, in_flight=0.0, tokens_per_second=0.0, **changes)
+                       failures=failures, in_flight=0.0, tokens_per_second=0.0, steps_per_second=0.0, **changes)
     return _become(prev, Verdict.UNKNOWN, f"{what} ({failures} of {settings.down_after} before down)", now,
-                   failures=failures, in_flight=0.0, tokens_per_second=0.0, **changes)
+                   failures=failures, in_flight=0.0, tokens_per_second=0.0, steps_per_second=0.0, **changes)
 
 
 def _judge_failure(prev: BackendState, obs: Observation, now: float, settings: Thresholds) -> BackendState:
@@ -218,7 +225,7 @@ def _judge_timeout(prev: BackendState, obs: Observation, now: float, settings: T
         # no work at the last reading: slow only counts toward down when /health fails too
         if obs.cheap_ok is True:
             return _become(prev, Verdict.UNKNOWN, "/metrics slow, /health fine", now, failures=0,
-                           slow_since=None, in_flight=0.0, tokens_per_second=0.0)
+                           slow_since=None, in_flight=0.0, tokens_per_second=0.0, steps_per_second=0.0)
         what = "/metrics timed out" + ("; /health failed too" if obs.cheap_ok is False else "")
         return _failed(prev, what, now, settings, slow_since=None)
     slow_since = prev.slow_since if prev.slow_since is not None else now
@@ -231,9 +238,9 @@ def _judge_timeout(prev: BackendState, obs: Observation, now: float, settings: T
             f"no progress seen for {quiet:.0f} s")
     if failures >= settings.stall_readings and quiet >= settings.stall_after:
         return _become(prev, Verdict.STALLED, text, now, failures=failures, slow_since=slow_since,
-                       tokens_per_second=0.0)
+                       tokens_per_second=0.0, steps_per_second=0.0)
     return _become(prev, Verdict.UNKNOWN, text + f" (stalled after {settings.stall_after:g} s)", now,
-                   failures=failures, slow_since=slow_since, tokens_per_second=0.0)
+                   failures=failures, slow_since=slow_since, tokens_per_second=0.0, steps_per_second=0.0)
 
 
 def _judge_no_metrics(prev: BackendState, obs: Observation, now: float, settings: Thresholds) -> BackendState:
@@ -242,7 +249,7 @@ def _judge_no_metrics(prev: BackendState, obs: Observation, now: float, settings
         return _failed(prev, f"{page}; /health and /v1/models fail", now, settings, slow_since=None)
     cheap = "; /health or /v1/models answered" if obs.cheap_ok else ""
     return _become(prev, Verdict.NO_METRICS, page + cheap, now, failures=0, slow_since=None,
-                   in_flight=0.0, tokens_per_second=0.0, probe_failures=0)
+                   in_flight=0.0, tokens_per_second=0.0, steps_per_second=0.0, probe_failures=0)
 
 
 def _judge_reading(
@@ -254,17 +261,17 @@ def _judge_reading(
     if last is None or not last.has_engine_metrics:
         tracks = {e: EngineTrack(stuck_since=now if r.work > 0 else None) for e, r in reading.engines.items()}
         if reading.work <= 0:
-            return _idle(prev, obs, now, settings, engines=tracks, tokens_per_second=0.0, **base)
+            return _idle(prev, obs, now, settings, engines=tracks, tokens_per_second=0.0, steps_per_second=0.0, **base)
         return _become(prev, Verdict.UNKNOWN, f"first reading: {_work_text(reading)}", now,
-                       engines=tracks, tokens_per_second=0.0, probe_failures=0, **base)
+                       engines=tracks, tokens_per_second=0.0, steps_per_second=0.0, probe_failures=0, **base)
     changed = other_process(last, reading)
     if changed:
         tracks = {e: EngineTrack(stuck_since=now if r.work > 0 else None) for e, r in reading.engines.items()}
         return _become(prev, Verdict.RESTARTED, f"another process answered: {changed}; {_work_text(reading)}",
-                       now, engines=tracks, tokens_per_second=0.0, probe_failures=0, **base)
+                       now, engines=tracks, tokens_per_second=0.0, steps_per_second=0.0, probe_failures=0, **base)
 
     elapsed = max(now - (prev.last_at if prev.last_at is not None else now), 1e-9)
-    tps = max(reading.generation_tokens() - last.generation_tokens(), 0.0) / elapsed
+    tps, sps = rates(last, reading, elapsed)
     tracks: dict[str, EngineTrack] = {}
     any_progress = False
     worst: tuple[str, EngineReading, EngineTrack] | None = None   # the engine closest to stalled
@@ -294,7 +301,7 @@ def _judge_reading(
         if worst is None or since < (now if worst[2].stuck_since is None else worst[2].stuck_since):
             worst = (key, eng, t)
     last_progress = now if any_progress else prev.last_progress
-    base.update(engines=tracks, tokens_per_second=tps, last_progress=last_progress)
+    base.update(engines=tracks, tokens_per_second=tps, steps_per_second=sps, last_progress=last_progress)
     multi = len(reading.engines) > 1
 
     if worst is not None:
@@ -308,7 +315,8 @@ def _judge_reading(
             return _become(prev, Verdict.UNKNOWN, f"{text} (stalled after {settings.stall_after:g} s)", now,
                            probe_failures=0, **base)
     if busy_engines > 0:
-        return _become(prev, Verdict.BUSY, f"{_work_text(reading)}, engine progressing ({tps:.0f} tokens/s)",
+        return _become(prev, Verdict.BUSY,
+                       f"{_work_text(reading)}, engine progressing ({rate_text(reading, tps, sps)})",
                        now, probe_failures=0, **base)
     return _idle(prev, obs, now, settings, **base)
 
