@@ -1,6 +1,7 @@
 """`llm-health rules`: render the Prometheus rules from their templates, and check them with promtool.
 
-    llm-health rules render [--out DIR] [--scrape-interval 15s] [--vllm-selector 'job="vllm"'] [--stall-window 2m] ...
+    llm-health rules render [--out DIR] [--scrape-interval 15s] [--vllm-selector 'job="vllm"']
+                            [--sglang-selector 'job="sglang"'] [--llamacpp-selector 'job="llamacpp"'] [--stall-window 2m] ...
     llm-health rules render --format prometheusrule [--k8s-name llm-health] [--k8s-namespace NS] [--k8s-label release=prom]
     llm-health rules check [--dir DIR]
 
@@ -66,7 +67,10 @@ DEFAULT_RUNBOOK_BASE_URL = "http://localhost:9411/runbooks"
 FLAG_NAMES = {"runbook_url": ("--runbook-base-url", "--runbook-url")}
 FORMATS = ("rules", "prometheusrule")
 FLAG_HELP = {
-    "scrape_interval": "Prometheus' scrape interval for vLLM and the exporter; the rate windows must hold 4 scrapes",
+    "scrape_interval": "Prometheus' scrape interval for the engines and the exporter; the rate windows must hold 4 scrapes",
+    "vllm_selector": "label matchers of the vLLM scrape targets",
+    "sglang_selector": "label matchers of the SGLang scrape targets (must not match another engine's)",
+    "llamacpp_selector": "label matchers of the llama.cpp (llama-server) scrape targets (must not match another engine's)",
     "down_for": "grace before LLMBackendDown; must exceed the model load time",
     "down_busy_grace": "failed scrapes within this long of a reading with work in flight are not 'down'",
     "error_rate_threshold": "LLMBackendErrorRate: share (0..1) of 5xx among generation responses over the rate window",
@@ -99,6 +103,8 @@ class RuleSettings:
     """Everything a rendering can change. Field metadata is the command-line help."""
 
     vllm_selector: str = 'job="vllm"'
+    sglang_selector: str = 'job="sglang"'      # SGLang targets (--enable-metrics); must not match vLLM's
+    llamacpp_selector: str = 'job="llamacpp"'  # llama-server targets (--metrics); must not match the others
     exporter_selector: str = 'job="llm-health-exporter"'
     scrape_interval: str = "15s"      # Prometheus' scrape interval for vLLM and the exporter (an assumption)
     # Windows of RATE_WINDOWS: None = derived, max(default, MIN_SCRAPES_PER_WINDOW x scrape_interval).

@@ -60,7 +60,7 @@ def test_recording_rule_names_follow_level_metric_operations() -> None:
         for group in yaml.safe_load(path.read_text())["groups"]:
             for rule in group["rules"]:
                 if "record" in rule:
-                    assert re.fullmatch(r"backend(_instance_engine)?:[a-z0-9_]+:[a-z0-9_]+", rule["record"]), rule["record"]
+                    assert re.fullmatch(r"backend(_instance(_engine)?)?:[a-z0-9_]+:[a-z0-9_]+", rule["record"]), rule["record"]
 
 
 @needs_promtool
@@ -338,7 +338,7 @@ def test_dashboards_use_only_defined_recording_rules() -> None:
         for rule in group["rules"]
         if "record" in rule
     }
-    used = {name for _, expr in dashboard_exprs() for name in re.findall(r"\bbackend(?:_instance_engine)?:[a-z0-9_]+:[a-z0-9_]+", expr)}
+    used = {name for _, expr in dashboard_exprs() for name in re.findall(r"\bbackend(?:_instance(?:_engine)?)?:[a-z0-9_]+:[a-z0-9_]+", expr)}
     assert used - defined == set()
 
 
