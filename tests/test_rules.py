@@ -78,14 +78,19 @@ def test_render_with_custom_settings_via_cli(tmp_path: Path, capsys: pytest.Capt
         "rules", "render", "--out", str(tmp_path), "--check",
         "--vllm-selector", 'job="inference", cluster=~"eu-.*"', "--exporter-selector", 'job="lh"',
         "--stall-window", "5m", "--kv-threshold", "0.9", "--restart-loop-threshold", "7",
+        "--sglang-selector", 'job="sgl", team="a"', "--llamacpp-selector", 'service="llama"',
     ])
     assert rc == 0, capsys.readouterr()
     alerts = (tmp_path / "llm_health_alerts.yml").read_text()
     records = (tmp_path / "llm_health_records.yml").read_text()
     assert 'vllm:num_requests_running{job="inference", cluster=~"eu-.*"}[5m]' in records
-    assert 'job="vllm"' not in records + alerts
-    assert "backend:vllm_kv_cache_usage:max > 0.9\n" in alerts
-    assert "backend:vllm_restarts:count_1h > 7\n" in alerts
+    assert 'sglang:num_running_reqs{job="sgl", team="a", tp_rank=~"|0", pp_rank=~"|0"}[5m]' in records
+    assert 'llamacpp:n_decode_total{service="llama"}[5m]' in records
+    assert 'up{service="llama"}' in alerts
+    for default in ('job="vllm"', 'job="sglang"', 'job="llamacpp"'):
+        assert default not in records + alerts
+    assert "backend:llm_kv_cache_usage:max > 0.9\n" in alerts
+    assert "backend:llm_restarts:count_1h > 7\n" in alerts
     assert 'llm_health_probes_total{job="lh"}' in alerts
     assert cli.main(["rules", "check", "--dir", str(tmp_path)]) == 0
 
@@ -95,6 +100,8 @@ def test_render_with_custom_settings_via_cli(tmp_path: Path, capsys: pytest.Capt
     [
         RuleSettings(vllm_selector='job="vllm"} or vector(1) or {x="'),
         RuleSettings(vllm_selector="job=vllm"),
+        RuleSettings(sglang_selector='job="sglang"} or vector(1) or {x="'),
+        RuleSettings(llamacpp_selector="job=llamacpp"),
         RuleSettings(stall_window="2 minutes"),
         RuleSettings(stall_window="0m"),
         RuleSettings(kv_threshold=85.0),
@@ -216,19 +223,26 @@ def test_end_to_end_harness_flags_render_at_a_1s_scrape(tmp_path: Path, capsys: 
     assert "every 1s or faster" in records
 
 
-# --- vLLM metric names ---------------------------------------------------------------------------
+# --- engine metric names (vLLM, SGLang, llama.cpp) ---------------------------------------------------
 
-VLLM_NAME = re.compile(r"(?<![A-Za-z0-9_:])vllm:[A-Za-z0-9_:]+")
+ENGINE_NAME = re.compile(r"(?<![A-Za-z0-9_:])(?:vllm|sglang|llamacpp):[A-Za-z0-9_:]+")
+NAME_FILES = {"vllm": "vllm_metric_names.yml", "sglang": "sglang_metric_names.yml",
+              "llamacpp": "llamacpp_metric_names.yml"}
 
 
-def known_vllm_names() -> set[str]:
+def known_names(engine: str) -> set[str]:
     names: set[str] = set()
-    for entry in yaml.safe_load((RULES_DIR / "vllm_metric_names.yml").read_text())["metrics"]:
+    for entry in yaml.safe_load((RULES_DIR / NAME_FILES[engine]).read_text())["metrics"]:
+        assert entry["name"].startswith(engine + ":"), entry
         if entry["type"] == "histogram":
             names.update(entry["name"] + suffix for suffix in ("_bucket", "_count", "_sum"))
         else:
             names.add(entry["name"])
     return names
+
+
+def known_vllm_names() -> set[str]:
+    return known_names("vllm")
 
 
 def dashboard_exprs() -> list[tuple[str, str]]:
@@ -251,19 +265,35 @@ def dashboard_exprs() -> list[tuple[str, str]]:
 
 
 def unknown_names(exprs: list[tuple[str, str]]) -> list[str]:
-    known = known_vllm_names()
-    return sorted({f"{where}: {name}" for where, expr in exprs for name in VLLM_NAME.findall(expr) if name not in known})
+    known = set().union(*(known_names(e) for e in NAME_FILES))
+    return sorted({f"{where}: {name}" for where, expr in exprs for name in ENGINE_NAME.findall(expr) if name not in known})
 
 
-def test_rules_and_dashboards_query_only_exported_vllm_names() -> None:
+def removed_names() -> set[str]:
+    """Names a release removed (llama.cpp's kv_cache_* in b11434): rules may read them only as optional."""
+    return {e["name"] for e in yaml.safe_load((RULES_DIR / NAME_FILES["llamacpp"]).read_text())["metrics"]
+            if "removed" in e}
+
+
+def test_rules_and_dashboards_query_only_exported_engine_names() -> None:
     exprs = [("rules", e) for e in all_exprs()] + dashboard_exprs()
-    assert any(VLLM_NAME.search(e) for _, e in exprs)
+    for engine in NAME_FILES:
+        assert any(re.search(rf"\b{engine}:", e) for _, e in exprs if _ == "rules"), f"no {engine} series in the rules"
     assert unknown_names(exprs) == []
 
 
+def test_rules_read_removed_llamacpp_names_only_as_an_optional_fallback() -> None:
+    for expr in all_exprs():
+        for name in removed_names() & set(ENGINE_NAME.findall(expr)):
+            assert re.search(rf"\bor\b[^\n]*{re.escape(name)}", expr) or re.search(
+                rf"or label_replace\(\s*\(changes\({re.escape(name)}", expr), (name, expr)
+
+
 def test_metric_name_check_catches_the_llm_d_bug() -> None:
-    bad = [("llm-d", "rate(vllm:num_preemptions[5m])"), ("x", "vllm:iteration_tokens_total > 0")]
-    assert unknown_names(bad) == ["llm-d: vllm:num_preemptions", "x: vllm:iteration_tokens_total"]
+    bad = [("llm-d", "rate(vllm:num_preemptions[5m])"), ("x", "vllm:iteration_tokens_total > 0"),
+           ("y", "sglang:num_running_requests"), ("z", "rate(llamacpp:n_decode[1m])")]
+    assert unknown_names(bad) == ["llm-d: vllm:num_preemptions", "x: vllm:iteration_tokens_total",
+                                  "y: sglang:num_running_requests", "z: llamacpp:n_decode"]
 
 
 # --- example configs --------------------------------------------------------------------------------

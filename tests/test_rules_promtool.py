@@ -20,9 +20,11 @@ from test_rules_support import (
     RULES_DIR,
     Scenario,
     alert_rules,
+    llamacpp_backend,
     promtool_document,
     run_promtool_tests,
     series,
+    sglang_backend,
     target_labels,
     vllm_backend,
     vllm_labels,
@@ -412,7 +414,111 @@ def error_rate_quiet() -> Scenario:
     return s
 
 
-SCENARIOS = [busy_and_probes, stalls, traps, restarts_and_proxies, down_and_gone, all_gone, all_down, capacity, exporter_down,
+def other_engines() -> Scenario:
+    """SGLang and llama.cpp, with the traps of their real pages: llama.cpp's generation-token counter moves
+    only when a request finishes (n_decode_total is the step counter); SGLang's scheduler series repeat
+    on every TP rank and carry dp_rank with several DP ranks; its tokenizer counters have no rank."""
+    s = Scenario("SGLang and llama.cpp: busy, stalled per rank, restarted, down, their label traps")
+    # SGLang, TP 2: every series twice (tp_rank 0 and 1). In flight is 4 + 2, not 12.
+    s.add(sglang_backend("sgbusy", running=f"4x{N}", queue=f"2x{N}", up=f"1x{N}", passes=f"0+40x{N}",
+                         tokens=f"0+300x{N}", tp_size=2))
+    # SGLang frozen at 5m with work: per-rank passes and tokenizer counters stop.
+    s.add(sglang_backend("sgstuck", running=f"3x{N}", queue=f"1x{N}", up=f"1x{N}", passes=f"0+40x20 800x{N}",
+                         tokens=f"0+300x20 6000x{N}"))
+    # DP 2: rank 0 serves, rank 1 wedges at 5m; the server-wide tokens keep moving (rank 0's work).
+    s.add(sglang_backend("sgdp", running=f"2x{N}", queue=f"0x{N}", up=f"1x{N}", passes=f"0+40x{N}",
+                         tokens=f"0+300x{N}", dp_rank="0"))
+    s.add(sglang_backend("sgdp", running=f"2x{N}", queue=f"1x{N}", up=f"1x{N}", passes=f"0+40x20 800x{N}",
+                         dp_rank="1", target=False))
+    # DP 2 without a per-rank counter: the server-wide counters stand in for both ranks: busy, not stalled...
+    s.add(sglang_backend("sgshared", running=f"2x{N}", queue=f"0x{N}", up=f"1x{N}", passes=None,
+                         tokens=f"0+300x{N}", dp_rank="0"))
+    s.add(sglang_backend("sgshared", running=f"2x{N}", queue=f"0x{N}", up=f"1x{N}", passes=None,
+                         dp_rank="1", target=False))
+    # ... and stalled when they stop too.
+    s.add(sglang_backend("sgsharedstuck", running=f"2x{N}", queue=f"0x{N}", up=f"1x{N}", passes=None,
+                         tokens=f"0+300x20 6000x{N}", dp_rank="0"))
+    s.add(sglang_backend("sgsharedstuck", running=f"2x{N}", queue=f"0x{N}", up=f"1x{N}", passes=None,
+                         dp_rank="1", target=False))
+    # SGLang has no start time (always multiprocess): a restart at 10m shows as counters going back to 0.
+    s.add(sglang_backend("sgrestart", running=f"2x{N}", queue=f"0x{N}", up=f"1x40 0 1x{N}",
+                         passes=f"0+40x40 stale 0+40x{N}", tokens=f"0+300x40 stale 0+300x{N}"))
+    # SGLang KV pool nearly full (token_usage), on both TP ranks.
+    s.add(sglang_backend("sgkv", running=f"8x{N}", queue=f"0x{N}", up=f"1x{N}", passes=f"0+40x{N}",
+                         tokens=f"0+300x{N}", usage=f"0.95x{N}", tp_size=2))
+    # llama.cpp busy for the whole hour with one long request per slot: tokens_predicted never moves
+    # (it is credited when a request finishes), n_decode_total moves every step: busy, never stalled.
+    s.add(llamacpp_backend("lcbusy", processing=f"2x{N}", deferred=f"3x{N}", up=f"1x{N}", decodes=f"0+300x{N}",
+                           predicted=f"0x{N}"))
+    # llama.cpp with completions every 2.5 minutes: tokens_predicted moves in jumps, flat between.
+    s.add(llamacpp_backend("lcjumps", processing=f"1x{N}", deferred=f"0x{N}", up=f"1x{N}", decodes=f"0+300x{N}",
+                           predicted=" ".join(f"{500 * (i // 10)}" for i in range(N))))
+    # llama.cpp frozen inside decode at 5m: every counter stops, requests_processing stays 1.
+    s.add(llamacpp_backend("lcstuck", processing=f"1x{N}", deferred=f"2x{N}", up=f"1x{N}",
+                           decodes=f"0+300x20 6000x{N}", predicted=f"0x10 500x{N}"))
+    # llama.cpp restarts in 0.1 s: no failed scrape, no identity series, only the counters reset.
+    s.add(llamacpp_backend("lcrestart", processing=f"1x{N}", deferred=f"0x{N}", up=f"1x{N}",
+                           decodes=f"0+300x40 0+300x{N}", predicted=f"0+50x40 0+50x{N}"))
+    # llama.cpp idle, then every scrape fails (killed): down.
+    s.add(llamacpp_backend("lcdown", processing="0x20 stale", deferred="0x20 stale", up=f"1x20 0x{N}",
+                           decodes="100x20 stale", predicted="100x20 stale"))
+    s.add(llamacpp_backend("lcidle", processing=f"0x{N}", deferred=f"0x{N}", up=f"1x{N}", decodes=f"100x{N}",
+                           predicted=f"100x{N}"))
+    # Probes sent at 30m to engines busy at every reading: our principle broken, for any engine.
+    for b, work in (("sgbusy", 6), ("lcbusy", 5)):
+        s.add(exporter_series("llm_health_probes_sent_total", {"backend": b}, "5x120 6x180"))
+        s.add(exporter_series("llm_health_in_flight_requests", {"backend": b}, f"{work}x{N}"))
+    s.add(series("up", EXPORTER, f"1x{N}"))
+    stuck = [{"backend": b} for b in ("sgstuck", "sgdp", "sgsharedstuck", "lcstuck")]
+    s.silent("7m", "LLMBackendStalled")
+    s.expect("8m30s", "LLMBackendStalled", *stuck)
+    s.expect("30m", "LLMBackendStalled", *stuck)
+    s.silent("6m30s", "LLMBackendDown")
+    s.expect("7m30s", "LLMBackendDown", {"backend": "lcdown"})
+    s.expect("11m", "LLMBackendRestarted", {"backend": "sgrestart"}, {"backend": "lcrestart"})
+    s.silent("16m", "LLMBackendRestarted")
+    s.silent("9m", "LLMKVCachePressure")
+    s.expect("11m", "LLMKVCachePressure", {"backend": "sgkv"})
+    s.silent("29m", "LLMHealthProbeSentToBusyBackend")
+    s.expect("32m", "LLMHealthProbeSentToBusyBackend", {"backend": "lcbusy"}, {"backend": "sgbusy"})
+    for at in ("6m", "20m"):
+        s.silent(at, "LLMBackendNoMetrics")
+        s.silent(at, "LLMTooFewBackendsUp")
+    for b, code in (("sgbusy", 2), ("sgshared", 2), ("sgstuck", 5), ("sgdp", 5), ("sgsharedstuck", 5),
+                    ("lcbusy", 2), ("lcjumps", 2), ("lcstuck", 5), ("lcidle", 1), ("lcdown", 6)):
+        s.state("20m", b, code)
+    s.state("12m", "sgrestart", 3)
+    s.state("12m", "lcrestart", 3)
+    s.state("20m", "sgrestart", 2)
+    for name, backend, value in (
+        ("backend:llm_requests_in_flight:sum", "sgbusy", 6),
+        ("backend:sglang_requests_in_flight:sum", "sgkv", 8),
+        ("backend:llm_requests_in_flight:sum", "lcbusy", 5),
+        ("backend:llamacpp_decode_steps:rate", "lcbusy", 20),
+        ("backend:sglang_generation_tokens:rate", "sgbusy", 20),
+        ("backend:llm_kv_cache_usage:max", "sgkv", 0.95),
+    ):
+        s.value("20m", f'{name}{{backend="{backend}"}}', [(f'{name}{{backend="{backend}"}}', value)])
+    return s
+
+
+def sglang_without_rank_labels() -> Scenario:
+    """SGLang 0.4.x scheduler labels: model_name and engine_type only (no tp_rank, no dp_rank)."""
+    s = Scenario("SGLang 0.4.x labels (no ranks): busy and stalled read the same")
+    for b, passes in (("old", f"0+40x{N}"), ("oldstuck", f"0+40x20 800x{N}")):
+        tl = {"job": "sglang", "backend": b, "instance": f"{b}.example:30000"}
+        sl = {**tl, "model_name": "m", "engine_type": "unified"}
+        s.add([series("up", tl, f"1x{N}"), series("sglang:num_running_reqs", sl, f"2x{N}"),
+               series("sglang:num_queue_reqs", sl, f"1x{N}"), series("sglang:token_usage", sl, f"0.2x{N}"),
+               series("sglang:generation_tokens_total", {**tl, "model_name": "m"}, passes)])
+    s.expect("8m30s", "LLMBackendStalled", {"backend": "oldstuck"})
+    s.state("20m", "old", 2)
+    s.value("20m", 'backend:llm_requests_in_flight:sum{backend="old"}',
+            [('backend:llm_requests_in_flight:sum{backend="old"}', 3)])
+    return s
+
+
+SCENARIOS = [other_engines, sglang_without_rank_labels, busy_and_probes, stalls, traps, restarts_and_proxies, down_and_gone, all_gone, all_down, capacity, exporter_down,
              busy_timeouts, all_busy_unreachable, probes_sent, error_rates, error_rate_quiet]
 
 

@@ -106,6 +106,73 @@ def vllm_backend(
     return out
 
 
+def sglang_labels(backend: str, *, dp_rank: str | None = None, tp_rank: str = "0",
+                  instance: str | None = None) -> dict[str, str]:
+    """SGLang 0.5.x scheduler labels (dp_rank only with several DP ranks)."""
+    labels = {"job": "sglang", "backend": backend, "instance": instance or f"{backend}.example:30000",
+              "model_name": "m", "engine_type": "unified", "tp_rank": tp_rank, "pp_rank": "0", "moe_ep_rank": "0"}
+    if dp_rank is not None:
+        labels["dp_rank"] = dp_rank
+    return labels
+
+
+def sglang_backend(
+    backend: str,
+    *,
+    running: str,
+    queue: str,
+    up: str,
+    passes: str | None,
+    tokens: str | None = None,
+    usage: str = "0.3+0x400",
+    dp_rank: str | None = None,
+    tp_size: int = 1,
+    target: bool = True,
+    instance: str | None = None,
+) -> list[dict[str, str]]:
+    """One SGLang target (or, `target=False`, one more DP rank of it). Scheduler series for every TP rank
+    (the same values: every rank exports them); `passes` drives the per-rank forward-pass counter (None:
+    none on the page); `tokens` the tokenizer-side counters (model_name only, once per target)."""
+    tl = {"job": "sglang", "backend": backend, "instance": instance or f"{backend}.example:30000"}
+    out = [series("up", tl, up)] if target else []
+    for tp in range(tp_size):
+        sl = sglang_labels(backend, dp_rank=dp_rank, tp_rank=str(tp), instance=instance)
+        out += [
+            series("sglang:num_running_reqs", sl, running),
+            series("sglang:num_queue_reqs", sl, queue),
+            series("sglang:token_usage", sl, usage),
+        ]
+        if passes is not None:
+            out.append(series("sglang:cuda_graph_passes_total", {**sl, "mode": "decode_cuda_graph"}, passes))
+    if tokens is not None and target:
+        tok = {**tl, "model_name": "m"}
+        out += [series("sglang:generation_tokens_total", tok, tokens), series("sglang:prompt_tokens_total", tok, tokens)]
+    return out
+
+
+def llamacpp_backend(
+    backend: str,
+    *,
+    processing: str,
+    deferred: str,
+    up: str,
+    decodes: str,
+    predicted: str,
+    prompt: str | None = None,
+    instance: str | None = None,
+) -> list[dict[str, str]]:
+    """One llama-server target: unlabelled series (target labels only), no start time, no KV series."""
+    tl = {"job": "llamacpp", "backend": backend, "instance": instance or f"{backend}.example:8080"}
+    return [
+        series("up", tl, up),
+        series("llamacpp:requests_processing", tl, processing),
+        series("llamacpp:requests_deferred", tl, deferred),
+        series("llamacpp:n_decode_total", tl, decodes),
+        series("llamacpp:tokens_predicted_total", tl, predicted),
+        series("llamacpp:prompt_tokens_total", tl, prompt if prompt is not None else predicted),
+    ]
+
+
 @dataclass
 class Scenario:
     """One promtool `tests:` entry."""
