@@ -4,12 +4,20 @@ flavours (which follow the real pages: tests/test_simulator_engines.py) and by t
 from __future__ import annotations
 
 import re
+import threading
 from pathlib import Path
 
+import requests
+from llm_health.exporter.backend import Target
+from llm_health.exporter.backend import observe as observe_http
+from llm_health.exporter.check import PROGRESS, verify
 from llm_health.exporter.reading import read_text
 from llm_health.exporter.verdict import READ_OK, BackendState, Observation, Thresholds, Verdict, judge
 from llm_health.simulator.engine import Engine
 from llm_health.simulator.metrics import Flavour, render
+from llm_health.simulator.server import SimConfig, Simulator
+
+from llm_health.procs import free_port, wait_until
 
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 T = Thresholds(stall_after=30.0, down_after=2)
@@ -166,3 +174,29 @@ def test_sglang_idle_is_idle_and_stale_gauges_catch_up() -> None:
     run.engines[0].submit(20, 10)
     states = [run.read() for _ in range(4)]
     assert states[-1].verdict == Verdict.IDLE and states[-1].in_flight == 0
+
+
+# --- over HTTP, against the simulator flavours -------------------------------------------------------
+
+
+def test_llamacpp_over_http_header_identity_and_verify_reports_decode_steps() -> None:
+    with Simulator(SimConfig(engine="llamacpp", port=free_port(), step_seconds=0.02, max_num_seqs=2)) as sim:
+        target = Target(sim.url, timeout=5)
+        first = observe_http(target)
+        assert first.outcome == READ_OK and first.reading is not None and first.reading.start_header is not None
+        for _ in range(2):
+            requests.post(sim.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=10)
+        jobs = [threading.Thread(target=requests.post, args=(sim.url + "/v1/completions",),
+                                               kwargs={"json": {"prompt": "x", "max_tokens": 5000}, "timeout": 60},
+                                               daemon=True) for _ in range(2)]
+        for j in jobs:
+            j.start()
+        wait_until(lambda: "llamacpp:requests_processing 2" in requests.get(sim.url + "/metrics", timeout=5).text,
+                   what="both slots busy")
+        v = verify(sim.url, readings=2, interval=0.3, read_timeout=5)
+        assert v.outcome == PROGRESS and "decode steps/s" in v.reason and "tokens/s" not in v.reason, v.reason
+        state = judge(None, observe_http(target), 0.0, T)
+        sim.set_fault("restart", 0.0)
+        wait_until(lambda: requests.get(sim.url + "/health", timeout=2).ok, what="back after restart")
+        state = judge(state, observe_http(target), 5.0, T)
+        assert state.verdict == Verdict.RESTARTED, state.reason
