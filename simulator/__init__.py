@@ -1,7 +1,10 @@
 """A simulated vLLM OpenAI-compatible server for tests and fire drills.
 
 * `simulator.engine.Engine`: continuous batching with an injected clock (`advance_to(t)`).
-* `simulator.metrics.render(engines, flavour)`: the `/metrics` page (v0/v1, multiprocess, N engines).
+* `simulator.metrics.render(engines, flavour)`: the `/metrics` page (v0/v1, multiprocess, N engines;
+  `sglang` with TP/DP ranks; `llamacpp` like llama-server b11434). `--engine sglang|llamacpp` also
+  switches the HTTP behaviour (llama.cpp: /metrics hangs in an idle stall, Process-Start-Time-Unix
+  header, 503 "Loading model" with --load-seconds; SGLang: /health 503 after 20 s of stall).
 * `simulator.server.Simulator(SimConfig(...))`: the HTTP server (`with Simulator(cfg) as sim: sim.url`).
 * `llm-health sim --port P [--control-port C] ...` / `python -m llm_health.simulator ...`: the same as a process.
 * `python -m llm_health.simulator.ctl restart|fault NAME|stats URL`: control it without a shell (exit 0 on 2xx).
