@@ -127,8 +127,9 @@ class Scheduler:
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
         self.queue.close()
+        deadline = time.monotonic() + timeout          # one deadline for all: a worker may be mid-verification
         for t in self._threads:
-            t.join(timeout=timeout)
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def _resync_loop(self) -> None:
         while not self._stop.is_set():
