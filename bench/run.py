@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-NAMES = ("replay", "scale", "storm")
+NAMES = ("replay", "scale", "storm", "fleet_remediator")
 
 
 def machine() -> dict[str, str]:
@@ -49,6 +49,9 @@ def _runner(name: str) -> Callable[[Path, bool], tuple[str, dict[str, Any]]]:
     if name == "scale":
         from bench import scale
         return scale.run
+    if name == "fleet_remediator":
+        from bench import fleet_remediator
+        return fleet_remediator.run
     from bench import storm
     return storm.run
 
@@ -97,6 +100,15 @@ def headline(results: Path) -> list[str]:
             f"{t['throughput_per_s_in_bursts']:.0f}/s, p50 {t['p50_ms']:.1f} ms, p99 {t['p99_ms']:.1f} ms; restarts: "
             + ("exactly one per backend where one was due, none elsewhere." if ok else
                "targets NOT met, see section 3."))
+    f = _load(results, "fleet_remediator")
+    if f:
+        before = f.get("before")
+        lines.append(
+            f"- **Fleet under trouble, remediator**: {f['wide']['incidents']} incidents alerted at once; the last "
+            f"restart started {f['wide']['last_s']:.1f} s after the alert ({f['defaults']['last_s']:.1f} s with the "
+            "default concurrency bound)"
+            + (f", against {before['last_s']:.1f} s when the authority carried incidents one at a time." if before
+               else "."))
     lines.append("")
     return lines
 

@@ -129,7 +129,9 @@ class RemediatorSettings:
     agent_listen: str = ""               # HAProxy agent-check endpoint host:port, empty = off
     haproxy_socket: str = ""             # HAProxy stats socket: during a drain its scur must reach 0 too
     haproxy_proxy: str = "vllm"          # the HAProxy backend (proxy) whose servers are our backends
-    poll_interval: float = 1.0           # how often the authority looks for work
+    poll_interval: float = 1.0           # how often the authority looks at each open incident
+    max_concurrent_incidents: int = 16   # incidents worked on at once (worker threads: verify, drain, action)
+    max_concurrent_restarts: int = 8     # restarts in progress (draining/restarting/warming) fleet-wide
     health_stale_after: float = 300.0    # /healthz fails when the authority loop has not finished a pass this long
     backoff: Backoff = field(default_factory=Backoff)
     budget: Budget = field(default_factory=Budget)

@@ -130,6 +130,8 @@ ADDED_COLUMNS = (
     ("incidents", "verified_outcome", "TEXT NOT NULL DEFAULT ''"),   # the authority's latest verification
     ("incidents", "verified_at", "REAL"),
     ("incidents", "unresponsive_since", "REAL"),                     # first of a run of `unresponsive`
+    ("actions", "status_path", "TEXT NOT NULL DEFAULT ''"),          # where the action's wrapper writes its exit
+    ("lease", "boot", "TEXT NOT NULL DEFAULT ''"),                   # boot id of the monotonic clock in expires_at
 )
 
 #: event kinds that are decisions (counted in llm_health_remediator_decisions_total)
@@ -139,7 +141,7 @@ DECISION_KINDS = frozenset({
     "verified_healthy", "restarted_by_other", "restarting", "restarted", "would_restart", "not_configured",
     "failed", "recovered", "warmup_timeout", "interrupted", "aborted", "resolved", "acknowledged", "breaker_open",
     "draining", "deferred_host", "deferred_min_ready", "restart_called_off", "escalated", "lifecycle_refused",
-    "stale_firing",
+    "stale_firing", "deferred_concurrency",
 })
 
 #: an event's detail is at most this long once encoded; values are shortened BEFORE encoding
@@ -474,3 +476,11 @@ class Store:
         rows = c.execute("SELECT * FROM markers WHERE backend = ?", (backend,)).fetchall()
         return tuple(Marker(id=r["id"], backend=r["backend"], owner=r["owner"], expires_at=r["expires_at"])
                      for r in rows)
+
+    @staticmethod
+    def restarts_in_progress(c: sqlite3.Connection, except_incident: int | None = None) -> int:
+        """Incidents whose restart is under way (draining, restarting, warming up), fleet-wide; read inside
+        the claim's transaction, so the concurrency bound holds across threads and processes."""
+        marks = ",".join("?" * len(RESTART_STATES))
+        return int(c.execute(f"SELECT count(*) FROM incidents WHERE state IN ({marks}) AND id != ?",
+                             (*RESTART_STATES, -1 if except_incident is None else except_incident)).fetchone()[0])

@@ -116,7 +116,7 @@ def test_silence_that_raises_is_handled_like_a_failed_restart(tmp_path: Path) ->
     w = build(tmp_path)
     def locked(incident_id: int, backend: Any) -> None:
         raise sqlite3.OperationalError("database is locked")
-    w.authority.silence = locked  # type: ignore[method-assign]
+    w.authority.procedure.silence = locked  # type: ignore[method-assign]
     w.outcomes["gpu-a"] = "down"
     w.ready["gpu-a"] = False
     w.post(payload(alert()))
@@ -133,7 +133,7 @@ def test_own_restart_whose_bookkeeping_failed_is_swept_by_recover(tmp_path: Path
     def abort_that_cannot_write(incident_id: int, action_id: int, backend: Any, exc: BaseException) -> None:
         aborts.append(action_id)                  # as if SQLite stayed locked: nothing recorded
         w.authority._recovered = False
-    w.authority.abort = abort_that_cannot_write  # type: ignore[method-assign]
+    w.authority.procedure.abort = abort_that_cannot_write  # type: ignore[method-assign]
     w.outcomes["gpu-a"] = "down"
     w.ready["gpu-a"] = False
     w.post(payload(alert()))

@@ -260,7 +260,18 @@ def test_bad_requests_change_nothing(rig: Rig) -> None:
     assert page.status_code == 200 and "llm-health remediator" in page.text
 
 
-def test_kill9_mid_restart_loses_nothing_and_repeats_nothing(tmp_path: Path) -> None:
+def lease_holder_pid(url: str) -> int:
+    """The pid of the gunicorn worker whose authority holds the lease (from its lease_acquired event)."""
+    r = requests.get(f"{url}/api/events", params={"kind": "lease_acquired", "limit": 1}, timeout=5)
+    holder = r.json()["events"][0]["reason"].split(" ")[0]          # host:pid:tag is the restart authority
+    return int(holder.split(":")[1])
+
+
+@pytest.mark.parametrize("crash_what", ["whole remediator", "lease-holding worker"])
+def test_kill9_mid_restart_collects_the_real_outcome(tmp_path: Path, crash_what: str) -> None:
+    """Issue 12, finding 8: the authority dies while the restart action runs; the action exits 0. The
+    next authority collects that exit status (the wrapper outlived us and wrote it) and records the
+    restart as done: no `interrupted`, no ERROR, no escalation, and never a second restart."""
     sim = start_sim()
     calls = tmp_path / "calls.txt"
     proc = None
@@ -272,21 +283,26 @@ def test_kill9_mid_restart_loses_nothing_and_repeats_nothing(tmp_path: Path) -> 
         crash(sim)
         requests.post(f"{url}/webhook", json=payload(alert("slow")), headers=AUTH, timeout=5).raise_for_status()
         wait_until(lambda: calls.exists() and calls.read_text().strip(), timeout=20, what="action started")
-        proc.kill9()                                           # crash in the middle of the restart
-        proc = start_remediator(tmp_path, config, port, "remediator-2")
+        if crash_what == "whole remediator":
+            proc.kill9()                                       # crash in the middle of the restart
+            proc = start_remediator(tmp_path, config, port, "remediator-2")
+        else:
+            os.kill(lease_holder_pid(url), signal.SIGKILL)     # gunicorn respawns it; another worker takes over
         rig = Rig(url, proc, {"slow": sim}, calls, config)
-        ev = rig.wait_event("slow", "interrupted")
-        assert "not repeated" in ev["reason"]
+        ev = rig.wait_event("slow", "restarted", timeout=30)
+        assert "collected" in ev["detail"] and ev["detail"]["exit_code"] == 0, ev
         # alerts keep coming: absorbed, never a second restart
         requests.post(f"{url}/webhook", json=payload(alert("slow", alertname="LLMBackendDown")), headers=AUTH,
                       timeout=5).raise_for_status()
         rig.wait_event("slow", "absorbed")
-        # the orphaned action finishes the restart; the incident closes when the backend answers again
         rig.wait_event("slow", "recovered", timeout=30)
+        assert len(rig.events("", "lease_acquired")) == 2
         assert len(rig.calls_for("slow")) == 1
         assert len(rig.events("slow", "restarting")) == 1
+        assert rig.events("slow", "interrupted") == [] and rig.events("slow", "escalated") == []
+        assert "error" not in [e["detail"].get("target") for e in rig.events("slow", "lifecycle")]
         metrics = requests.get(f"{url}/metrics", timeout=5).text
-        assert has_sample(metrics, 'llm_health_remediator_restarts_total{backend="slow",result="interrupted"} 1')
+        assert has_sample(metrics, 'llm_health_remediator_restarts_total{backend="slow",result="ok"} 1')
     finally:
         if proc is not None:
             proc.stop()

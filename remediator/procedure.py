@@ -1,0 +1,690 @@
+"""One incident's restart procedure, step by step. Scheduling many incidents is elsewhere (scheduler.py).
+
+`Procedure.look(incident)` is the whole procedure seen from one incident: it takes the incident's state
+and runs the one step that state calls for. Each step reads what it needs, does its slow I/O (verify,
+in-flight read, the argv, Alertmanager) OUTSIDE any transaction, then decides and writes in ONE short
+`store.tx()` that re-checks the incident's state first (it may have been resolved or acknowledged
+meanwhile). Fleet-wide guarantees (host mutex, min_ready, the restart-concurrency bound, budget,
+backoff, breaker) are all re-read and decided inside that transaction, so they hold across threads and
+gunicorn workers. The restart's intent (`actions` row) is written before the argv runs.
+
+    state      step              what it does                                          next state
+    ---------  ----------------  ----------------------------------------------------  ---------------------
+    open       consider          gates -> host mutex -> concurrency -> verify ->       open (deferred), closed,
+                                 min_ready floor -> begin                              draining or restarting
+    draining   watch_drain       in-flight work done / drain deadline / progress?      restarting, open, closed
+                                 (re-verifies first when the alerts resolved)
+    restarting act / collect     run the argv (wrapper; exit status in a file) or       warming, open (failed),
+                                 collect the result of one a previous authority began  needs_ack (unknown)
+    warming    watch_warmup      /health, /v1/models, a healthy verification           closed, needs_ack
+    needs_ack  watch_recovery    closes by itself when the backend answers again       closed
+
+Silences: created when the drain (or the claim) begins, expired when the restart is over.
+Time: `now` is wall time (events, restart history); `t` is monotonic (every deadline, see clock.py).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llm_health.remediator import action as act
+from llm_health.remediator import fleet, inflight, lifecycle, policy
+from llm_health.remediator.clock import Clocks
+from llm_health.remediator.inflight import InFlight
+from llm_health.remediator.lifecycle import LifecycleState
+from llm_health.remediator.marker import file_markers
+from llm_health.remediator.silence import SilenceError, create_silence, expire_silence
+from llm_health.remediator.store import (
+    CLOSED,
+    DRAINING,
+    NEEDS_ACK,
+    OBSERVED,
+    OPEN,
+    RESTARTING,
+    WARMING,
+    Store,
+)
+
+from llm_health.config import Backend, Config
+
+log = logging.getLogger("llm_health.remediator")
+
+S = LifecycleState
+DEFERRED_HOST = "deferred_host"
+DEFERRED_MIN_READY = "deferred_min_ready"
+DEFERRED_CONCURRENCY = "deferred_concurrency"
+SILENCE_MARGIN = 60.0          # seconds a restart's silence outlasts drain + action + warm-up
+SILENCE_TIMEOUT = 3.0          # HTTP timeout towards Alertmanager (never blocks a restart for long)
+VERIFY = "verify"              # probe purposes (llm_health_remediator_probes_total{purpose})
+WARMUP = "warmup"
+
+#: while set (per thread), every idle probe exporter.check sends is appended here (counted afterwards)
+probe_log: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("probe_log", default=None)
+
+Verifier = Callable[[Backend], Any]                  # -> object with .outcome and .reason
+WarmupCheck = Callable[[Backend], tuple[bool, str]]  # -> (ready, why)
+InFlightReader = Callable[[Backend], InFlight]
+Runner = Callable[[Sequence[str], float, dict[str, str]], act.ActionResult]
+
+
+@dataclass
+class Checks:
+    """The procedure's I/O towards the backend, injectable (tests record or script them)."""
+
+    verifier: Verifier
+    warmup_check: WarmupCheck
+    answer_check: WarmupCheck
+    in_flight: InFlightReader
+    runner: Runner
+
+
+class Procedure:
+    def __init__(self, store: Store, config: Config, checks: Checks, clocks: Clocks, holder: str,
+                 still_holder: Callable[[Any], bool], action_dir: Path | None = None) -> None:
+        self.store = store
+        self.config = config
+        self.r = config.remediator
+        self.checks = checks
+        self.clocks = clocks
+        self.holder = holder
+        self.still_holder = still_holder               # (c) -> bool, inside the caller's transaction
+        self.action_dir = action_dir                   # where the default runner's files go
+        self.settings = policy.Settings(
+            backoff=self.r.backoff, budget=self.r.budget, breaker=self.r.breaker,
+            unknown_retry=max(self.r.verify_interval, self.r.poll_interval),
+            unresponsive_after=self.r.unresponsive_after,
+        )
+        self.busy_dir = config.resolve_path(self.r.busy_dir) if self.r.busy_dir else None
+        self._running: set[int] = set()                # action ids whose argv runs in this process now
+        self._running_lock = threading.Lock()
+
+    # == the procedure: one look at one incident ===================================================
+    def look(self, inc: Any) -> None:
+        """The step the incident's state calls for (the caller checked that it is due)."""
+        incident_id, state = int(inc["id"]), inc["state"]
+        backend = self.config.backend(inc["backend"])
+        if backend is None:
+            self.close(incident_id, inc["backend"], "closed", "backend no longer configured")
+        elif state == OPEN:
+            self.consider(incident_id, backend)
+        elif state == DRAINING:
+            self.watch_drain(incident_id, backend)
+        elif state == RESTARTING:
+            self.watch_action(incident_id, backend)
+        elif state == WARMING:
+            self.watch_warmup(incident_id, backend, float(inc["warm_deadline"] or 0))
+        elif state == NEEDS_ACK:
+            self.watch_recovery(incident_id, backend)
+
+    # == step: consider (gates -> host mutex -> concurrency -> verify -> floor -> begin) =============
+    def consider(self, incident_id: int, backend: Backend) -> None:
+        now, t = self.clocks.wall(), self.clocks.mono()
+        c = self.store.conn()
+        d = policy.decide(self.facts(c, backend, now), None, self.settings)
+        if d.kind == policy.VERIFY:
+            d = self.host_gate(c, backend) or self.concurrency_gate(c, incident_id) or d
+        if d.kind != policy.VERIFY:
+            with self.store.tx() as c:
+                if Store.incident_in(c, incident_id, OPEN) is not None:
+                    self.note(c, incident_id, backend.name, d, now)
+            return
+        verification = self.probing(backend, VERIFY, self.checks.verifier)
+        baseline = None
+        if str(getattr(verification, "outcome", "")) in ("no_progress", policy.UNRESPONSIVE):
+            baseline = self.in_flight_now(backend)   # read outside the transaction: what the drain starts from
+        now, t = self.clocks.wall(), self.clocks.mono()
+        claimed: int | None = None
+        silence = False
+        with self.store.tx() as c:
+            if Store.incident_in(c, incident_id, OPEN) is None:
+                return  # resolved or acknowledged while we verified
+            since = self.record_verification(c, incident_id, verification, now, t)
+            d = policy.decide(self.facts(c, backend, now, since), verification, self.settings)
+            if d.kind == policy.RESTART:
+                d = (self.host_gate(c, backend) or self.concurrency_gate(c, incident_id)
+                     or self.floor_gate(c, backend, verification, now) or d)
+            if d.kind == policy.RESTART:
+                if not self.still_holder(c):
+                    return
+                claimed = self.begin(c, incident_id, backend, d, verification, baseline, now, t)
+                silence = claimed is not None or fleet.state_of(c, backend.name) == S.DRAINING
+            else:
+                self.note(c, incident_id, backend.name, d, now)
+        if claimed is not None:
+            self.carry_out(incident_id, claimed, backend, silence=silence)
+        elif silence:
+            self.silence_safely(incident_id, backend)
+
+    def facts(self, c: Any, backend: Backend, now: float, unresponsive_since: float | None = None) -> policy.Facts:
+        """Everything policy.decide needs, read in `c` (wall time; `unresponsive_since` already wall)."""
+        br = Store.breaker(c)
+        dry = self.r.dry_run
+        markers = Store.api_markers(c, backend.name)
+        if self.busy_dir is not None:
+            markers += file_markers(self.busy_dir, backend.name, self.r.busy_file_ttl, self.r.marker_max_ttl)
+        return policy.Facts(
+            now=now, backend=backend.name,
+            restarts=Store.restart_times(c, backend.name, include_dry_run=dry),
+            fleet_restarts=Store.restart_times(c, None, since=float(br["reset_at"]), include_dry_run=dry),
+            breaker_open=bool(br["open"]), markers=markers, has_action=bool(backend.restart), dry_run=dry,
+            unresponsive_since=unresponsive_since,
+        )
+
+    def record_verification(self, c: Any, incident_id: int, verification: Any, now: float, t: float) -> float | None:
+        """Keep the latest verification on the incident (the agent answers from it) and the start of an
+        unbroken run of `unresponsive` (monotonic). Returns that start as wall time for policy, or None."""
+        outcome = str(getattr(verification, "outcome", "unknown"))
+        inc = c.execute("SELECT unresponsive_since FROM incidents WHERE id = ?", (incident_id,)).fetchone()
+        since: float | None = None
+        if outcome == policy.UNRESPONSIVE:
+            prior = inc["unresponsive_since"] if inc is not None else None
+            since = float(prior) if prior is not None else t
+        c.execute("UPDATE incidents SET verified_outcome = ?, verified_at = ?, unresponsive_since = ? WHERE id = ?",
+                  (outcome[:40], now, since, incident_id))
+        return None if since is None else now - (t - since)
+
+    # -- the gates that need the fleet: per-host mutex, concurrency bound, min_ready floor ----------
+    def host_gate(self, c: Any, backend: Backend) -> policy.Decision | None:
+        ok, why = lifecycle.may_start(backend.name, backend.host, fleet.gate_states(c, self.config),
+                                      fleet.hosts(self.config))
+        return None if ok else policy.Decision(DEFERRED_HOST, f"per-host mutex: {why}; waiting until it is "
+                                               "READY or ERROR")
+
+    def concurrency_gate(self, c: Any, incident_id: int) -> policy.Decision | None:
+        limit = max(1, self.r.max_concurrent_restarts)
+        busy = Store.restarts_in_progress(c, except_incident=incident_id)
+        if busy < limit:
+            return None
+        return policy.Decision(DEFERRED_CONCURRENCY, f"{busy} restarts already in progress "
+                               f"(remediator.max_concurrent_restarts {limit}); waiting for one to finish")
+
+    def floor_gate(self, c: Any, backend: Backend, verification: Any, now: float) -> policy.Decision | None:
+        ok, why = lifecycle.may_drain(backend.name, fleet.gate_states(c, self.config), self.r.min_ready,
+                                      self.serves_nothing(c, backend, verification))
+        if ok:
+            return None
+        return policy.Decision(DEFERRED_MIN_READY, f"fleet floor: {why}; a stalled backend still counts as up, "
+                               "so it waits", retry_at=now + self.settings.unknown_retry)
+
+    @staticmethod
+    def serves_nothing(c: Any, backend: Backend, verification: Any) -> bool:
+        """Down (verified), or not READY in our lifecycle: taking it out lowers no capacity."""
+        if str(getattr(verification, "outcome", "")) == "down":
+            return True
+        return fleet.state_of(c, backend.name) != S.READY
+
+    # == step: begin (drain a serving backend, or claim at once) ===================================
+    def begin(self, c: Any, incident_id: int, backend: Backend, d: policy.Decision, verification: Any,
+              baseline: InFlight | None, now: float, t: float) -> int | None:
+        """Drain a serving backend (returns None), or claim at once (returns the action id) when there
+        is nothing to drain."""
+        state = fleet.state_of(c, backend.name)
+        outcome = str(getattr(verification, "outcome", ""))
+        if state == S.READY and outcome != "down":
+            stalled = outcome in ("no_progress", policy.UNRESPONSIVE)
+            timeout = self.r.stalled_drain_timeout if stalled else self.r.drain_timeout
+            baseline = baseline or InFlight(None, None, None, "not read")
+            if not fleet.move(c, backend.name, S.DRAINING, now,
+                              f"restart decided ({d.reason}); no new requests, waiting up to {timeout:g}s for "
+                              f"in-flight work ({baseline.describe()})", incident_id,
+                              drain_deadline=t + timeout, drain_baseline=inflight.dump(baseline.reading)):
+                return None
+            Store.set_state(c, incident_id, now, DRAINING, last_decision=policy.RESTART, last_note="",
+                            next_check_at=0.0)
+            Store.event(c, now, "draining", backend.name, incident_id,
+                        reason=f"{d.reason}; draining for up to {timeout:g}s "
+                        f"({'stalled: it finishes nothing' if stalled else 'drain_timeout'})")
+            return None
+        if state == S.READY:
+            if not fleet.move(c, backend.name, S.STOPPED, now, f"already down, nothing to drain: {d.reason}",
+                              incident_id):
+                return None
+        return self.claim(c, incident_id, backend, d, now)
+
+    # == step: watch the drain ======================================================================
+    def watch_drain(self, incident_id: int, backend: Backend) -> None:
+        seen = self.in_flight_now(backend)
+        verification = None
+        if self.drain_ends(backend, seen) and self.needs_recheck(self.store.conn(), incident_id, backend):
+            # the alerts resolved meanwhile, or the drain has no starting reading to tell progress from:
+            # the pre-drain verification alone is not enough to act on (principle 6)
+            verification = self.probing(backend, VERIFY, self.checks.verifier)
+        now, t = self.clocks.wall(), self.clocks.mono()
+        claimed: int | None = None
+        unsilence = False
+        with self.store.tx() as c:
+            inc = Store.incident_in(c, incident_id, DRAINING)
+            r = fleet.row(c, backend.name)
+            if inc is None:
+                return
+            if r is None or r["state"] != S.DRAINING.value:
+                # not ours to drain any more (refused or changed by hand): stop, say so, retry from scratch
+                Store.set_state(c, incident_id, now, OPEN, last_decision="drain_lost", last_note="")
+                Store.event(c, now, "lifecycle_refused", backend.name, incident_id,
+                            reason=f"incident {incident_id} is draining but the lifecycle is "
+                            f"{r['state'] if r else 'missing'}; back to open")
+                return
+            deadline = float(r["drain_deadline"] or t)
+            moved = inflight.moved(inflight.load(r["drain_baseline"]), seen.reading)
+            if not seen.drained and not moved and t < deadline:
+                c.execute("UPDATE incidents SET next_check_at = ? WHERE id = ?",
+                          (t + self.r.poll_interval, incident_id))
+                return
+            if moved:
+                unsilence = True
+                fleet.move(c, backend.name, S.READY, now, f"restart called off: {moved}")
+                Store.set_state(c, incident_id, now, CLOSED, close_reason=policy.VERIFIED_HEALTHY,
+                                last_decision="restart_called_off")
+                Store.event(c, now, "restart_called_off", backend.name, incident_id,
+                            reason=f"{moved} ({seen.describe()}): not stalled, no restart; incident closed")
+            else:
+                blocked = policy.gates(self.facts(c, backend, now), self.settings)
+                why = ("in-flight work finished" if seen.drained else f"drain timeout, still {seen.describe()}")
+                if blocked is not None:
+                    unsilence = True
+                    fleet.move(c, backend.name, S.READY, now, f"restart called off: {blocked.reason}")
+                    Store.set_state(c, incident_id, now, OPEN, last_note="")
+                    self.note(c, incident_id, backend.name, blocked, now)
+                elif verification is None and self.needs_recheck(c, incident_id, backend):
+                    # changed since we looked (e.g. the alert resolved just now): re-verify next poll
+                    c.execute("UPDATE incidents SET next_check_at = ? WHERE id = ?", (t, incident_id))
+                elif verification is not None:
+                    claimed, unsilence = self.after_recheck(c, incident_id, backend, verification, why, now, t)
+                elif self.still_holder(c):
+                    if fleet.move(c, backend.name, S.STOPPED, now, why, incident_id):
+                        d = policy.Decision(policy.RESTART, f"verified before the drain; drained: {why}")
+                        claimed = self.claim(c, incident_id, backend, d, now)
+        if unsilence:
+            self.unsilence_safely(backend.name)
+        if claimed is not None:
+            self.carry_out(incident_id, claimed, backend, silence=False)
+
+    def in_flight_now(self, backend: Backend) -> InFlight:
+        try:
+            return self.checks.in_flight(backend)
+        except Exception as exc:  # noqa: BLE001 - an unreadable backend is "unknown", never "drained"
+            return InFlight(None, None, None, f"reading failed: {exc!r}")
+
+    def drain_ends(self, backend: Backend, seen: InFlight) -> bool:
+        """Read-only: would this look at the drain end it without progress (drained, or deadline)?"""
+        r = fleet.row(self.store.conn(), backend.name)
+        if r is None or r["state"] != S.DRAINING.value:
+            return False
+        if inflight.moved(inflight.load(r["drain_baseline"]), seen.reading):
+            return False
+        return seen.drained or self.clocks.mono() >= float(r["drain_deadline"] or 0.0)
+
+    @staticmethod
+    def needs_recheck(c: Any, incident_id: int, backend: Backend) -> bool:
+        """Re-verify before claiming: no alert of the incident fires any more, or the drain's starting
+        reading failed (so progress during the drain could not be seen)."""
+        firing = c.execute("SELECT count(*) FROM incident_alerts WHERE incident_id = ? AND status = 'firing'",
+                           (incident_id,)).fetchone()[0]
+        r = fleet.row(c, backend.name)
+        return not firing or r is None or inflight.load(r["drain_baseline"]) is None
+
+    def after_recheck(self, c: Any, incident_id: int, backend: Backend, verification: Any, why: str,
+                      now: float, t: float) -> tuple[int | None, bool]:
+        """The drain is over and the backend was verified again: restart, or call it off. Returns
+        (claimed action id, whether to remove the silence)."""
+        since = self.record_verification(c, incident_id, verification, now, t)
+        d = policy.decide(self.facts(c, backend, now, since), verification, self.settings)
+        firing = c.execute("SELECT count(*) FROM incident_alerts WHERE incident_id = ? AND status = 'firing'",
+                           (incident_id,)).fetchone()[0]
+        if d.kind == policy.RESTART:
+            if not self.still_holder(c) or not fleet.move(c, backend.name, S.STOPPED, now, why, incident_id):
+                return None, False
+            d = policy.Decision(policy.RESTART, f"re-verified at the end of the drain ({why}): {d.reason}")
+            return self.claim(c, incident_id, backend, d, now), False
+        if d.kind in (policy.VERIFIED_HEALTHY, policy.RESTARTED_BY_OTHER):
+            fleet.move(c, backend.name, S.READY, now, f"restart called off: {d.reason}")
+            Store.set_state(c, incident_id, now, CLOSED, close_reason=d.kind, last_decision=d.kind)
+            Store.event(c, now, d.kind, backend.name, incident_id,
+                        reason=f"re-verified at the end of the drain{'' if firing else ' (alerts resolved)'}: "
+                        f"{d.reason}; incident closed, no restart")
+            return None, True
+        fleet.move(c, backend.name, S.READY, now, f"restart called off: {d.reason}")
+        if not firing:
+            Store.set_state(c, incident_id, now, CLOSED, close_reason="resolved", last_decision=d.kind)
+            Store.event(c, now, "resolved", backend.name, incident_id,
+                        reason=f"alerts resolved during the drain and the re-verification cannot confirm the "
+                        f"restart ({d.reason}); incident closed, no restart")
+        else:
+            Store.set_state(c, incident_id, now, OPEN, last_note="")
+            self.note(c, incident_id, backend.name, d, now)
+        return None, True
+
+    # == step: claim (intent first: reserves budget and backoff; never repeated) =====================
+    def claim(self, c: Any, incident_id: int, backend: Backend, d: policy.Decision, now: float) -> int:
+        """Record the intent (and where the action's exit status will go) and move to RESTARTING."""
+        cur = c.execute(
+            "INSERT INTO actions (incident_id, backend, argv, holder, started_at) VALUES (?,?,?,?,?)",
+            (incident_id, backend.name, " ".join(backend.restart)[:2000], self.holder, now),
+        )
+        action_id = int(cur.lastrowid or 0)
+        files = self.action_files(action_id)
+        if files is not None:
+            c.execute("UPDATE actions SET status_path = ? WHERE id = ?", (str(files.status), action_id))
+        st = fleet.state_of(c, backend.name)
+        if st == S.ERROR:
+            fleet.move(c, backend.name, S.INITIALIZING, now, f"restart started from ERROR: {d.reason}", incident_id)
+        elif st == S.INITIALIZING:
+            fleet.set_owner(c, backend.name, incident_id)   # never READY yet: the restart takes it over
+        Store.set_state(c, incident_id, now, RESTARTING, last_decision=policy.RESTART, last_note="")
+        Store.event(c, now, "restarting", backend.name, incident_id, reason=d.reason, action_id=action_id)
+        return action_id
+
+    def action_files(self, action_id: int) -> act.ActionFiles | None:
+        """Where the default runner puts this action's pid, output and exit status (None for an injected
+        runner that keeps no files)."""
+        if self.action_dir is None or not getattr(self.checks.runner, "keeps_files", False):
+            return None
+        return act.ActionFiles(self.action_dir, str(action_id))
+
+    # == step: act (run the argv; record its result) =================================================
+    def carry_out(self, incident_id: int, action_id: int, backend: Backend, *, silence: bool) -> None:
+        """Silence (optionally) and run a claimed restart. Anything raising between the claim and the
+        recorded result (SQLite busy, the runner failing to start the argv, Alertmanager client errors)
+        must not leave the incident RESTARTING, the lifecycle STOPPED and the host mutex held: the
+        restart is aborted into needs_ack (outcome unknown, never repeated blindly)."""
+        with self._running_lock:
+            self._running.add(action_id)
+        try:
+            if silence:
+                self.silence(incident_id, backend)
+            self.act(incident_id, action_id, backend)
+        except Exception as exc:  # noqa: BLE001 - the state machine must always reach a resting state
+            log.exception("restart of %s (incident %s, action %s) failed", backend.name, incident_id, action_id)
+            self.abort(incident_id, action_id, backend, exc)
+        finally:
+            with self._running_lock:
+                self._running.discard(action_id)
+
+    def running_here(self, action_id: int) -> bool:
+        with self._running_lock:
+            return action_id in self._running
+
+    def act(self, incident_id: int, action_id: int, backend: Backend) -> None:
+        env = {"LLM_HEALTH_BACKEND": backend.name, "LLM_HEALTH_INCIDENT": str(incident_id),
+               "LLM_HEALTH_ACTION": str(action_id)}
+        result = self.checks.runner(backend.restart, self.r.action_timeout, env)
+        self.record_result(incident_id, action_id, backend.name, result)
+
+    def watch_action(self, incident_id: int, backend: Backend) -> None:
+        """RESTARTING and no argv of ours running: a previous authority's action. Collect its real exit
+        status (the wrapper outlives us) instead of guessing; still running -> look again later."""
+        row = self.store.conn().execute("SELECT * FROM actions WHERE incident_id = ? AND result IS NULL "
+                                        "ORDER BY id DESC LIMIT 1", (incident_id,)).fetchone()
+        if row is None or self.running_here(int(row["id"])) or not row["status_path"]:
+            return                    # ours (a worker is on it) or nothing to collect: recover() decides
+        path = Path(row["status_path"])
+        files = act.ActionFiles(path.parent, path.name.removesuffix(".status"))
+        result = act.collect(files)
+        if result is None:
+            with self.store.tx() as c:
+                c.execute("UPDATE incidents SET next_check_at = ? WHERE id = ?",
+                          (self.clocks.mono() + self.r.poll_interval, incident_id))
+            return
+        self.record_result(incident_id, int(row["id"]), backend.name, result, collected=True)
+
+    def record_result(self, incident_id: int, action_id: int, backend: str, result: act.ActionResult,
+                      collected: bool = False) -> None:
+        now, t = self.clocks.wall(), self.clocks.mono()
+        if result.result != act.OK:
+            self.unsilence_safely(backend)     # nothing to warm up: its alerts must page people again
+        with self.store.tx() as c:
+            updated = c.execute(
+                "UPDATE actions SET result = ?, exit_code = ?, output = ?, finished_at = ? "
+                "WHERE id = ? AND result IS NULL", (result.result, result.exit_code, result.output, now, action_id),
+            ).rowcount
+            detail: dict[str, Any] = {"action_id": action_id, "exit_code": result.exit_code,
+                                      "output": result.output[-1000:]}
+            if collected:
+                detail["collected"] = "exit status collected from the action's status file after a takeover"
+            if not updated or (collected and Store.incident_in(c, incident_id, RESTARTING) is None):
+                Store.event(c, now, "late_result", backend, incident_id,
+                            reason=f"action finished ({result.result}) after another authority took over"
+                            if not updated else f"action finished ({result.result}); the incident moved on "
+                            "meanwhile (acknowledged or closed): recorded only", **detail)
+                return
+            if result.result == act.OK:
+                if fleet.state_of(c, backend) == S.STOPPED:
+                    fleet.move(c, backend, S.INITIALIZING, now,
+                               f"restart action exited 0; warming up (up to {self.r.warmup_timeout:g}s)",
+                               incident_id)
+                Store.set_state(c, incident_id, now, WARMING, warm_deadline=t + self.r.warmup_timeout,
+                                last_decision="restarted", next_check_at=0.0)
+                Store.event(c, now, "restarted", backend, incident_id,
+                            reason=f"restart action exited 0; warming up (up to {self.r.warmup_timeout:g}s)",
+                            **detail)
+            elif result.outcome_unknown:
+                what = (f"timed out after {self.r.action_timeout:g}s" if result.result == act.TIMEOUT
+                        else "ended without an exit status")
+                fleet.move(c, backend, S.ERROR, now, f"restart action {what}: outcome unknown", incident_id)
+                self.escalate(c, backend, incident_id, now, f"restart action {what}")
+                Store.set_state(c, incident_id, now, NEEDS_ACK, last_decision="failed")
+                Store.event(c, now, "failed", backend, incident_id,
+                            reason=f"restart action {what}: outcome unknown, not retried (acknowledge via "
+                            "API, or it closes when the backend answers again)", result=result.result, **detail)
+            else:
+                fleet.move(c, backend, S.ERROR, now, f"restart action failed (exit {result.exit_code})",
+                           incident_id)
+                Store.set_state(c, incident_id, now, OPEN, last_decision="failed", last_note="")
+                Store.event(c, now, "failed", backend, incident_id,
+                            reason=f"restart action failed (exit {result.exit_code}); next attempt only after "
+                            "backoff", result=result.result, **detail)
+        self.forget_files(action_id)
+
+    def forget_files(self, action_id: int) -> None:
+        """The result is in the store: the action's files are not needed any more."""
+        if self.action_dir is not None:
+            act.ActionFiles(self.action_dir, str(action_id)).remove()
+
+    def abort(self, incident_id: int, action_id: int, backend: Backend, exc: BaseException) -> None:
+        reason = f"restart aborted by an error of the remediator ({exc.__class__.__name__}: {exc})"[:500]
+        try:
+            now = self.clocks.wall()
+            with self.store.tx() as c:
+                done = c.execute("UPDATE actions SET result = 'error', finished_at = ?, output = ? "
+                                 "WHERE id = ? AND result IS NULL", (now, reason, action_id)).rowcount
+                restarting = Store.incident_in(c, incident_id, RESTARTING) is not None
+                if restarting:
+                    Store.set_state(c, incident_id, now, NEEDS_ACK, last_decision="aborted")
+                if done or restarting:
+                    if fleet.state_of(c, backend.name) != S.ERROR:
+                        fleet.move(c, backend.name, S.ERROR, now, f"{reason}: outcome unknown", incident_id)
+                    Store.event(c, now, "aborted", backend.name, incident_id,
+                                reason=f"{reason}; the action may or may not have run: not repeated "
+                                "(acknowledge via POST /api/backends/<name>/ack, or the incident closes when "
+                                "the backend answers again)", action_id=action_id)
+                    self.escalate(c, backend.name, incident_id, now, reason)
+        except Exception:  # noqa: BLE001 - e.g. the database is still locked: recover() sweeps it next pass
+            log.exception("could not record the aborted restart of %s; recovering on the next pass", backend.name)
+            self.on_abort_unrecorded()
+            return
+        self.unsilence_safely(backend.name)
+
+    def on_abort_unrecorded(self) -> None:
+        """Hook: the authority sets it to run recover() again (replaced in Authority)."""
+
+    # == step: warm up ==============================================================================
+    def watch_warmup(self, incident_id: int, backend: Backend, deadline: float) -> None:
+        now, t = self.clocks.wall(), self.clocks.mono()
+        if t > deadline:
+            self.unsilence_safely(backend.name)
+            with self.store.tx() as c:
+                if Store.incident_in(c, incident_id, WARMING) is None:
+                    return
+                why = f"not warm {self.r.warmup_timeout:g}s after the restart"
+                fleet.move(c, backend.name, S.ERROR, now, f"warm-up timeout: {why}", incident_id)
+                Store.set_state(c, incident_id, now, NEEDS_ACK, last_decision="warmup_timeout")
+                Store.event(c, now, "warmup_timeout", backend.name, incident_id,
+                            reason=f"{why}; needs a person, not restarted again")
+                self.escalate(c, backend.name, incident_id, now, f"warm-up timeout: {why}")
+            return
+        ready, why = self.probing(backend, WARMUP, self.checks.warmup_check)
+        if ready:
+            self.unsilence_safely(backend.name)
+        now, t = self.clocks.wall(), self.clocks.mono()
+        with self.store.tx() as c:
+            if Store.incident_in(c, incident_id, WARMING) is None:
+                return
+            if ready:
+                if fleet.state_of(c, backend.name) == S.INITIALIZING:
+                    fleet.move(c, backend.name, S.READY, now, f"warm: {why}", incident_id)
+                Store.set_state(c, incident_id, now, CLOSED, close_reason="recovered", last_decision="recovered")
+                Store.event(c, now, "recovered", backend.name, incident_id, reason=why + "; incident closed")
+            else:
+                c.execute("UPDATE incidents SET next_check_at = ?, last_note = ? WHERE id = ?",
+                          (t + self.r.warmup_poll, why[:200], incident_id))
+
+    def watch_recovery(self, incident_id: int, backend: Backend) -> None:
+        """An incident with an unknown outcome closes by itself once the backend answers again."""
+        ready, why = self.probing(backend, WARMUP, self.checks.warmup_check)
+        if ready:
+            self.unsilence_safely(backend.name)
+        now, t = self.clocks.wall(), self.clocks.mono()
+        with self.store.tx() as c:
+            if Store.incident_in(c, incident_id, NEEDS_ACK) is None:
+                return
+            if ready:
+                st = fleet.state_of(c, backend.name)
+                if st in (S.ERROR, S.STOPPED):
+                    fleet.move(c, backend.name, S.INITIALIZING, now, f"answers again: {why}", incident_id)
+                if fleet.state_of(c, backend.name) == S.INITIALIZING:
+                    fleet.move(c, backend.name, S.READY, now, f"warm: {why}", incident_id)
+                Store.set_state(c, incident_id, now, CLOSED, close_reason="recovered", last_decision="recovered")
+                Store.event(c, now, "recovered", backend.name, incident_id, reason=why + "; incident closed")
+            else:
+                c.execute("UPDATE incidents SET next_check_at = ? WHERE id = ?",
+                          (t + self.r.warmup_poll, incident_id))
+
+    # == bookkeeping shared by the steps =============================================================
+    def note(self, c: Any, incident_id: int, backend: str, d: policy.Decision, now: float) -> None:
+        """Record a decision that is not a restart; repeated identical deferrals are logged once."""
+        if d.opens_breaker and not Store.breaker(c)["open"]:
+            c.execute("UPDATE breaker SET open = 1, opened_at = ?, reason = ? WHERE id = 1", (now, d.reason))
+            Store.event(c, now, "breaker_open", backend, incident_id, reason=d.reason)
+        if d.kind in (policy.VERIFIED_HEALTHY, policy.RESTARTED_BY_OTHER):
+            Store.set_state(c, incident_id, now, CLOSED, close_reason=d.kind, last_decision=d.kind)
+            Store.event(c, now, d.kind, backend, incident_id, reason=d.reason + "; incident closed, no restart")
+            return
+        if d.kind == policy.WOULD_RESTART:
+            c.execute("INSERT INTO actions (incident_id, backend, argv, holder, started_at, finished_at, result) "
+                      "VALUES (?,?,?,?,?,?, 'dry_run')", (incident_id, backend, "", self.holder, now, now))
+            Store.set_state(c, incident_id, now, OBSERVED, last_decision=d.kind)
+            Store.event(c, now, d.kind, backend, incident_id, reason="dry run: " + d.reason)
+            return
+        if d.kind == policy.NOT_CONFIGURED:
+            Store.set_state(c, incident_id, now, OBSERVED, last_decision=d.kind)
+            Store.event(c, now, d.kind, backend, incident_id, reason=d.reason)
+            return
+        key = d.kind + (d.reason.split(" until ")[0] if d.kind == policy.DEFERRED_MARKER else "")
+        inc = c.execute("SELECT last_note FROM incidents WHERE id = ?", (incident_id,)).fetchone()
+        next_check = 0.0
+        if d.kind in (policy.DEFERRED_UNKNOWN, DEFERRED_MIN_READY) and d.retry_at:
+            next_check = self.clocks.mono() + (d.retry_at - now)     # policy answers in wall time
+        c.execute("UPDATE incidents SET last_note = ?, last_decision = ?, next_check_at = ?, updated_at = ? "
+                  "WHERE id = ?", (key, d.kind, next_check, now, incident_id))
+        if inc is None or inc["last_note"] != key:
+            Store.event(c, now, d.kind, backend, incident_id, reason=d.reason, retry_at=d.retry_at)
+
+    @staticmethod
+    def escalate(c: Any, backend: str, incident_id: int | None, now: float, reason: str) -> None:
+        Store.bump(c, "escalations", backend)
+        Store.event(c, now, "escalated", backend, incident_id, reason=reason + "; needs a person (see the "
+                    "status page; acknowledge via POST /api/backends/<name>/ack)")
+
+    def close(self, incident_id: int, backend: str, kind: str, reason: str) -> None:
+        now = self.clocks.wall()
+        with self.store.tx() as c:
+            Store.set_state(c, incident_id, now, CLOSED, close_reason=reason)
+            Store.event(c, now, kind, backend, incident_id, reason=reason)
+
+    def probing(self, backend: Backend, purpose: str, check: Callable[[Backend], Any]) -> Any:
+        """Run a verifier / warm-up check and count the probes it sent (`probes` counters in SQLite)."""
+        sink: list[str] = []
+        token = probe_log.set(sink)
+        try:
+            return check(backend)
+        finally:
+            probe_log.reset(token)
+            if sink:
+                try:
+                    with self.store.tx() as c:
+                        Store.bump(c, "probes", f"{backend.name}\t{purpose}", len(sink))
+                except Exception:  # noqa: BLE001 - counting must never stop the restart procedure
+                    log.exception("could not count %d probe(s) to %s", len(sink), backend.name)
+
+    # -- silences -----------------------------------------------------------------------------------
+    def silence(self, incident_id: int, backend: Backend) -> None:
+        """Mute the backend's alerts for the whole restart (it ends by itself if we crash). Failures are
+        recorded and never hold the restart back."""
+        am = self.r.alertmanager_url
+        if not am:
+            return
+        seconds = self.r.drain_timeout + self.r.action_timeout + self.r.warmup_timeout + SILENCE_MARGIN
+        try:
+            sid = create_silence(am, backend.name, seconds / 60.0,
+                                 f"llm-health remediator: restart of {backend.name} (incident {incident_id})",
+                                 "llm-health-remediator", timeout=SILENCE_TIMEOUT)
+        except SilenceError as exc:
+            now = self.clocks.wall()
+            with self.store.tx() as c:
+                Store.bump(c, "silences", "create_failed")
+                Store.event(c, now, "silence_failed", backend.name, incident_id,
+                            reason=f"could not silence the restart's alerts (restart goes on): {exc}")
+            return
+        now = self.clocks.wall()
+        with self.store.tx() as c:
+            c.execute("INSERT OR REPLACE INTO silences (id, backend, incident_id, created_at, ends_at) "
+                      "VALUES (?,?,?,?,?)", (sid, backend.name, incident_id, now, now + seconds))
+            Store.bump(c, "silences", "created")
+            Store.event(c, now, "silence_created", backend.name, incident_id,
+                        reason=f"alerts with backend={backend.name} silenced for {seconds:g}s (id {sid})",
+                        silence_id=sid)
+
+    def unsilence(self, backend: str) -> None:
+        am = self.r.alertmanager_url
+        rows = self.store.conn().execute("SELECT * FROM silences WHERE backend = ? AND expired_at IS NULL",
+                                         (backend,)).fetchall()
+        for s in rows:
+            try:
+                if not am:
+                    raise SilenceError("remediator.alertmanager_url is no longer set")
+                known = expire_silence(am, s["id"], timeout=SILENCE_TIMEOUT)
+            except SilenceError as exc:
+                now = self.clocks.wall()
+                with self.store.tx() as c:
+                    Store.bump(c, "silences", "expire_failed")
+                    Store.event(c, now, "silence_expire_failed", backend, s["incident_id"],
+                                reason=f"could not expire silence {s['id']} (it ends by itself at its end "
+                                f"time): {exc}", silence_id=s["id"])
+                    if now >= float(s["ends_at"]):
+                        c.execute("UPDATE silences SET expired_at = ?, result = 'ended' WHERE id = ?", (now, s["id"]))
+                continue
+            now = self.clocks.wall()
+            with self.store.tx() as c:
+                c.execute("UPDATE silences SET expired_at = ?, result = ? WHERE id = ?",
+                          (now, "expired" if known else "gone", s["id"]))
+                Store.bump(c, "silences", "expired")
+                Store.event(c, now, "silence_expired", backend, s["incident_id"],
+                            reason=f"silence {s['id']} removed: the restart is over", silence_id=s["id"])
+
+    def silence_safely(self, incident_id: int, backend: Backend) -> None:
+        try:
+            self.silence(incident_id, backend)
+        except Exception:  # noqa: BLE001 - silences never hold a restart back
+            log.exception("silencing %s failed", backend.name)
+
+    def unsilence_safely(self, backend: str) -> None:
+        try:
+            self.unsilence(backend)
+        except Exception:  # noqa: BLE001 - the silence ends by itself at its end time
+            log.exception("removing the silence of %s failed", backend)

@@ -1,0 +1,128 @@
+"""Restart actions that start the server in the background, and results that survive the authority.
+
+Real processes: a restart script that ends in `nohup ... &` (the child inherits the action's stdout)
+and one that uses `setsid`. The action is over when the SCRIPT exits: the authority is free again, the
+child keeps running, the outcome is the script's exit code. The exit status goes to a file, so an
+authority that did not live to see the end can still collect it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from llm_health.remediator import action
+
+from llm_health.procs import wait_until
+
+NOHUP = """#!/bin/sh
+echo "starting the server in the background"
+nohup "{py}" -c "import time; time.sleep(300)" &
+echo $! > "{pidfile}"
+exit {code}
+"""
+
+SETSID = """#!/bin/sh
+echo "starting the server in its own session"
+setsid "{py}" -c "import os, time; open('{pidfile}', 'w').write(str(os.getpid())); time.sleep(300)" &
+while [ ! -s "{pidfile}" ]; do sleep 0.05; done
+exit {code}
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:                                        # a zombie is not alive
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def children(tmp_path: Path) -> Iterator[list[Path]]:
+    """pid files of the background children the scripts start; every one is killed afterwards."""
+    files: list[Path] = []
+    yield files
+    for f in files:
+        try:
+            os.kill(int(f.read_text().strip()), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+
+
+def script(tmp_path: Path, template: str, code: int, children: list[Path], name: str) -> tuple[Path, Path]:
+    pidfile = tmp_path / f"{name}.child.pid"
+    children.append(pidfile)
+    path = tmp_path / f"{name}.sh"
+    path.write_text(template.format(py=sys.executable, pidfile=pidfile, code=code))
+    path.chmod(0o755)
+    return path, pidfile
+
+
+@pytest.mark.parametrize("template", [NOHUP, SETSID], ids=["nohup", "setsid"])
+@pytest.mark.timeout(120)
+def test_background_child_neither_holds_the_action_nor_dies(tmp_path: Path, children: list[Path],
+                                                            template: str) -> None:
+    path, pidfile = script(tmp_path, template, 0, children, "ok")
+    # the child lives 300 s, far past the 60 s timeout: waiting for pipes would end in TIMEOUT (and,
+    # for setsid, never return); waiting for the script's process ends with its exit code
+    r = action.run_action([str(path)], timeout=60, folder=tmp_path / "actions", key="1")
+    assert r.result == action.OK and r.exit_code == 0, r
+    assert "starting the server" in r.output
+    child = int(pidfile.read_text().strip())
+    assert alive(child), "the server the action started on purpose was killed"
+
+
+@pytest.mark.parametrize("template", [NOHUP, SETSID], ids=["nohup", "setsid"])
+@pytest.mark.timeout(120)
+def test_outcome_is_the_scripts_exit_code(tmp_path: Path, children: list[Path], template: str) -> None:
+    path, pidfile = script(tmp_path, template, 3, children, "fails")
+    r = action.run_action([str(path)], timeout=60, folder=tmp_path / "actions", key="2")
+    assert r.result == action.FAILED and r.exit_code == 3 and not r.outcome_unknown
+    assert alive(int(pidfile.read_text().strip()))          # exited non-zero: still never killed by us
+
+
+@pytest.mark.timeout(60)
+def test_timeout_kills_the_actions_process_group_only(tmp_path: Path) -> None:
+    r = action.run_action([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
+                          timeout=1, folder=tmp_path / "actions", key="3")
+    assert r.result == action.TIMEOUT and r.outcome_unknown and "up" in r.output
+
+
+@pytest.mark.timeout(60)
+def test_status_survives_the_caller_and_is_collected(tmp_path: Path) -> None:
+    """The wrapper runs on when whoever started it is gone, and leaves the exit status in a file."""
+    folder = tmp_path / "actions"
+    folder.mkdir()
+    files = action.ActionFiles(folder, "7")
+    gate = tmp_path / "go"
+    code = f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.05)\nprint('done')"
+    wrapper = subprocess.Popen(
+        [sys.executable, "-m", "llm_health.remediator.action", "--timeout", "30", "--pid-file", str(files.pid),
+         "--status", str(files.status), "--", sys.executable, "-c", code],
+        stdout=open(files.out, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_until(lambda: files.pid.exists(), timeout=20, what="wrapper pid file")
+        assert action.collect(files) is None                 # still running: not "interrupted"
+        gate.write_text("")
+        wait_until(lambda: action.collect(files) is not None, timeout=20, what="exit status")
+        r = action.collect(files)
+        assert r is not None and r.result == action.OK and r.exit_code == 0 and "done" in r.output
+    finally:
+        wrapper.kill()
+        wrapper.wait()
+
+
+def test_a_vanished_wrapper_is_unknown_never_ok(tmp_path: Path) -> None:
+    files = action.ActionFiles(tmp_path, "9")
+    files.pid.write_text("999999999")                        # no such process, no status file
+    r = action.collect(files)
+    assert r is not None and r.result == action.UNKNOWN and r.outcome_unknown

@@ -1,0 +1,175 @@
+"""Incidents progress concurrently (issue 11): a running Authority (its scheduler, worker threads and
+lease thread, real clocks) with injected verifier, in-flight reader, warm-up check and a restart runner
+that takes its time. The webhook, the store and every guarantee are the real ones.
+
+* 10 backends needing a restart at once, each on its own host, a 20 s verification and a slow restart
+  action: every restart starts within one verification window (plus a small constant) of its alert.
+* two backends on one host are still restarted one at a time;
+* min_ready and the fleet breaker hold while incidents race for the claim.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flask.testing import FlaskClient
+from llm_health.remediator import action, fleet
+from llm_health.remediator.app import create_app
+from llm_health.remediator.authority import Authority, SimpleVerification
+from llm_health.remediator.inflight import InFlight
+from llm_health.remediator.lifecycle import RESTARTING as OUT_OF_SERVICE
+from llm_health.remediator.store import Store
+from test_remediator_helpers import alert, payload
+
+from llm_health.config import parse_config
+from llm_health.procs import wait_until
+
+TOKEN = "concurrency-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+SLACK = 8.0     # seconds on top of one verification: scheduling, SQLite, a loaded 2-core machine
+
+
+@dataclass
+class Fleet:
+    client: FlaskClient
+    authority: Authority
+    store: Store
+    names: tuple[str, ...]
+    outcomes: dict[str, str]
+    starts: dict[str, list[float]] = field(default_factory=dict)     # monotonic action start times
+    ends: dict[str, list[float]] = field(default_factory=dict)
+    most_out: int = 0                                                  # most backends out of service at once
+    sampling: bool = True
+
+    def alert_all(self, names: tuple[str, ...]) -> float:
+        at = time.monotonic()
+        body = payload(*(alert(n) for n in names))
+        assert self.client.post("/webhook", json=body, headers=AUTH).status_code == 202
+        return at
+
+    def states(self) -> dict[str, str]:
+        with self.store.reader() as c:
+            return {n: fleet.state_of(c, n).value for n in self.names}
+
+    def kinds(self, name: str) -> list[str]:
+        return [e["kind"] for e in self.store.events(backend=name, limit=1000)]
+
+    def sample(self) -> None:
+        while self.sampling:
+            out = sum(1 for s in self.states().values() if s in {x.value for x in OUT_OF_SERVICE})
+            self.most_out = max(self.most_out, out)
+            time.sleep(0.01)
+
+
+@contextmanager
+def running_fleet(tmp_path: Path, n: int, *, hosts: list[str] | None = None, verify_seconds: float,
+                  action_seconds: float, outcome: str, **remediator: Any) -> Iterator[Fleet]:
+    names = tuple(f"gpu-{i:02d}" for i in range(n))
+    (tmp_path / "token").write_text(TOKEN)
+    settings = {"state": "state.db", "token_file": "token", "verify_interval": 0.2, "poll_interval": 0.1,
+                "warmup_timeout": 60, "warmup_poll": 0.1, "action_timeout": 60, "stalled_drain_timeout": 0.3,
+                "backoff": {"initial": 0, "factor": 2, "cap": 0, "stable_after": 3600},
+                "budget": {"restarts": 100, "window": 3600}, "breaker": {"restarts": 100, "window": 3600},
+                "max_concurrent_incidents": 16, "max_concurrent_restarts": 16, **remediator}
+    config = parse_config({
+        "backends": [{"name": name, "url": f"http://127.0.0.1:{18300 + i}",
+                      "host": (hosts[i] if hosts else f"node-{i}"), "restart": [f"restart-{name}"]}
+                     for i, name in enumerate(names)],
+        "remediator": settings,
+    }, source=str(tmp_path / "llm-health.yml"))
+    app = create_app(config, start_authority=False)
+    store = app.extensions["remediator"].store
+    outcomes = dict.fromkeys(names, outcome)
+    world: Fleet
+    lock = threading.Lock()
+
+    def verifier(b: Any) -> SimpleVerification:
+        time.sleep(verify_seconds)
+        return SimpleVerification(outcomes[b.name], "scripted verification")
+
+    def runner(argv: Any, timeout: float, env: dict[str, str]) -> action.ActionResult:
+        name = env["LLM_HEALTH_BACKEND"]
+        with lock:
+            world.starts.setdefault(name, []).append(time.monotonic())
+        time.sleep(action_seconds)
+        outcomes[name] = "progress"                  # the restart fixed it
+        with lock:
+            world.ends.setdefault(name, []).append(time.monotonic())
+        return action.ActionResult(action.OK, 0, "restarted")
+
+    authority = Authority(store, config, runner=runner, holder="concurrency-test", verifier=verifier,
+                          warmup_check=lambda b: (outcomes[b.name] == "progress", "scripted warm-up"),
+                          answer_check=lambda b: (True, "answers"),
+                          in_flight=lambda b: InFlight(None, None, None, "not read"))
+    world = Fleet(app.test_client(), authority, store, names, outcomes)
+    authority.start()
+    sampler = threading.Thread(target=world.sample, daemon=True)
+    try:
+        wait_until(lambda: set(world.states().values()) == {"ready"}, timeout=20, what="every backend READY")
+        sampler.start()
+        yield world
+    finally:
+        world.sampling = False
+        authority.stop()
+        if sampler.is_alive():
+            sampler.join(timeout=5)
+
+
+def test_ten_restarts_start_within_one_verification_of_their_alert(tmp_path: Path) -> None:
+    verify = 20.0
+    with running_fleet(tmp_path, 10, verify_seconds=verify, action_seconds=10.0, outcome="down") as f:
+        alerted = f.alert_all(f.names)
+        wait_until(lambda: len(f.starts) == 10, timeout=verify * 10 + 60, interval=0.2, what="10 restarts started")
+        delays = sorted(f.starts[n][0] - alerted for n in f.names)
+        # one after another, the 2nd would start a whole verification (and action) after the 1st
+        assert delays[-1] < verify + SLACK, delays
+        wait_until(lambda: all("recovered" in f.kinds(n) for n in f.names), timeout=60, what="all recovered")
+        assert all(len(f.starts[n]) == 1 for n in f.names)         # one restart per incident
+
+
+def test_two_backends_on_one_host_restart_one_at_a_time(tmp_path: Path) -> None:
+    with running_fleet(tmp_path, 2, hosts=["node-x", "node-x"], verify_seconds=0.3, action_seconds=1.0,
+                       outcome="down") as f:
+        f.alert_all(f.names)
+        wait_until(lambda: all("recovered" in f.kinds(n) for n in f.names), timeout=60, what="both recovered")
+        first, second = sorted(f.names, key=lambda n: f.starts[n][0])
+        assert f.starts[second][0] >= f.ends[first][0]            # never two restarts on one host at once
+        assert f.most_out == 1
+        assert "deferred_host" in f.kinds(second)
+
+
+def test_min_ready_holds_while_incidents_race(tmp_path: Path) -> None:
+    # 5 serving backends that stall at once, min_ready 3: at most 2 may be out of service at any moment
+    with running_fleet(tmp_path, 5, verify_seconds=0.5, action_seconds=1.0, outcome="no_progress",
+                       min_ready=3) as f:
+        f.alert_all(f.names)
+        wait_until(lambda: all("recovered" in f.kinds(n) for n in f.names), timeout=90, what="all recovered")
+        assert 1 <= f.most_out <= 2, f.most_out
+        assert any("deferred_min_ready" in f.kinds(n) for n in f.names)
+        assert all(len(f.starts[n]) == 1 for n in f.names)
+
+
+def test_breaker_is_never_exceeded_when_incidents_race(tmp_path: Path) -> None:
+    # 10 backends down at once, verified at the same moment, all racing for the claim: the breaker allows 3
+    with running_fleet(tmp_path, 10, verify_seconds=1.0, action_seconds=0.5, outcome="down",
+                       breaker={"restarts": 3, "window": 3600}) as f:
+        f.alert_all(f.names)
+
+        def settled() -> bool:
+            kinds = {n: f.kinds(n) for n in f.names}
+            done = [n for n in f.names if "recovered" in kinds[n]]
+            held = [n for n in f.names if "deferred_breaker" in kinds[n]]
+            return len(done) + len(held) == len(f.names)
+        wait_until(settled, timeout=60, what="every incident restarted or held by the breaker")
+        with f.store.reader() as c:
+            actions = c.execute("SELECT count(*) FROM actions").fetchone()[0]
+            breaker_open = Store.breaker(c)["open"]
+        assert actions == 3 and sum(len(v) for v in f.starts.values()) == 3
+        assert breaker_open
+        assert len(f.store.events(kind="breaker_open")) == 1
