@@ -24,6 +24,7 @@ from llm_health.remediator import fleet, metrics, policy
 from llm_health.remediator.agent import AgentListener, FleetAgent
 from llm_health.remediator.alert import PayloadError, parse_notification
 from llm_health.remediator.authority import Authority, Verifier, WarmupCheck, state_path
+from llm_health.remediator.clock import Clocks, injected
 from llm_health.remediator.health import Health
 from llm_health.remediator.incident import ingest
 from llm_health.remediator.marker import file_markers
@@ -223,8 +224,18 @@ def _api_auth() -> Any:
     return None
 
 
+# Incident and lifecycle columns that hold monotonic deadlines (remediator/clock.py): shown as wall time.
+MONOTONIC_INCIDENT_FIELDS = ("next_check_at", "warm_deadline", "unresponsive_since")
+
+
+def _shown(clocks: Clocks, row: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
+    """A row for people: its monotonic instants converted to wall time (None stays None)."""
+    return {k: (clocks.wall_of(float(v)) if k in fields and v is not None else v) for k, v in row.items()}
+
+
 def backends_view() -> list[dict[str, Any]]:
     c = ctx()
+    clocks = injected(c.clock)
     conn = c.store.conn()
     now = c.clock()
     r = c.config.remediator
@@ -247,9 +258,9 @@ def backends_view() -> list[dict[str, Any]]:
             "backend": b.name,
             "url": redact(b.url),
             "host": b.host,
-            "lifecycle": fleet.view(lifecycles.get(b.name)),
+            "lifecycle": _shown(clocks, fleet.view(lifecycles.get(b.name)), ("drain_deadline",)),
             "restart_configured": bool(b.restart),
-            "incident": dict(inc) if inc else None,
+            "incident": _shown(clocks, dict(inc), MONOTONIC_INCIDENT_FIELDS) if inc else None,
             "last_decision": redact(dict(last)) if last else None,
             "restarts": {row["result"]: row["n"] for row in restarts},
             "next_allowed_restart": allowed,

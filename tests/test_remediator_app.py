@@ -440,3 +440,18 @@ def test_api_metrics_status_and_events(w: World) -> None:
     page = w.client.get("/")
     assert page.status_code == 200 and b"gpu-a" in page.data and b"warming" in page.data
     assert w.client.get("/healthz").status_code == 200
+
+
+def test_monotonic_deadlines_are_shown_as_wall_time() -> None:
+    # The authority stores deadlines on the monotonic clock; the API and status page show wall time.
+    from llm_health.remediator.app import MONOTONIC_INCIDENT_FIELDS, _shown
+    from llm_health.remediator.clock import Clocks
+
+    clocks = Clocks(wall=lambda: 1_700_000_000.0, mono=lambda: 500.0)
+    row = {"id": 1, "opened_at": 1_699_999_990.0, "next_check_at": 510.0, "warm_deadline": None,
+           "unresponsive_since": 470.0}
+    shown = _shown(clocks, row, MONOTONIC_INCIDENT_FIELDS)
+    assert shown["next_check_at"] == 1_700_000_010.0
+    assert shown["unresponsive_since"] == 1_699_999_970.0
+    assert shown["warm_deadline"] is None
+    assert shown["opened_at"] == row["opened_at"]  # wall time already: untouched
