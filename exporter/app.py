@@ -21,11 +21,13 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from llm_health.exporter.collector import FleetCollector
+from llm_health.exporter.collector import DiscoveryCollector, FleetCollector
 from llm_health.exporter.cycle import Fleet, Snapshot
 from llm_health.exporter.verdict import CODES
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.exposition import generate_latest
+
+from llm_health.discovery import Discovery, status_document
 
 
 def verdicts_document(snap: Snapshot) -> dict[str, Any]:
@@ -56,10 +58,13 @@ def verdicts_document(snap: Snapshot) -> dict[str, Any]:
 class ExporterServer:
     """The fleet loop in a thread plus the HTTP listener."""
 
-    def __init__(self, fleet: Fleet, host: str, port: int) -> None:
+    def __init__(self, fleet: Fleet, host: str, port: int, discovery: Discovery | None = None) -> None:
         self.fleet = fleet
+        self.discovery = discovery
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(FleetCollector(fleet.snapshot))
+        if discovery is not None:
+            self.registry.register(DiscoveryCollector(discovery.status))
         ProcessCollector(registry=self.registry)  # the exporter's own process_* series
         registry = self.registry
 
@@ -81,7 +86,10 @@ class ExporterServer:
                 if path == "/metrics":
                     self._send(200, generate_latest(registry), "text/plain; version=0.0.4; charset=utf-8")
                 elif path == "/verdicts":
-                    body = json.dumps(verdicts_document(fleet.snapshot()), indent=1).encode()
+                    doc = verdicts_document(fleet.snapshot())
+                    if discovery is not None:
+                        doc["discovery"] = status_document(discovery.status())
+                    body = json.dumps(doc, indent=1).encode()
                     self._send(200, body, "application/json")
                 elif path in ("/health", "/"):
                     self._send(200, b"ok\n", "text/plain")
@@ -94,10 +102,14 @@ class ExporterServer:
         self._loop = threading.Thread(target=fleet.run_forever, args=(self.stop,), name="fleet", daemon=True)
 
     def serve_forever(self) -> None:
+        if self.discovery is not None:
+            self.discovery.start()
         self._loop.start()
         try:
             self.httpd.serve_forever(poll_interval=0.2)
         finally:
+            if self.discovery is not None:
+                self.discovery.stop()
             self.stop.set()
             self.httpd.server_close()
             self.fleet.close()

@@ -350,8 +350,9 @@ class Discovery:
     def __init__(self, settings: DiscoverySettings, static: Sequence[Backend] = (),
                  fetch: Callable[[], list[Any]] | None = None,
                  monotonic: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
-                 keep: Callable[[str], bool] | None = None) -> None:
+                 keep: Callable[[str], bool] | None = None, reserved: Sequence[str] = ()) -> None:
         self.settings = settings
+        self.reserved = tuple(b.name for b in static) + tuple(reserved)
         self.matchers = parse_selector(settings.selector)
         self.static = tuple(static)
         self._fetch = fetch or (lambda: fetch_targets(settings.prometheus_url, settings.timeout))
@@ -385,7 +386,7 @@ class Discovery:
         """One look at Prometheus. A failure changes no backend (the last good list stays, marked stale)."""
         try:
             targets = self._fetch()
-            found = backends_from_targets(targets, self.settings, self.matchers, [b.name for b in self.static])
+            found = backends_from_targets(targets, self.settings, self.matchers, self.reserved)
         except Exception as exc:  # noqa: BLE001 - any failure: keep the last good list
             why = f"{type(exc).__name__}: {exc}"[:500]
             log.warning("discovery from %s failed, keeping the last good list: %s",

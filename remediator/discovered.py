@@ -53,7 +53,8 @@ def attach(config: Config, store: Store, clock: Callable[[], float] = time.time)
     def keep(name: str) -> bool:
         return Store.active_incident(store.conn(), name) is not None
 
-    discovery = Discovery(config.discovery, static=tuple(config.backends), keep=keep)
+    discovery = Discovery(config.discovery, static=tuple(config.backends), keep=keep,
+                          reserved=[p.name for p in config.proxies])
     discovery.on_change(lambda _backends, refusals: audit_refusals(store, refusals, clock()))
     discovery.refresh()          # before the first webhook: discovered backends are known from the start
     discovery.start()
