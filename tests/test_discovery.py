@@ -345,3 +345,54 @@ def test_config_reads_the_section() -> None:
 def test_config_refuses_bad_sections(section: Any, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         parse_config({"discovery": section})
+
+
+# ---- wiring: exporter flags, remediator lookups and audit ------------------------------------------
+
+def test_exporter_flags_turn_discovery_on_without_a_file() -> None:
+    import argparse
+
+    from llm_health.exporter.cli import build_config, configure
+
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    c = build_config(parser.parse_args(["--discover-from", "http://127.0.0.1:9090",
+                                        "--discover-selector", 'job="sglang"']))
+    assert c.discovery.enabled and c.discovery.selector == 'job="sglang"' and c.backends == ()
+    with pytest.raises(ConfigError, match="--discover-selector"):
+        build_config(parser.parse_args(["--backend", "a=http://h:1", "--discover-selector", 'job="x"']))
+    with pytest.raises(ConfigError, match="discovery.selector"):
+        build_config(parser.parse_args(["--discover-from", "http://p:9090", "--discover-selector", "job=x"]))
+    with pytest.raises(ConfigError, match="nothing to watch"):
+        build_config(parser.parse_args([]))
+
+
+def test_config_lookups_see_discovered_backends() -> None:
+    import dataclasses
+
+    static = (Backend("s", "http://10.0.0.1:8000"),)
+    d, answers, _ = make(static=static)
+    config = dataclasses.replace(parse_config({}), backends=LiveBackends(static, d))
+    assert config.backend("a") is None
+    answers.next = [target("a", "10.0.0.5:8000")]
+    d.refresh()
+    assert config.backend("a") is not None and config.backend("a").url == "http://10.0.0.5:8000"
+    assert config.backend_for_instance("10.0.0.5:8000").name == "a"
+    assert [b.name for b in config.backends] == ["s", "a"]
+
+
+def test_refusals_are_audited_once_while_they_last(tmp_path: Any) -> None:
+    from llm_health.remediator.discovered import AUDIT_EVERY, EVENT, audit_refusals
+    from llm_health.remediator.store import Store
+
+    store = Store(tmp_path / "state.db")
+    store.init()
+    found = backends_from_targets([target("a", pod="a;reboot", namespace="llm"), target("bad name")],
+                                  SETTINGS, parse_selector(SETTINGS.selector))
+    assert audit_refusals(store, found.refusals, 1000.0) == 2
+    assert audit_refusals(store, found.refusals, 1001.0) == 0          # the next refresh: nothing new
+    events = store.events(kind=EVENT)
+    assert {e["backend"] for e in events} == {"a", ""}
+    (restart,) = [e for e in events if e["backend"] == "a"]
+    assert "a;reboot" in restart["reason"] and restart["detail"]["restart_only"] is True
+    assert audit_refusals(store, found.refusals, 1000.0 + AUDIT_EVERY + 1) == 2   # still there a day later
