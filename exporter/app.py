@@ -11,7 +11,8 @@
  "proxies": [{"proxy": "lb", "url": "...", "up": true}],
  "cycles": 42, "cycle_seconds": 0.012, "at": 1764470042.5}
 ```
-(`up` is null before the first check.)
+(`up` is null before the first check.) With discovery on, a `discovery` object is added: freshness,
+errors and refused targets (llm_health.discovery.status_document).
 """
 
 from __future__ import annotations

@@ -135,7 +135,7 @@ class Fleet:
         n = 512 if dynamic else len(self.backends) + len(self.proxies)
         # a hung backend can hold two threads (its read and its /health check)
         self._reads = ThreadPoolExecutor(max_workers=max(4, min(512, 2 * n)), thread_name_prefix="read")
-        self._probes = ThreadPoolExecutor(max_workers=max(2, min(64, len(self.backends))),
+        self._probes = ThreadPoolExecutor(max_workers=64 if dynamic else max(2, min(64, len(self.backends))),
                                           thread_name_prefix="probe")
         self._lock = threading.Lock()
         self._snapshot = Snapshot(at=now)

@@ -449,12 +449,18 @@ class LiveBackends(Sequence[Backend]):
     def __init__(self, static: Sequence[Backend], discovery: Discovery | None = None) -> None:
         self.static = tuple(static)
         self.discovery = discovery
+        self._names = frozenset(b.name for b in self.static)
+        self._merged: tuple[tuple[Backend, ...], tuple[Backend, ...]] = ((), self.static)  # (source, merged)
 
     def snapshot(self) -> tuple[Backend, ...]:
         if self.discovery is None:
             return self.static
-        names = {b.name for b in self.static}
-        return self.static + tuple(b for b in self.discovery.backends() if b.name not in names)
+        found = self.discovery.backends()
+        source, merged = self._merged         # one tuple read: safe without a lock
+        if found is not source:
+            merged = self.static + tuple(b for b in found if b.name not in self._names)
+            self._merged = (found, merged)
+        return merged
 
     def __iter__(self) -> Iterator[Backend]:
         return iter(self.snapshot())

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from llm_health.remediator.store import Store
 
-from llm_health.config import Config
+from llm_health.config import Backend, Config
 from llm_health.discovery import Discovery, LiveBackends, Refusal
 
 log = logging.getLogger("llm_health.remediator")
@@ -55,7 +55,16 @@ def attach(config: Config, store: Store, clock: Callable[[], float] = time.time)
 
     discovery = Discovery(config.discovery, static=tuple(config.backends), keep=keep,
                           reserved=[p.name for p in config.proxies])
-    discovery.on_change(lambda _backends, refusals: audit_refusals(store, refusals, clock()))
+    last: list[tuple[tuple[Refusal, ...], float]] = []    # what was audited last, and when
+
+    def audit(_backends: tuple[Backend, ...], refusals: tuple[Refusal, ...]) -> None:
+        now = clock()
+        if last and last[0][0] == refusals and now - last[0][1] < AUDIT_EVERY / 2:
+            return      # same as last time: no write transaction on every refresh
+        audit_refusals(store, refusals, now)
+        last[:] = [(refusals, now)]
+
+    discovery.on_change(audit)
     discovery.refresh()          # before the first webhook: discovered backends are known from the start
     discovery.start()
     live = LiveBackends(config.backends, discovery)
