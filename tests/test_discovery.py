@@ -396,3 +396,24 @@ def test_refusals_are_audited_once_while_they_last(tmp_path: Any) -> None:
     (restart,) = [e for e in events if e["backend"] == "a"]
     assert "a;reboot" in restart["reason"] and restart["detail"]["restart_only"] is True
     assert audit_refusals(store, found.refusals, 1000.0 + AUDIT_EVERY + 1) == 2   # still there a day later
+
+
+def test_busy_marker_file_for_a_discovered_backend(tmp_path: Any) -> None:
+    import argparse
+
+    import yaml
+    from llm_health.remediator.busy import open_marker
+
+    cfg = tmp_path / "c.yml"
+    cfg.write_text(yaml.safe_dump({"remediator": {"busy_dir": "busy"},
+                                   "discovery": {"prometheus_url": "http://127.0.0.1:9"}}))
+
+    def args(backend: str) -> argparse.Namespace:
+        return argparse.Namespace(remediator=None, config=str(cfg), backend=backend, ttl=60.0, token_file=None)
+
+    marker = open_marker(args("vllm-0"), "me")          # not in the file, but may be discovered
+    assert marker.path.parent == tmp_path / "busy" and marker.path.name.startswith("vllm-0.")
+    for bad in ("../x", "a b", "a/b", ""):
+        with pytest.raises(ConfigError, match="--backend"):
+            open_marker(args(bad), "me")
+    assert [p.name for p in (tmp_path / "busy").iterdir()] == [marker.path.name]
