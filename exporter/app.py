@@ -22,13 +22,14 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from llm_health.exporter.collector import DiscoveryCollector, FleetCollector
+from llm_health.exporter.collector import FleetCollector
 from llm_health.exporter.cycle import Fleet, Snapshot
 from llm_health.exporter.verdict import CODES
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.exposition import generate_latest
 
 from llm_health.discovery import Discovery, status_document
+from llm_health.discovery_collector import DiscoveryCollector
 
 
 def verdicts_document(snap: Snapshot) -> dict[str, Any]:

@@ -12,8 +12,6 @@ from llm_health.exporter.verdict import CODES, PROBE_RESULTS, READ_RESULTS, Verd
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from llm_health.discovery import Status
-
 
 class FleetCollector(Collector):
     def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
@@ -64,30 +62,3 @@ class FleetCollector(Collector):
         cycle.add_metric([], snap.cycle_seconds)
         yield from (verdict, code, in_flight, tps, progress, probes, sent, readings, proxy, cycle)
 
-
-class DiscoveryCollector(Collector):
-    """Discovery's freshness and errors (llm_health/discovery.py): the same series the remediator serves."""
-
-    def __init__(self, status: Callable[[], Status]) -> None:
-        self._status = status
-
-    def collect(self) -> Iterator[Metric]:
-        st = self._status()
-        yield GaugeMetricFamily("llm_health_discovery_last_success_timestamp_seconds",
-                                "When Prometheus last answered the target list usefully (0 = never).",
-                                value=st.last_success)
-        yield GaugeMetricFamily("llm_health_discovery_stale",
-                                "1 while the discovered backend list is not fresh (last refresh failed or no good "
-                                "answer within 2 refresh intervals); the last good list is kept.",
-                                value=int(st.stale))
-        yield CounterMetricFamily("llm_health_discovery_refreshes", "Target list refreshes attempted.",
-                                  value=st.refreshes)
-        yield CounterMetricFamily("llm_health_discovery_errors", "Target list refreshes that failed (list kept).",
-                                  value=st.errors)
-        yield GaugeMetricFamily("llm_health_discovery_targets",
-                                "Targets matching the selector in the last good answer.", value=st.targets)
-        yield GaugeMetricFamily("llm_health_discovery_backends",
-                                "Discovered backends in the fleet (including those in their grace period).",
-                                value=st.backends)
-        yield GaugeMetricFamily("llm_health_discovery_refused",
-                                "Targets refused (or refused a restart) in the last good answer.", value=st.refused)

@@ -487,37 +487,6 @@ class LiveBackends(Sequence[Backend]):
         return f"LiveBackends({len(self.static)} static, discovery {'on' if self.discovery else 'off'})"
 
 
-def discovery_metrics(status: Status, prefix: str = "llm_health_discovery") -> list[str]:
-    """Prometheus text lines for one process' discovery (empty when discovery is off)."""
-    if not status.enabled:
-        return []
-    return [
-        f"# HELP {prefix}_last_success_timestamp_seconds When Prometheus last answered the target list "
-        "usefully (0 = never).",
-        f"# TYPE {prefix}_last_success_timestamp_seconds gauge",
-        f"{prefix}_last_success_timestamp_seconds {status.last_success:.3f}",
-        f"# HELP {prefix}_stale 1 while the discovered backend list is not fresh (last refresh failed or no "
-        "good answer within 2 refresh intervals); the last good list is kept.",
-        f"# TYPE {prefix}_stale gauge",
-        f"{prefix}_stale {int(status.stale)}",
-        f"# HELP {prefix}_refreshes_total Target list refreshes attempted.",
-        f"# TYPE {prefix}_refreshes_total counter",
-        f"{prefix}_refreshes_total {status.refreshes}",
-        f"# HELP {prefix}_errors_total Target list refreshes that failed (list kept).",
-        f"# TYPE {prefix}_errors_total counter",
-        f"{prefix}_errors_total {status.errors}",
-        f"# HELP {prefix}_targets Targets matching the selector in the last good answer.",
-        f"# TYPE {prefix}_targets gauge",
-        f"{prefix}_targets {status.targets}",
-        f"# HELP {prefix}_backends Discovered backends in the fleet (including those in their grace period).",
-        f"# TYPE {prefix}_backends gauge",
-        f"{prefix}_backends {status.backends}",
-        f"# HELP {prefix}_refused Targets refused (or refused a restart) in the last good answer.",
-        f"# TYPE {prefix}_refused gauge",
-        f"{prefix}_refused {status.refused}",
-    ]
-
-
 def status_document(status: Status) -> dict[str, Any]:
     return {"enabled": status.enabled, "last_success": status.last_success, "stale": status.stale,
             "refreshes": status.refreshes, "errors": status.errors, "last_error": status.last_error,

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from fakes import FakeClock
+from prometheus_client import CollectorRegistry, generate_latest
 
 from llm_health.config import Backend, ConfigError, DiscoverySettings, parse_config
 from llm_health.discovery import (
@@ -16,13 +17,13 @@ from llm_health.discovery import (
     Matcher,
     PlaceholderError,
     backends_from_targets,
-    discovery_metrics,
     dns1123,
     expand_argv,
     parse_answer,
     parse_selector,
     template_placeholders,
 )
+from llm_health.discovery_collector import DiscoveryCollector
 
 SETTINGS = DiscoverySettings(prometheus_url="http://127.0.0.1:9", selector='job="vllm"',
                              restart=("kubectl", "delete", "pod", "-n", "{namespace}", "{pod}"))
@@ -214,6 +215,12 @@ def make(grace: float = 60.0, static: tuple[Backend, ...] = ()) -> tuple[Discove
     return d, answers, mono
 
 
+def registry(d: Discovery) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(DiscoveryCollector(d.status))
+    return reg
+
+
 def names(d: Discovery) -> list[str]:
     return [b.name for b in d.backends()]
 
@@ -231,8 +238,8 @@ def test_a_failed_refresh_keeps_the_last_good_list_and_marks_it_stale() -> None:
         assert names(d) == ["a", "b"]                        # never emptied by a bad answer
     st = d.status()
     assert st.stale and st.errors == 2 and "bad json" in st.last_error
-    assert "llm_health_discovery_stale 1" in discovery_metrics(st)
-    assert "llm_health_discovery_errors_total 2" in discovery_metrics(st)
+    page = generate_latest(registry(d)).decode()
+    assert "llm_health_discovery_stale 1.0" in page and "llm_health_discovery_errors_total 2.0" in page
     answers.next = [target("a", "h:1"), target("b", "h:2")]
     assert d.refresh() and not d.status().stale
 
@@ -412,7 +419,7 @@ def test_busy_marker_file_for_a_discovered_backend(tmp_path: Any) -> None:
         return argparse.Namespace(remediator=None, config=str(cfg), backend=backend, ttl=60.0, token_file=None)
 
     marker = open_marker(args("vllm-0"), "me")          # not in the file, but may be discovered
-    assert marker.path.parent == tmp_path / "busy" and marker.path.name.startswith("vllm-0.")
+    assert marker.path.parent == tmp_path / "busy" and marker.path.name.startswith("vllm-0@")
     for bad in ("../x", "a b", "a/b", ""):
         with pytest.raises(ConfigError, match="--backend"):
             open_marker(args(bad), "me")
