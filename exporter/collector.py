@@ -61,4 +61,3 @@ class FleetCollector(Collector):
         cycle = GaugeMetricFamily("llm_health_cycle_duration_seconds", "Duration of the last fleet cycle")
         cycle.add_metric([], snap.cycle_seconds)
         yield from (verdict, code, in_flight, tps, progress, probes, sent, readings, proxy, cycle)
-
