@@ -12,7 +12,8 @@
  "proxies": [{"proxy": "lb", "url": "...", "up": true}],
  "cycles": 42, "cycle_seconds": 0.012, "at": 1764470042.5}
 ```
-(`up` is null before the first check.)
+(`up` is null before the first check.) With discovery on, a `discovery` object is added: freshness,
+errors and refused targets (llm_health.discovery.status_document).
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from llm_health.exporter.cycle import Fleet, Snapshot
 from llm_health.exporter.verdict import CODES
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.exposition import generate_latest
+
+from llm_health.discovery import Discovery, status_document
+from llm_health.discovery_collector import DiscoveryCollector
 
 
 def verdicts_document(snap: Snapshot) -> dict[str, Any]:
@@ -58,10 +62,13 @@ def verdicts_document(snap: Snapshot) -> dict[str, Any]:
 class ExporterServer:
     """The fleet loop in a thread plus the HTTP listener."""
 
-    def __init__(self, fleet: Fleet, host: str, port: int) -> None:
+    def __init__(self, fleet: Fleet, host: str, port: int, discovery: Discovery | None = None) -> None:
         self.fleet = fleet
+        self.discovery = discovery
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(FleetCollector(fleet.snapshot))
+        if discovery is not None:
+            self.registry.register(DiscoveryCollector(discovery.status))
         ProcessCollector(registry=self.registry)  # the exporter's own process_* series
         registry = self.registry
 
@@ -83,7 +90,10 @@ class ExporterServer:
                 if path == "/metrics":
                     self._send(200, generate_latest(registry), "text/plain; version=0.0.4; charset=utf-8")
                 elif path == "/verdicts":
-                    body = json.dumps(verdicts_document(fleet.snapshot()), indent=1).encode()
+                    doc = verdicts_document(fleet.snapshot())
+                    if discovery is not None:
+                        doc["discovery"] = status_document(discovery.status())
+                    body = json.dumps(doc, indent=1).encode()
                     self._send(200, body, "application/json")
                 elif path in ("/health", "/"):
                     self._send(200, b"ok\n", "text/plain")
@@ -96,10 +106,14 @@ class ExporterServer:
         self._loop = threading.Thread(target=fleet.run_forever, args=(self.stop,), name="fleet", daemon=True)
 
     def serve_forever(self) -> None:
+        if self.discovery is not None:
+            self.discovery.start()
         self._loop.start()
         try:
             self.httpd.serve_forever(poll_interval=0.2)
         finally:
+            if self.discovery is not None:
+                self.discovery.stop()
             self.stop.set()
             self.httpd.server_close()
             self.fleet.close()

@@ -21,7 +21,16 @@ from llm_health.exporter.app import ExporterServer
 from llm_health.exporter.backend import load_api_key
 from llm_health.exporter.cycle import Fleet
 
-from llm_health.config import Backend, Config, ConfigError, Proxy, load_config, parse_named_url
+from llm_health.config import (
+    Backend,
+    Config,
+    ConfigError,
+    Proxy,
+    load_config,
+    parse_discovery,
+    parse_named_url,
+)
+from llm_health.discovery import Discovery, LiveBackends
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -30,6 +39,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="a vLLM server, read directly (repeatable)")
     parser.add_argument("--proxy", action="append", default=[], metavar="NAME=URL",
                         help="a proxy, checked through GET /v1/models only (repeatable)")
+    parser.add_argument("--discover-from", metavar="PROMETHEUS_URL",
+                        help="also watch the targets this Prometheus scrapes (discovery.prometheus_url)")
+    parser.add_argument("--discover-selector", metavar="SELECTOR",
+                        help='which targets, e.g. \'job="vllm"\' (discovery.selector, default job="vllm")')
     parser.add_argument("--interval", type=float, help="seconds between cycles (default 15)")
     parser.add_argument("--stall-after", type=float, help="seconds without progress before stalled (default 120)")
     parser.add_argument("--down-after", type=int, help="consecutive failures before down (default 2)")
@@ -55,8 +68,16 @@ def build_config(args: argparse.Namespace) -> Config:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ConfigError(f"duplicate name(s) {', '.join(dupes)}")
-    if not backends and not proxies:
-        raise ConfigError("nothing to watch: give --config or at least one --backend/--proxy")
+    discovery = config.discovery
+    if args.discover_from or args.discover_selector:
+        discovery = parse_discovery({**{k: v for k, v in discovery.__dict__.items() if k != "restart"},
+                                     "restart": list(discovery.restart),
+                                     **({"prometheus_url": args.discover_from} if args.discover_from else {}),
+                                     **({"selector": args.discover_selector} if args.discover_selector else {})})
+        if not discovery.enabled:
+            raise ConfigError("--discover-selector: needs --discover-from or discovery.prometheus_url")
+    if not backends and not proxies and not discovery.enabled:
+        raise ConfigError("nothing to watch: give --config, --discover-from or at least one --backend/--proxy")
     overrides = {
         "interval": args.interval, "stall_after": args.stall_after, "down_after": args.down_after,
         "read_timeout": args.read_timeout, "probe_timeout": args.probe_timeout,
@@ -73,7 +94,8 @@ def build_config(args: argparse.Namespace) -> Config:
     if settings.interval <= 0:
         raise ConfigError("--interval: must be > 0")
     parse_listen(settings.listen)
-    return replace(config, backends=tuple(backends), proxies=tuple(proxies), exporter=settings)
+    return replace(config, backends=tuple(backends), proxies=tuple(proxies), exporter=settings,
+                   discovery=discovery)
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -94,20 +116,37 @@ def raise_fd_limit(wanted: int) -> None:
             pass
 
 
+def watch_discovered(config: Config, fleet: Fleet) -> Discovery | None:
+    """With discovery on: after every good refresh the fleet watches static + discovered backends
+    (static first; a discovered name that clashes with a static backend or a proxy is refused)."""
+    if not config.discovery.enabled:
+        return None
+    static = tuple(config.backends)
+    discovery = Discovery(config.discovery, static=static, reserved=[p.name for p in config.proxies])
+    live = LiveBackends(static, discovery)
+    discovery.on_change(lambda _backends, _refusals: fleet.set_backends(live.snapshot()))
+    discovery.refresh()   # the first cycle already sees what Prometheus knows (a failure: static only)
+    return discovery
+
+
 def run(args: argparse.Namespace) -> int:
     config = build_config(args)
     raise_fd_limit(2 * (len(config.backends) + len(config.proxies)) + 256)
     host, port = parse_listen(config.exporter.listen)
     api_key = load_api_key(config.exporter.api_key_file, "exporter.api_key_file")
-    fleet = Fleet(config.backends, config.proxies, config.exporter, api_key=api_key)
-    server = ExporterServer(fleet, host, port)
+    fleet = Fleet(config.backends, config.proxies, config.exporter, api_key=api_key,
+                  dynamic=config.discovery.enabled)
+    discovery = watch_discovered(config, fleet)
+    server = ExporterServer(fleet, host, port, discovery)
 
     def stop(_signum: int, _frame: FrameType | None) -> None:
         threading.Thread(target=server.shutdown, daemon=True).start()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    print(f"llm-health exporter: {len(config.backends)} backend(s), {len(config.proxies)} proxy(ies), "
+    found = f" + discovery from {config.discovery.prometheus_url} ({config.discovery.selector})" \
+        if discovery is not None else ""
+    print(f"llm-health exporter: {len(config.backends)} backend(s){found}, {len(config.proxies)} proxy(ies), "
           f"interval {config.exporter.interval:g} s, stall after {config.exporter.stall_after:g} s, "
           f"listening on http://{host}:{port}", file=sys.stderr, flush=True)
     server.serve_forever()

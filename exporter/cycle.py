@@ -121,34 +121,66 @@ class Fleet:
         settings: ExporterSettings,
         clock: Callable[[], float] = time.time,
         api_key: str = "",
+        dynamic: bool = False,
     ) -> None:
         self.settings = settings
         self.thresholds = Thresholds.from_settings(settings)
         self.clock = clock
+        self.api_key = api_key
         now = clock()
-        self.backends = [
-            BackendSlot(
-                backend=b,
-                target=Target(b.url, settings.read_timeout, api_key),
-                prober=Prober(b.url, settings.probe_timeout, settings.probe_model or b.model, api_key),
-                state=BackendState(since=now),
-                health_target=Target(b.url, settings.read_timeout),
-            )
-            for b in backends
-        ]
+        self.backends = [self._slot(b, now) for b in backends]
+        self._wanted: tuple[Backend, ...] | None = None     # set_backends(): applied at the next cycle
         self.proxies = [ProxySlot(p, Target(p.url, settings.read_timeout, api_key)) for p in proxies]
-        n = len(self.backends) + len(self.proxies)
+        # with a backend list that changes at run time (discovery) the pools are sized for a big fleet
+        # (threads start lazily, so unused room costs nothing)
+        n = 512 if dynamic else len(self.backends) + len(self.proxies)
         # a hung backend can hold two threads (its read and its /health check)
         self._reads = ThreadPoolExecutor(max_workers=max(4, min(512, 2 * n)), thread_name_prefix="read")
-        self._probes = ThreadPoolExecutor(max_workers=max(2, min(64, len(self.backends))),
+        self._probes = ThreadPoolExecutor(max_workers=64 if dynamic else max(2, min(64, len(self.backends))),
                                           thread_name_prefix="probe")
         self._lock = threading.Lock()
         self._snapshot = Snapshot(at=now)
         self._publish(0.0, 0)
 
+    def _slot(self, b: Backend, now: float) -> BackendSlot:
+        s = self.settings
+        return BackendSlot(
+            backend=b,
+            target=Target(b.url, s.read_timeout, self.api_key),
+            prober=Prober(b.url, s.probe_timeout, s.probe_model or b.model, self.api_key),
+            state=BackendState(since=now),
+            health_target=Target(b.url, s.read_timeout),
+        )
+
+    # ---- the backend set at run time (discovery) --------------------------------------------
+    def set_backends(self, backends: Sequence[Backend]) -> None:
+        """The backends to watch from the next cycle on (any thread may call this). A backend whose
+        name and URL are unchanged keeps its state and counters; a new or moved one starts afresh
+        (unknown until read); a missing one is dropped (its in-flight read is simply not waited for)."""
+        with self._lock:
+            self._wanted = tuple(backends)
+
+    def _apply_wanted(self) -> None:
+        with self._lock:
+            wanted, self._wanted = self._wanted, None
+        if wanted is None:
+            return
+        old = {(s.backend.name, s.backend.url): s for s in self.backends}
+        now = self.clock()
+        slots = []
+        for b in wanted:
+            slot = old.get((b.name, b.url))
+            if slot is None:
+                slot = self._slot(b, now)
+            else:
+                slot.backend = b            # host/model/restart may have changed; the reading state stays
+            slots.append(slot)
+        self.backends = slots
+
     # ---- one cycle -------------------------------------------------------------------------
     def run_cycle(self, scheduled: float | None = None) -> float:
         """Read, judge, maybe probe; returns the cycle's duration in seconds."""
+        self._apply_wanted()
         started = time.monotonic()
         scheduled = started if scheduled is None else scheduled
         pending: list[Future] = []

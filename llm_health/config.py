@@ -20,6 +20,7 @@ Bad input raises ConfigError with a message that names the offending key; nothin
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -140,11 +141,33 @@ class RemediatorSettings:
 
 
 @dataclass(frozen=True)
+class DiscoverySettings:
+    """Backends from Prometheus' targets (llm_health/discovery.py); off while prometheus_url is empty."""
+
+    prometheus_url: str = ""             # e.g. http://127.0.0.1:9090; empty = discovery off
+    selector: str = 'job="vllm"'         # matchers on target labels: label="v", label!="v", =~"re", !~"re"
+    name_label: str = "backend"          # the target label that names the backend
+    host_label: str = "node"             # the target label naming its host (one restart per host at a time)
+    model_label: str = ""                # the target label naming the model the warm-up waits for
+    refresh: float = 30.0                # seconds between looks at Prometheus
+    timeout: float = 10.0                # HTTP timeout of one look
+    grace: float = 300.0                 # a backend missing from the answers this long is removed
+    restart: tuple[str, ...] = ()        # argv with {label} placeholders; values must be DNS-1123 names
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.prometheus_url)
+
+
+@dataclass(frozen=True)
 class Config:
-    backends: tuple[Backend, ...] = ()
+    # the static list as a tuple; with discovery on, a live view (static first, then discovered):
+    # llm_health.discovery.LiveBackends. Read it by iterating; each iteration is one consistent list.
+    backends: Sequence[Backend] = ()
     proxies: tuple[Proxy, ...] = ()
     exporter: ExporterSettings = field(default_factory=ExporterSettings)
     remediator: RemediatorSettings = field(default_factory=RemediatorSettings)
+    discovery: DiscoverySettings = field(default_factory=DiscoverySettings)
     source: str = ""                     # the file it came from, for relative paths
 
     def backend(self, name: str) -> Backend | None:
@@ -228,7 +251,7 @@ def parse_config(data: Any, source: str = "") -> Config:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError("config: top level must be a mapping")
-    unknown = sorted(set(data) - {"backends", "proxies", "exporter", "remediator"})
+    unknown = sorted(set(data) - {"backends", "proxies", "exporter", "remediator", "discovery"})
     if unknown:
         raise ConfigError(f"config: unknown key(s) {', '.join(unknown)}")
     backends: list[Backend] = []
@@ -274,6 +297,7 @@ def parse_config(data: Any, source: str = "") -> Config:
         proxies=tuple(proxies),
         exporter=_section(ExporterSettings, data.get("exporter"), "exporter"),
         remediator=remediator,
+        discovery=parse_discovery(data.get("discovery")),
         source=source,
     )
 
@@ -287,6 +311,35 @@ def _check_remediator(r: RemediatorSettings) -> None:
         raise ConfigError("remediator.retention: page_size, max_events and max_actions must be at least 1")
     if r.retention.max_age < 3600 or r.retention.interval <= 0:
         raise ConfigError("remediator.retention: max_age must be at least 3600 seconds, interval > 0")
+
+
+def parse_discovery(data: Any) -> DiscoverySettings:
+    """The `discovery:` section; the selector and the restart template are checked here, at load time."""
+    from llm_health.discovery import parse_selector, template_placeholders  # discovery imports this module
+
+    if data is None:
+        return DiscoverySettings()
+    if not isinstance(data, dict):
+        raise ConfigError("discovery: must be a mapping")
+    rest = {k: v for k, v in data.items() if k != "restart"}
+    settings = _section(DiscoverySettings, rest, "discovery")
+    restart = data.get("restart") or []
+    if not isinstance(restart, list):
+        raise ConfigError("discovery.restart: must be a list of non-empty strings (argv)")
+    template_placeholders(restart)
+    settings = DiscoverySettings(**{**settings.__dict__, "restart": tuple(restart)})
+    if settings.prometheus_url:
+        _check_url(settings.prometheus_url, "discovery.prometheus_url")
+        parse_selector(settings.selector)
+        for key in ("name_label", "host_label", "model_label"):
+            value = getattr(settings, key)
+            if value and not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", value):
+                raise ConfigError(f"discovery.{key}: {value!r} is not a label name")
+        if not settings.name_label:
+            raise ConfigError("discovery.name_label: must name a label")
+        if settings.refresh <= 0 or settings.timeout <= 0:
+            raise ConfigError("discovery.refresh and discovery.timeout: must be > 0")
+    return settings
 
 
 def load_config(path: str | Path) -> Config:

@@ -20,7 +20,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from flask import Blueprint, Flask, Response, current_app, jsonify, render_template, request
-from llm_health.remediator import fleet, metrics, policy
+from llm_health.remediator import discovered, fleet, metrics, policy
 from llm_health.remediator.agent import AgentListener, FleetAgent
 from llm_health.remediator.alert import PayloadError, parse_notification
 from llm_health.remediator.authority import Authority, Verifier, WarmupCheck, state_path
@@ -34,6 +34,8 @@ from llm_health.remediator.store import CLOSED, NEEDS_ACK, OBSERVED, StateError,
 from werkzeug.exceptions import HTTPException
 
 from llm_health.config import Config, ConfigError
+from llm_health.discovery import Discovery, status_document
+from llm_health.discovery_collector import DiscoveryCollector
 
 log = logging.getLogger(__name__)
 MAX_JSON_DEPTH = 32
@@ -46,8 +48,10 @@ class Ctx:
     """What the request handlers need; kept in app.extensions['remediator']."""
 
     def __init__(self, config: Config, store: Store, token: str, clock: Callable[[], float],
-                 authority: Authority | None, agent: AgentListener | None = None) -> None:
+                 authority: Authority | None, agent: AgentListener | None = None,
+                 discovery: Discovery | None = None) -> None:
         self.config = config
+        self.discovery = discovery
         self.store = store
         self.token = token
         self.clock = clock
@@ -55,6 +59,8 @@ class Ctx:
         self.agent = agent
         self.health = Health(config, store, authority)
         self.registry = metrics.registry_for(config, store, self.health.report)
+        if discovery is not None:
+            self.registry.register(DiscoveryCollector(discovery.status))
 
 
 def ctx() -> Ctx:
@@ -391,6 +397,13 @@ def ack(name: str) -> Any:
     return jsonify({"backend": name, "incident": int(inc["id"]), "closed": True})
 
 
+@api.get("/discovery")
+def discovery_view() -> Any:
+    """Backends from Prometheus' targets: freshness, errors, refused targets (enabled false when off)."""
+    d = ctx().discovery
+    return jsonify(status_document(d.status()) if d is not None else {"enabled": False})
+
+
 # -- status, metrics, health ------------------------------------------------------------------------
 status = Blueprint("status", __name__, template_folder="templates")
 
@@ -492,6 +505,7 @@ def create_app(
         store.init()
     else:
         store.conn()   # the file the server's master created and checked, never a new one
+    config, discovery = discovered.attach(config, store, clock)   # backends: static + discovered (if on)
     authority = None
     agent = None
     if start_authority:
@@ -502,7 +516,7 @@ def create_app(
             agent = AgentListener(config.remediator.agent_listen, FleetAgent(store, config).status_for).start()
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = config.remediator.max_body_bytes
-    app.extensions["remediator"] = Ctx(config, store, token, clock, authority, agent)
+    app.extensions["remediator"] = Ctx(config, store, token, clock, authority, agent, discovery)
     app.register_blueprint(webhook)
     app.register_blueprint(api)
     app.register_blueprint(status)

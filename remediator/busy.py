@@ -31,7 +31,7 @@ from typing import Protocol
 import requests
 from llm_health.remediator.marker import write_marker_file
 
-from llm_health.config import ConfigError, load_config
+from llm_health.config import NAME_RE, ConfigError, load_config
 
 LOST_EXIT = 3
 
@@ -127,7 +127,11 @@ def open_marker(args: argparse.Namespace, owner: str) -> MarkerHandle:
             raise ConfigError(f"cannot reach the remediator at {args.remediator}: {exc}") from exc
     config = load_config(args.config)
     if config.backend(args.backend) is None:
-        raise ConfigError(f"--backend: {args.backend!r} is not in {args.config}")
+        if not config.discovery.enabled:
+            raise ConfigError(f"--backend: {args.backend!r} is not in {args.config}")
+        # a discovered backend is not in the file: any valid name may be marked (a marker protects)
+        if NAME_RE.fullmatch(args.backend) is None:
+            raise ConfigError(f"--backend: {args.backend!r} must match {NAME_RE.pattern}")
     if not config.remediator.busy_dir:
         raise ConfigError("remediator.busy_dir is not set in the config; use --remediator URL")
     if args.ttl > config.remediator.marker_max_ttl:

@@ -391,6 +391,18 @@ class Store:
             Store.bump(c, "decisions", kind)
 
     @staticmethod
+    def event_unless_recent(c: sqlite3.Connection, at: float, kind: str, backend: str, reason: str,
+                            within: float, **detail: Any) -> bool:
+        """Record the event unless the same (kind, backend, reason) was recorded within `within` seconds
+        (a condition seen on every refresh is audited once, and again only while it lasts)."""
+        seen = c.execute("SELECT 1 FROM events WHERE backend = ? AND kind = ? AND reason = ? AND at > ? LIMIT 1",
+                         (backend, kind, reason[:2000], at - within)).fetchone()
+        if seen is not None:
+            return False
+        Store.event(c, at, kind, backend, None, reason, **detail)
+        return True
+
+    @staticmethod
     def bump(c: sqlite3.Connection, metric: str, label: str, by: int = 1) -> None:
         c.execute(
             "INSERT INTO counters (metric, label, value) VALUES (?,?,?) "

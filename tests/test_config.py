@@ -11,6 +11,7 @@ import yaml
 from llm_health.config import (
     Config,
     ConfigError,
+    DiscoverySettings,
     ExporterSettings,
     RemediatorSettings,
     load_config,
@@ -26,7 +27,8 @@ def test_example_config_loads_and_names_every_setting() -> None:
     assert [b.name for b in config.backends] == ["gpu-a", "gpu-b"]
     assert config.backends[0].restart == ("systemctl", "--no-ask-password", "restart", "vllm@gpu-a.service")
     raw = yaml.safe_load(EXAMPLE.read_text())
-    for section, cls in (("exporter", ExporterSettings), ("remediator", RemediatorSettings)):
+    for section, cls in (("exporter", ExporterSettings), ("remediator", RemediatorSettings),
+                         ("discovery", DiscoverySettings)):
         missing = {f.name for f in dataclasses.fields(cls)} - set(raw[section])
         assert not missing, f"{EXAMPLE.name} does not document {section}: {sorted(missing)}"
 

@@ -1,0 +1,71 @@
+"""The remediator's side of discovery: backends from Prometheus' targets join the configured ones.
+
+`attach` starts one refresher per gunicorn worker (each worker reads Prometheus on its own; they
+agree within one refresh interval) and returns the config whose `backends` is the live list, so the
+webhook, the authority, the API and the agent check all resolve a backend by name against static +
+discovered backends without knowing where it came from.
+
+* A discovered backend with an open incident is never removed, even past the grace period: a
+  restart in progress (a pod being recreated leaves the target list for a while) must be finished
+  and accounted for, not dropped.
+* Every refused target and every refused restart is an audit event `discovery_refused` (once a day
+  per backend and reason): the backend is still watched, it is just never restarted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+
+from llm_health.remediator.store import Store
+
+from llm_health.config import Backend, Config
+from llm_health.discovery import Discovery, LiveBackends, Refusal
+
+log = logging.getLogger("llm_health.remediator")
+
+AUDIT_EVERY = 86400.0       # a refusal that persists is audited again after this long
+EVENT = "discovery_refused"
+
+
+def audit_refusals(store: Store, refusals: tuple[Refusal, ...], now: float) -> int:
+    """One audit event per refusal not already recorded in the last AUDIT_EVERY seconds; returns how many."""
+    written = 0
+    if not refusals:
+        return 0
+    with store.tx() as c:
+        for r in refusals:
+            reason = (f"{r.reason}; watched, never restarted by us" if r.restart_only
+                      else f"target {r.target} not used: {r.reason}")
+            if Store.event_unless_recent(c, now, EVENT, r.backend, reason, AUDIT_EVERY, target=r.target,
+                                         restart_only=r.restart_only):
+                written += 1
+    return written
+
+
+def attach(config: Config, store: Store, clock: Callable[[], float] = time.time) -> tuple[Config, Discovery | None]:
+    """With discovery configured: a started Discovery (one refresh done) and the config reading the live
+    fleet. Without it: the config unchanged and None."""
+    if not config.discovery.enabled:
+        return config, None
+    def keep(name: str) -> bool:
+        return Store.active_incident(store.conn(), name) is not None
+
+    discovery = Discovery(config.discovery, static=tuple(config.backends), keep=keep,
+                          reserved=[p.name for p in config.proxies])
+    last: list[tuple[tuple[Refusal, ...], float]] = []    # what was audited last, and when
+
+    def audit(_backends: tuple[Backend, ...], refusals: tuple[Refusal, ...]) -> None:
+        now = clock()
+        if last and last[0][0] == refusals and now - last[0][1] < AUDIT_EVERY / 2:
+            return      # same as last time: no write transaction on every refresh
+        audit_refusals(store, refusals, now)
+        last[:] = [(refusals, now)]
+
+    discovery.on_change(audit)
+    discovery.refresh()          # before the first webhook: discovered backends are known from the start
+    discovery.start()
+    live = LiveBackends(config.backends, discovery)
+    return dataclasses.replace(config, backends=live), discovery
