@@ -111,8 +111,17 @@ def exporter_instance_down() -> Scenario:
     return s
 
 
+def discovery_stale() -> Scenario:
+    s = Scenario("the exporter's discovery fails from 10m; the remediator's fails for 5m only")
+    s.add(series("llm_health_discovery_stale", {"job": "llm-health-exporter", "instance": "ex-1:9410"}, f"0x40 1x{N}"))
+    s.add(rem("llm_health_discovery_stale", {}, f"0x40 1x20 0x{N}"))
+    s.silent("15m", "LLMHealthDiscoveryStale")
+    s.expect("25m", "LLMHealthDiscoveryStale", {"job": "llm-health-exporter", "instance": "ex-1:9410"})
+    return s
+
+
 SCENARIOS = [remediator_down, remediator_absent, remediator_unhealthy, breaker, needs_ack, restarts_failing,
-             webhook_failing, exporter_instance_down]
+             webhook_failing, exporter_instance_down, discovery_stale]
 
 
 def document(rule_files: list[Path], written_as: list[str] | None = None,
