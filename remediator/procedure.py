@@ -104,11 +104,19 @@ class Procedure:
         self._running: set[int] = set()                # action ids whose argv runs in this process now
         self._running_lock = threading.Lock()
 
+    def _refresh_discovery(self) -> bool:
+        """With service discovery on, refresh this worker's list now (one targets query). The worker that
+        accepted the alert may have seen a new backend before this one's periodic refresh did."""
+        discovery = getattr(self.config.backends, "discovery", None)
+        return bool(discovery is not None and discovery.refresh())
+
     # == the procedure: one look at one incident ===================================================
     def look(self, inc: Any) -> None:
         """The step the incident's state calls for (the caller checked that it is due)."""
         incident_id, state = int(inc["id"]), inc["state"]
         backend = self.config.backend(inc["backend"])
+        if backend is None and self._refresh_discovery():
+            backend = self.config.backend(inc["backend"])  # another worker may have seen it first
         if backend is None:
             self.close(incident_id, inc["backend"], "closed", "backend no longer configured")
         elif state == OPEN:
