@@ -52,11 +52,11 @@ def measure_cycles(port: int, size: int, cycles: int) -> dict[str, Any]:
     backends = [Backend(name=f"n{size}-{i}", url=f"http://127.0.0.1:{port}/b/n{size}-{i}") for i in range(size)]
     fleet = Fleet(backends, [], settings)
     try:
-        first = fleet.run_cycle()            # opens the kept-alive connections; no previous reading yet
+        first = fleet.read_all()             # opens the kept-alive connections; no previous reading yet
         walls, cpus = [], []
         for _ in range(cycles):
             cpu0 = time.process_time()
-            walls.append(fleet.run_cycle())
+            walls.append(fleet.read_all())
             cpus.append(time.process_time() - cpu0)
         verdicts: dict[str, int] = {}
         for b in fleet.snapshot().backends:
@@ -231,7 +231,8 @@ def markdown(rows: list[dict[str, Any]], cpu: dict[str, float], parsers: dict[st
     return "\n".join([
         "## 2. Exporter scale",
         "",
-        f"Real cycles (`exporter.cycle.Fleet.run_cycle`) over HTTP, {cycles} measured cycles per size after "
+        f"Real cycles (`exporter.cycle.Fleet.read_all`: every backend read at once, each judged as its read "
+        f"completes) over HTTP, {cycles} measured cycles per size after "
         "one that opens the connections. The backends are one `bench.pageserver` process (Python "
         "`ThreadingHTTPServer`, HTTP/1.1 keep-alive, a distinct URL path per backend, pre-rendered pages that "
         "change at every reading so the verdicts are `busy`), on the other core; the exporter (this process: "

@@ -8,12 +8,13 @@
                "since": 1764470000.0, "in_flight": 15, "tokens_per_second": 840.0,
                "steps_per_second": 56.0,
                "last_progress": 1764470042.1, "probes": {"ok": 3, "error": 0, "timeout": 0},
-               "probes_sent": 3}],
+               "probes_sent": 3, "readings_skipped": 0, "read_seconds": 0.004}],
  "proxies": [{"proxy": "lb", "url": "...", "up": true}],
- "cycles": 42, "cycle_seconds": 0.012, "at": 1764470042.5}
+ "cycles": 42, "lag_seconds": 0.001, "at": 1764470042.5}
 ```
-(`up` is null before the first check.) With discovery on, a `discovery` object is added: freshness,
-errors and refused targets (llm_health.discovery.status_document).
+(`up` is null before the first check; `cycles` counts whole intervals since the exporter started;
+every backend is read on its own schedule, see exporter/cycle.py.) With discovery on, a `discovery`
+object is added: freshness, errors and refused targets (llm_health.discovery.status_document).
 """
 
 from __future__ import annotations
@@ -49,12 +50,14 @@ def verdicts_document(snap: Snapshot) -> dict[str, Any]:
                 "last_progress": b.last_progress,
                 "probes": b.probes,
                 "probes_sent": b.probes_sent,
+                "readings_skipped": b.reads_skipped,
+                "read_seconds": round(b.read_seconds, 4),
             }
             for b in snap.backends
         ],
         "proxies": [{"proxy": p.name, "url": p.url, "up": p.up} for p in snap.proxies],
         "cycles": snap.cycles,
-        "cycle_seconds": snap.cycle_seconds,
+        "lag_seconds": round(snap.lag_seconds, 4),
         "at": snap.at,
     }
 

@@ -45,6 +45,13 @@ class FleetCollector(Collector):
             labels=["backend"])
         readings = CounterMetricFamily(
             "llm_health_readings", "Readings of /metrics, by result", labels=["backend", "result"])
+        skipped = CounterMetricFamily(
+            "llm_health_readings_skipped",
+            "Readings not started because the backend's previous read was still running", labels=["backend"])
+        duration = GaugeMetricFamily(
+            "llm_health_reading_duration_seconds",
+            "How long the backend's last judged /metrics read took (about the read timeout when it timed out)",
+            labels=["backend"])
         for b in snap.backends:
             for v in Verdict:
                 verdict.add_metric([b.name, v.value], 1.0 if b.verdict == v else 0.0)
@@ -59,10 +66,16 @@ class FleetCollector(Collector):
             sent.add_metric([b.name], float(b.probes_sent))
             for r in READ_RESULTS:
                 readings.add_metric([b.name, r], float(b.readings.get(r, 0)))
+            skipped.add_metric([b.name], float(b.reads_skipped))
+            duration.add_metric([b.name], b.read_seconds)
         proxy = GaugeMetricFamily("llm_health_proxy_up", "1 when GET /v1/models through the proxy answers 200",
                                   labels=["proxy"])
         for p in snap.proxies:
             proxy.add_metric([p.name], 1.0 if p.up else 0.0)
-        cycle = GaugeMetricFamily("llm_health_cycle_duration_seconds", "Duration of the last fleet cycle")
-        cycle.add_metric([], snap.cycle_seconds)
-        yield from (verdict, code, in_flight, tps, sps, progress, probes, sent, readings, proxy, cycle)
+        lag = GaugeMetricFamily(
+            "llm_health_schedule_lag_seconds",
+            "The largest delay, among the backends' last reads, between a read's scheduled time and its start "
+            "(the exporter is short of workers or CPU when this nears the interval)")
+        lag.add_metric([], snap.lag_seconds)
+        yield from (verdict, code, in_flight, tps, sps, progress, probes, sent, readings, skipped, duration, proxy,
+                    lag)

@@ -1,30 +1,46 @@
-"""One cycle over the fleet: concurrent readings, verdicts, probes for idle backends.
+"""Every backend on its own clock: one scheduler thread, a heap of per-backend deadlines, a worker pool.
 
-* Every backend is read in a thread pool with its own timeout; the cycle waits at most
-  `read_timeout` for the answers, so a hung backend delays nobody: it is judged "timeout" this
-  cycle and its read stays in flight (never two reads of one backend at once).
-* Every read is timestamped when it completes. A read that completed before the current cycle
-  started (it finished after an earlier cycle stopped waiting) is stale: it is dropped, not judged
-  and not counted, and a new read starts. Only a reading younger than `read_timeout` may allow a probe.
-* A /metrics timeout when the last reading showed no work counts toward down only when /health
-  fails or times out too: /health is asked alongside the read after a timeout, or right after the
-  wait for a first timeout (the cycle then waits up to `read_timeout` once more).
-* Probes run in their own pool and never block a cycle; a finished probe's result is judged in the
-  next cycle. At most one probe in flight per backend, at most one per `max(interval, probe_every)`,
-  and only after a fresh reading that shows no work. Probes are counted when sent (`probes_sent`)
-  and again by result when they finish.
+* **Schedule.** Each backend is read every `interval` seconds at its own phase (a fraction of the
+  interval hashed from its name), so a big fleet is read evenly over the interval, not in one burst.
+  Schedules and deadlines use the monotonic clock; the wall clock is only for exported timestamps.
+* **One read at a time.** A backend never has two reads in flight: when its next read is due while
+  the previous one still runs (a hung server holds it until the socket timeout), that read is skipped
+  and counted (`reads_skipped`), not queued.
+* **Judged on its own.** A backend is judged the moment its read completes, or when its own deadline
+  passes (`read_timeout` after the read started in a worker): then the read is a timeout. A read
+  that completes after that is dropped, never judged late. Nothing waits for another backend.
+* **/health after a timeout, per backend.** A /metrics timeout after a reading without work counts
+  toward down only when /health fails too: /health is asked (its own connection) when the read's
+  deadline passes, or alongside the read when the previous read timed out too; the timeout is judged
+  when /health answers or its own deadline passes.
+* **Probes.** Right after a fresh reading that shows no work, at most one probe in flight per backend
+  and at most one per `max(interval, probe_every)` (measured between the scheduled times of the
+  readings that sent them). A finished probe's result is judged with the backend's next reading.
+  Probes are counted when sent (`probes_sent`) and by result when they finish.
+* **Threads.** The scheduler thread owns all backend state; workers only do I/O and then post the
+  backend to the scheduler's queue. Both pools are bounded (`READ_WORKERS`, `PROBE_WORKERS`); if hung
+  backends fill the read pool, the others' reads wait for a worker: their deadline counts from when
+  they start (no false timeout), and the wait shows as schedule lag.
+* **Changing fleet.** `set_backends()` adds, replaces and removes backends while the loop runs.
+
+`read_all()` reads every backend once right now and returns when each is judged: the scheduler's work
+done synchronously (tests, benchmarks). Do not use it while `run_forever()` runs.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import queue
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+import zlib
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from llm_health.exporter.backend import Target, health_ok, observe, proxy_up
 from llm_health.exporter.probe import Prober
@@ -43,38 +59,36 @@ from llm_health.exporter.verdict import (
 
 from llm_health.config import Backend, ExporterSettings, Proxy
 
-T = TypeVar("T")
+READ_WORKERS = 256       # reads, /health checks and proxy checks in flight at once, whole fleet
+PROBE_WORKERS = 64       # probes in flight at once, whole fleet
+SLACK = 0.05             # a read's deadline: read_timeout after it started, plus this
 
 
-def _timed(fn: Callable[..., T], *args: Any) -> tuple[T, float]:
-    """Call `fn` and note when it completed (time.monotonic()): the age of what it learned."""
-    result = fn(*args)
-    return result, time.monotonic()
+class Job:
+    """One call in a worker thread; the worker notes when it started and finished (monotonic)."""
 
+    def __init__(self, pool: ThreadPoolExecutor, fn: Callable[..., Any], *args: Any,
+                 notify: Callable[[], None], due: float = 0.0) -> None:
+        self.due = due                      # when it was scheduled to start
+        self.submitted = time.monotonic()
+        self.started: float | None = None
+        self.finished: float | None = None
+        self.future: Future[Any] = pool.submit(self._run, fn, *args)
+        self.future.add_done_callback(lambda _f: notify())
 
-@dataclass
-class BackendSlot:
-    backend: Backend
-    target: Target
-    prober: Prober
-    state: BackendState
-    health_target: Target | None = None
-    read: Future[tuple[Observation, float]] | None = None       # (observation, completed at, monotonic)
-    health: Future[tuple[bool, float]] | None = None           # /health asked after a timeout
-    last_outcome: str = ""                                     # READ_* of the last judged read
-    probe: Future[ProbeResult] | None = None
-    last_probe_cycle: float | None = None      # scheduled start of the cycle that sent the last probe
-    readings: dict[str, int] = field(default_factory=lambda: dict.fromkeys(READ_RESULTS, 0))
-    probes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PROBE_RESULTS, 0))
-    probes_sent: int = 0
+    def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        self.started = time.monotonic()
+        try:
+            return fn(*args)
+        finally:
+            self.finished = time.monotonic()
 
+    def done(self) -> bool:
+        return self.future.done()
 
-@dataclass
-class ProxySlot:
-    proxy: Proxy
-    target: Target
-    check: Future[bool] | None = None
-    up: bool | None = None
+    def deadline(self, timeout: float) -> float | None:
+        """When it is late (`timeout` after it started); None while it waits for a worker."""
+        return None if self.started is None else self.started + timeout + SLACK
 
 
 @dataclass(frozen=True)
@@ -85,14 +99,52 @@ class BackendView:
     url: str
     verdict: Verdict
     reason: str
-    since: float
+    since: float                          # wall clock
     in_flight: float
     tokens_per_second: float
-    last_progress: float | None
+    last_progress: float | None           # wall clock
     readings: dict[str, int]
     probes: dict[str, int]
     probes_sent: int
     steps_per_second: float = 0.0
+    reads_skipped: int = 0
+    read_seconds: float = 0.0             # how long the last judged read took (the timeout when it timed out)
+    lag_seconds: float = 0.0              # how late the last read started after its scheduled time
+
+
+@dataclass
+class BackendSlot:
+    backend: Backend
+    target: Target
+    health_target: Target
+    prober: Prober
+    state: BackendState
+    phase: float = 0.0                         # offset of its readings within the interval
+    next_due: float = 0.0                      # monotonic time of the next scheduled read
+    read: Job | None = None                    # the read in flight (or finished, not yet cleared)
+    judged: bool = True                        # the current read has been judged (maybe as a timeout)
+    health: Job | None = None                  # /health asked after (or with) a timeout
+    last_outcome: str = ""                     # READ_* of the last judged read
+    probe: Future[ProbeResult] | None = None
+    last_probe_due: float | None = None        # scheduled time of the read that sent the last probe
+    readings: dict[str, int] = field(default_factory=lambda: dict.fromkeys(READ_RESULTS, 0))
+    probes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PROBE_RESULTS, 0))
+    probes_sent: int = 0
+    reads_skipped: int = 0
+    read_seconds: float = 0.0
+    lag_seconds: float = 0.0
+    view: BackendView | None = None
+
+
+@dataclass
+class ProxySlot:
+    proxy: Proxy
+    target: Target
+    phase: float = 0.0
+    next_due: float = 0.0
+    check: Job | None = None
+    judged: bool = True
+    up: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -106,13 +158,21 @@ class ProxyView:
 class Snapshot:
     backends: tuple[BackendView, ...] = ()
     proxies: tuple[ProxyView, ...] = ()
-    cycle_seconds: float = 0.0
-    cycles: int = 0
-    at: float = 0.0
+    cycles: int = 0                 # whole intervals since the loop started
+    lag_seconds: float = 0.0        # the largest schedule lag among the backends' last reads
+    at: float = 0.0                 # wall clock
+
+
+def phase_of(name: str, interval: float) -> float:
+    """A stable offset in [0, interval) for `name`: spreads the fleet's readings over the interval."""
+    return zlib.crc32(name.encode()) / 2**32 * interval
+
+
+Slot = BackendSlot | ProxySlot
 
 
 class Fleet:
-    """All configured backends and proxies, and the loop that judges them."""
+    """All watched backends and proxies, each on its own schedule, and the scheduler that runs them."""
 
     def __init__(
         self,
@@ -121,112 +181,188 @@ class Fleet:
         settings: ExporterSettings,
         clock: Callable[[], float] = time.time,
         api_key: str = "",
-        dynamic: bool = False,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
         self.thresholds = Thresholds.from_settings(settings)
-        self.clock = clock
+        self.clock = clock                  # wall clock: exported timestamps only
+        self.monotonic = monotonic          # schedules, deadlines, the verdict's `now`
         self.api_key = api_key
-        now = clock()
-        self.backends = [self._slot(b, now) for b in backends]
-        self._wanted: tuple[Backend, ...] | None = None     # set_backends(): applied at the next cycle
-        self.proxies = [ProxySlot(p, Target(p.url, settings.read_timeout, api_key)) for p in proxies]
-        # with a backend list that changes at run time (discovery) the pools are sized for a big fleet
-        # (threads start lazily, so unused room costs nothing)
-        n = 512 if dynamic else len(self.backends) + len(self.proxies)
-        # a hung backend can hold two threads (its read and its /health check)
-        self._reads = ThreadPoolExecutor(max_workers=max(4, min(512, 2 * n)), thread_name_prefix="read")
-        self._probes = ThreadPoolExecutor(max_workers=64 if dynamic else max(2, min(64, len(self.backends))),
-                                          thread_name_prefix="probe")
-        self._lock = threading.Lock()
-        self._snapshot = Snapshot(at=now)
-        self._publish(0.0, 0)
+        self.interval = max(settings.interval, 0.01)
+        self._reads = ThreadPoolExecutor(max_workers=READ_WORKERS, thread_name_prefix="read")
+        self._probes = ThreadPoolExecutor(max_workers=PROBE_WORKERS, thread_name_prefix="probe")
+        self._lock = threading.RLock()      # held by the scheduler while it works, and by set_backends
+        self._events: queue.SimpleQueue[Slot] = queue.SimpleQueue()   # slots whose job finished
+        self._heap: list[tuple[float, int, Slot]] = []                # (when, seq, slot): look again then
+        self._seq = itertools.count()
+        self._slots: dict[str, BackendSlot] = {}
+        self._proxies: dict[str, ProxySlot] = {}
+        self._started: float | None = None    # monotonic start of run_forever
+        self._to_wall = clock() - monotonic()  # monotonic -> wall for exported times (follows clock steps)
+        self.set_backends(backends)
+        for p in proxies:
+            self._proxies[p.name] = ProxySlot(p, Target(p.url, settings.read_timeout, api_key),
+                                              phase=phase_of("proxy/" + p.name, self.interval))
 
-    def _slot(self, b: Backend, now: float) -> BackendSlot:
+    # ---- the fleet -------------------------------------------------------------------------
+    @property
+    def backends(self) -> list[BackendSlot]:
+        with self._lock:
+            return list(self._slots.values())
+
+    def set_backends(self, backends: Iterable[Backend]) -> None:
+        """Watch exactly these backends from now on: new ones start on their own schedule, removed
+        ones are forgotten (a read of theirs still in flight is dropped), a changed one starts afresh."""
+        wanted = {b.name: b for b in backends}
+        with self._lock:
+            for name in [n for n, s in self._slots.items() if wanted.get(n) != s.backend]:
+                del self._slots[name]
+            for name, b in wanted.items():
+                if name not in self._slots:
+                    self._slots[name] = slot = self._new_slot(b)
+                    if self._started is not None:
+                        self._start_schedule(slot, self.monotonic())
+
+    def add_backend(self, backend: Backend) -> None:
+        with self._lock:
+            self.set_backends([*(s.backend for s in self._slots.values() if s.backend.name != backend.name),
+                               backend])
+
+    def remove_backend(self, name: str) -> None:
+        with self._lock:
+            self.set_backends([s.backend for s in self._slots.values() if s.backend.name != name])
+
+    def _new_slot(self, b: Backend) -> BackendSlot:
         s = self.settings
-        return BackendSlot(
+        slot = BackendSlot(
             backend=b,
             target=Target(b.url, s.read_timeout, self.api_key),
-            prober=Prober(b.url, s.probe_timeout, s.probe_model or b.model, self.api_key),
-            state=BackendState(since=now),
             health_target=Target(b.url, s.read_timeout),
+            prober=Prober(b.url, s.probe_timeout, s.probe_model or b.model, self.api_key),
+            state=BackendState(since=self.monotonic()),
+            phase=phase_of(b.name, self.interval),
         )
+        self._publish(slot)
+        return slot
 
-    # ---- the backend set at run time (discovery) --------------------------------------------
-    def set_backends(self, backends: Sequence[Backend]) -> None:
-        """The backends to watch from the next cycle on (any thread may call this). A backend whose
-        name and URL are unchanged keeps its state and counters; a new or moved one starts afresh
-        (unknown until read); a missing one is dropped (its in-flight read is simply not waited for)."""
+    # ---- the scheduler loop ----------------------------------------------------------------
+    def run_forever(self, stop: threading.Event) -> None:
+        """Read every backend on its own schedule until `stop` is set."""
         with self._lock:
-            self._wanted = tuple(backends)
-
-    def _apply_wanted(self) -> None:
-        with self._lock:
-            wanted, self._wanted = self._wanted, None
-        if wanted is None:
-            return
-        old = {(s.backend.name, s.backend.url): s for s in self.backends}
-        now = self.clock()
-        slots = []
-        for b in wanted:
-            slot = old.get((b.name, b.url))
-            if slot is None:
-                slot = self._slot(b, now)
-            else:
-                slot.backend = b            # host/model/restart may have changed; the reading state stays
-            slots.append(slot)
-        self.backends = slots
-
-    # ---- one cycle -------------------------------------------------------------------------
-    def run_cycle(self, scheduled: float | None = None) -> float:
-        """Read, judge, maybe probe; returns the cycle's duration in seconds."""
-        self._apply_wanted()
-        started = time.monotonic()
-        scheduled = started if scheduled is None else scheduled
-        pending: list[Future] = []
-        for slot in self.backends:
-            self._drop_stale(slot, started)
-            if slot.read is None:
-                slot.read = self._reads.submit(_timed, observe, slot.target)
-            pending.append(slot.read)
-            if slot.last_outcome == READ_TIMEOUT and self._timeout_needs_health(slot):
-                pending.append(self._ask_health(slot))
-        for pslot in self.proxies:
-            if pslot.check is None:
-                pslot.check = self._reads.submit(proxy_up, pslot.target)
-            pending.append(pslot.check)
-        wait(pending, timeout=self.settings.read_timeout + 0.05)
-        # a first timeout after a reading without work: ask /health now, it decides whether it counts
-        late = [self._ask_health(slot) for slot in self.backends
-                if slot.read is not None and not slot.read.done() and self._timeout_needs_health(slot)]
-        if late:
-            wait(late, timeout=self.settings.read_timeout + 0.05)
-        now = self.clock()
-        for slot in self.backends:
-            self._judge(slot, now, scheduled, started)
-        for pslot in self.proxies:
-            if pslot.check is not None and pslot.check.done():
-                pslot.up = bool(pslot.check.result())
-                pslot.check = None
-            elif pslot.check is not None:
-                pslot.up = False  # no answer within the read timeout
-        duration = time.monotonic() - started
-        self._publish(duration, self._snapshot.cycles + 1)
-        return duration
-
-    @staticmethod
-    def _drop_stale(slot: BackendSlot, started: float) -> None:
-        """A read or /health answer that completed before this cycle started is not used: start afresh."""
-        for name in ("read", "health"):
-            fut: Future[tuple[Any, float]] | None = getattr(slot, name)
-            if fut is None or not fut.done():
-                continue
+            now = self.monotonic()
+            self._started = now
+            for slot in [*self._slots.values(), *self._proxies.values()]:
+                self._start_schedule(slot, now)
+        while not stop.is_set():
             try:
-                completed = fut.result()[1]
-            except Exception:  # noqa: BLE001 - a failed read is dropped as well
-                completed = float("-inf")
-            if completed < started:
-                setattr(slot, name, None)
+                self._pump(max_wait=0.2)
+            except Exception:  # noqa: BLE001 - a bug must not end the loop
+                traceback.print_exc(file=sys.stderr)
+
+    def _start_schedule(self, slot: Slot, now: float) -> None:
+        slot.next_due = now + slot.phase
+        self._at(slot.next_due, slot)
+
+    def _at(self, when: float, slot: Slot) -> None:
+        heapq.heappush(self._heap, (when, next(self._seq), slot))
+
+    def _pump(self, max_wait: float) -> None:
+        """Wait for a finished job or the next deadline (at most `max_wait` s), then handle all that is due."""
+        wait = max_wait
+        if self._heap:
+            wait = min(wait, max(0.0, self._heap[0][0] - self.monotonic()))
+        try:
+            first: Slot | None = self._events.get(timeout=wait)
+        except queue.Empty:
+            first = None
+        with self._lock:
+            ready = [] if first is None else [first]
+            while True:
+                try:
+                    ready.append(self._events.get_nowait())
+                except queue.Empty:
+                    break
+            now = self.monotonic()
+            while self._heap and self._heap[0][0] <= now:
+                ready.append(heapq.heappop(self._heap)[2])
+            for slot in ready:
+                if isinstance(slot, ProxySlot):
+                    if self._proxies.get(slot.proxy.name) is slot:
+                        self._tick_proxy(slot, now)
+                elif self._slots.get(slot.backend.name) is slot:
+                    self._tick(slot, now)
+
+    # ---- one backend -----------------------------------------------------------------------
+    def _tick(self, slot: BackendSlot, now: float) -> None:
+        """Whatever is due for this backend now: settle its read, start the next one if it is time."""
+        self._settle(slot)
+        if self._started is not None and slot.next_due <= now:
+            self._start_read(slot, slot.next_due)
+            slot.next_due += self.interval
+            while slot.next_due <= now:         # the scheduler itself fell behind: skip, never burst
+                slot.next_due += self.interval
+                slot.reads_skipped += 1
+            self._at(slot.next_due, slot)
+
+    def _start_read(self, slot: BackendSlot, due: float) -> None:
+        if slot.read is not None:
+            slot.reads_skipped += 1             # the previous read still runs: never two at once
+            self._publish(slot)
+            return
+        notify = self._notifier(slot)
+        slot.read = Job(self._reads, observe, slot.target, notify=notify, due=due)
+        slot.judged = False
+        if slot.last_outcome == READ_TIMEOUT and self._timeout_needs_health(slot):
+            self._ask_health(slot)              # timed out last time: ask /health alongside
+        self._at(slot.read.submitted + self.settings.read_timeout + SLACK, slot)
+
+    def _notifier(self, slot: Slot) -> Callable[[], None]:
+        return lambda: self._events.put(slot)
+
+    def _settle(self, slot: BackendSlot) -> None:
+        """Judge the current read once its outcome is known; otherwise look again at its deadline."""
+        read = slot.read
+        if read is None:
+            return
+        if slot.judged:
+            if read.done():
+                slot.read = None                # a late read: dropped, the next may start
+            if slot.health is not None and slot.health.done():
+                slot.health = None
+            return
+        now = self.monotonic()
+        rt = self.settings.read_timeout
+        if read.done():
+            try:
+                obs = read.future.result()
+            except Exception as exc:  # noqa: BLE001 - never let one backend break the loop
+                obs = Observation(outcome="error", detail=f"{type(exc).__name__}: {exc}")
+        else:
+            late = read.deadline(rt)
+            if late is None or now < late:       # still waiting for a worker, or within its time
+                self._at(now + rt if late is None else late, slot)
+                return
+            obs = Observation(outcome=READ_TIMEOUT, detail=f"no answer within {rt:g} s")
+        if obs.outcome == READ_TIMEOUT and self._timeout_needs_health(slot):
+            fine = self._health_answer(slot, now)
+            if fine is None:
+                return                           # /health still has time: judged when it answers
+            obs = Observation(READ_TIMEOUT, detail=obs.detail, cheap_ok=fine)
+        if read.done():
+            slot.read = None
+        self._judge(slot, obs, read)
+
+    def _health_answer(self, slot: BackendSlot, now: float) -> bool | None:
+        """/health's answer for the current timeout: True/False, or None while it may still answer."""
+        health = self._ask_health(slot)
+        if health.done():
+            slot.health = None
+            return health.future.exception() is None and bool(health.future.result())
+        late = health.deadline(self.settings.read_timeout)
+        if late is None or now < late:
+            self._at(now + self.settings.read_timeout if late is None else late, slot)
+            return None
+        return False                             # no answer within its own timeout
 
     @staticmethod
     def _timeout_needs_health(slot: BackendSlot) -> bool:
@@ -234,39 +370,19 @@ class Fleet:
         last = slot.state.last
         return last is None or last.work <= 0
 
-    def _ask_health(self, slot: BackendSlot) -> Future[tuple[bool, float]]:
-        """At most one /health check in flight per backend (its own connection: the read may hang)."""
-        if slot.health is None:
-            if slot.health_target is None:
-                slot.health_target = Target(slot.backend.url, self.settings.read_timeout)
-            slot.health = self._reads.submit(_timed, health_ok, slot.health_target)
+    def _ask_health(self, slot: BackendSlot) -> Job:
+        """At most one /health check in flight per backend (its own connection: the read may hang).
+        An answer older than the current read is not used: ask again."""
+        h = slot.health
+        stale = h is not None and h.done() and slot.read is not None and h.submitted < slot.read.submitted
+        if h is None or stale:
+            slot.health = Job(self._reads, health_ok, slot.health_target, notify=self._notifier(slot))
+        assert slot.health is not None
         return slot.health
 
-    def _judge(self, slot: BackendSlot, now: float, scheduled: float, started: float | None = None) -> None:
-        started = time.monotonic() if started is None else started
-        read = slot.read
-        completed: float | None = None
-        if read is not None and read.done():
-            slot.read = None
-            try:
-                obs, completed = read.result()
-            except Exception as exc:  # noqa: BLE001 - never let one backend break the cycle
-                obs = Observation(outcome="error", detail=f"{type(exc).__name__}: {exc}")
-        else:
-            obs = Observation(outcome=READ_TIMEOUT,
-                              detail=f"no answer within {self.settings.read_timeout:g} s")
-        health = slot.health
-        if health is not None and health.done():
-            slot.health = None
-            if obs.outcome == READ_TIMEOUT:
-                try:
-                    fine, _at = health.result()
-                except Exception:  # noqa: BLE001
-                    fine = False
-                obs = Observation(outcome=obs.outcome, detail=obs.detail, cheap_ok=fine)
-        elif health is not None and obs.outcome == READ_TIMEOUT:
-            # /health did not answer within the wait either
-            obs = Observation(outcome=obs.outcome, detail=obs.detail, cheap_ok=False)
+    def _judge(self, slot: BackendSlot, obs: Observation, read: Job) -> None:
+        slot.judged = True
+        now = self.monotonic()
         probe = slot.probe
         if probe is not None and probe.done():
             slot.probe = None
@@ -280,14 +396,17 @@ class Fleet:
         slot.readings[obs.outcome] = slot.readings.get(obs.outcome, 0) + 1
         slot.last_outcome = obs.outcome
         slot.state = judge(slot.state, obs, now, self.thresholds)
-        fresh = completed is not None and completed >= started and \
-            time.monotonic() - completed <= self.settings.read_timeout
-        if fresh and self._may_probe(slot, obs, scheduled):
-            slot.last_probe_cycle = scheduled
+        started = read.started if read.started is not None else read.submitted
+        slot.lag_seconds = max(0.0, started - read.due) if read.due else 0.0
+        slot.read_seconds = (read.finished if read.finished is not None else now) - started
+        fresh = read.finished is not None and now - read.finished <= self.settings.read_timeout
+        if fresh and self._may_probe(slot, obs, read.due):
+            slot.last_probe_due = read.due
             slot.probes_sent += 1
             slot.probe = self._probes.submit(slot.prober.probe)
+        self._publish(slot)
 
-    def _may_probe(self, slot: BackendSlot, obs: Observation, scheduled: float) -> bool:
+    def _may_probe(self, slot: BackendSlot, obs: Observation, due: float) -> bool:
         """Only after a fresh reading with no work, one at a time, at most once per probe gap."""
         reading = obs.reading
         if obs.outcome != READ_OK or reading is None or not reading.has_engine_metrics or reading.work > 0:
@@ -295,51 +414,93 @@ class Fleet:
         if slot.probe is not None:
             return False
         gap = max(self.settings.interval, self.settings.probe_every)
-        return slot.last_probe_cycle is None or scheduled - slot.last_probe_cycle >= gap - 1e-6
+        return slot.last_probe_due is None or due - slot.last_probe_due >= gap - 1e-6
 
-    # ---- the loop --------------------------------------------------------------------------
-    def run_forever(self, stop: threading.Event) -> None:
-        """Fixed-rate cycles every `interval` seconds until `stop` is set (an overrun skips ahead)."""
-        interval = max(self.settings.interval, 0.01)
-        next_at = time.monotonic()
-        while not stop.is_set():
-            try:
-                self.run_cycle(scheduled=next_at)
-            except Exception:  # noqa: BLE001 - a bug in one cycle must not end the loop
-                traceback.print_exc(file=sys.stderr)
-            next_at += interval
-            now = time.monotonic()
-            if next_at < now:
-                next_at = now  # overran: start the next cycle at once, probes still spaced by `gap`
-            stop.wait(next_at - now)
+    # ---- one proxy -------------------------------------------------------------------------
+    def _tick_proxy(self, p: ProxySlot, now: float) -> None:
+        check = p.check
+        if check is not None and check.done():
+            p.check = None
+            if not p.judged:
+                p.up = not check.future.exception() and bool(check.future.result())
+                p.judged = True
+        elif check is not None and not p.judged:
+            late = check.deadline(self.settings.read_timeout)
+            if late is not None and now >= late:
+                p.up, p.judged = False, True   # no answer within the read timeout
+        if self._started is not None and p.next_due <= now:
+            if p.check is None:
+                p.check = Job(self._reads, proxy_up, p.target, notify=self._notifier(p), due=p.next_due)
+                p.judged = False
+                self._at(now + self.settings.read_timeout + SLACK, p)
+            while p.next_due <= now:
+                p.next_due += self.interval
+            self._at(p.next_due, p)
+        elif p.check is not None and not p.judged:
+            late = p.check.deadline(self.settings.read_timeout)
+            self._at(now + self.settings.read_timeout if late is None else late, p)
+
+    # ---- synchronously, for tests and benchmarks ------------------------------------------
+    def read_all(self, due: float | None = None, timeout: float | None = None) -> float:
+        """Read every backend and proxy now (as scheduled at `due`, monotonic) and return once each is
+        judged (answer or deadline); the seconds that took. Not while run_forever runs."""
+        started = self.monotonic()
+        due = started if due is None else due
+        with self._lock:
+            slots = list(self._slots.values())
+            proxies = list(self._proxies.values())
+            for slot in slots:
+                self._settle(slot)
+                self._start_read(slot, due)
+            for p in proxies:
+                if p.check is None:
+                    p.check = Job(self._reads, proxy_up, p.target, notify=self._notifier(p), due=due)
+                    p.judged = False
+                    self._at(started + self.settings.read_timeout + SLACK, p)
+        limit = started + (timeout if timeout is not None else 4 * self.settings.read_timeout + 5)
+        while self.monotonic() < limit:
+            with self._lock:
+                pending = [s for s in slots if not s.judged] + [p for p in proxies if not p.judged]
+            if not pending:
+                break
+            self._pump(max_wait=0.05)
+        return self.monotonic() - started
 
     def close(self) -> None:
         self._reads.shutdown(wait=False, cancel_futures=True)
         self._probes.shutdown(wait=False, cancel_futures=True)
 
     # ---- what the service shows ------------------------------------------------------------
-    def _publish(self, duration: float, cycles: int) -> None:
-        backends = tuple(
-            BackendView(
-                name=s.backend.name,
-                url=s.backend.url,
-                verdict=s.state.verdict,
-                reason=s.state.reason,
-                since=s.state.since,
-                in_flight=s.state.in_flight,
-                tokens_per_second=s.state.tokens_per_second,
-                last_progress=s.state.last_progress,
-                readings=dict(s.readings),
-                probes=dict(s.probes),
-                probes_sent=s.probes_sent,
-                steps_per_second=s.state.steps_per_second,
-            )
-            for s in self.backends
+    def _publish(self, slot: BackendSlot) -> None:
+        st = slot.state
+        offset = self.clock() - self.monotonic()
+        if abs(offset - self._to_wall) > 0.5:   # the wall clock was stepped: show times on the new clock
+            self._to_wall = offset
+        to_wall = self._to_wall
+        slot.view = BackendView(
+            name=slot.backend.name,
+            url=slot.backend.url,
+            verdict=st.verdict,
+            reason=st.reason,
+            since=st.since + to_wall,
+            in_flight=st.in_flight,
+            tokens_per_second=st.tokens_per_second,
+            last_progress=None if st.last_progress is None else st.last_progress + to_wall,
+            readings=dict(slot.readings),
+            probes=dict(slot.probes),
+            probes_sent=slot.probes_sent,
+            steps_per_second=st.steps_per_second,
+            reads_skipped=slot.reads_skipped,
+            read_seconds=slot.read_seconds,
+            lag_seconds=slot.lag_seconds,
         )
-        proxies = tuple(ProxyView(p.proxy.name, p.proxy.url, p.up) for p in self.proxies)
-        with self._lock:
-            self._snapshot = Snapshot(backends, proxies, duration, cycles, self.clock())
 
     def snapshot(self) -> Snapshot:
         with self._lock:
-            return self._snapshot
+            backends = tuple(s.view for s in self._slots.values() if s.view is not None)
+            proxies = tuple(ProxyView(p.proxy.name, p.proxy.url, p.up) for p in self._proxies.values())
+            started = self._started
+        now = self.monotonic()
+        cycles = 0 if started is None else int((now - started) / self.interval)
+        lag = max((b.lag_seconds for b in backends), default=0.0)
+        return Snapshot(backends, proxies, cycles, lag, self.clock())

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from llm_health.simulator.engine import Engine, RequestState, SimRequest
 from llm_health.simulator.metrics import ENGINES, Flavour, render
 
-FAULTS = ("none", "stall", "hang", "crash", "restart", "slow_metrics", "error")
+FAULTS = ("none", "stall", "wedge", "hang", "crash", "restart", "slow_metrics", "error")
 ERROR_MESSAGE = "simulated engine error: the request failed"
 PROBE_HEADER = "X-LLM-Health-Probe"
 VERSIONS = {"v0": "0.6.6.post1", "v1": "0.11.2", "sglang": "0.5.3", "llamacpp": "b11434"}
@@ -188,6 +188,7 @@ class Simulator:
         self.fault = "none"
         self.stalled_page: str | None = None  # llamacpp: the page while the loop is frozen inside decode
         self.slow_metrics_seconds = 3.0
+        self.wedged_page = ""               # what /metrics shows while wedged (frozen at the wedge)
         self._fault_timer: threading.Timer | None = None
         self._fault_epoch = 0
         self.main: _Listener | None = None
@@ -267,7 +268,7 @@ class Simulator:
                 if proc.dead is None:
                     now = proc.engine_time()
                     for e in proc.engines:
-                        if self.fault == "stall":
+                        if self.fault in ("stall", "wedge"):
                             e.freeze_until(now)
                         else:
                             e.advance_to(now)
@@ -298,7 +299,7 @@ class Simulator:
     def set_fault(self, name: str, seconds: float | None = None) -> dict[str, Any]:
         """Apply a fault (already validated); slow parts run in the background.
 
-        `seconds`: for stall/hang, clear the fault after that long; for crash, restart after that
+        `seconds`: for stall/wedge/hang, clear the fault after that long; for crash, restart after that
         long; for restart, the downtime (default --restart-seconds); for slow_metrics, the delay.
         All are engine seconds (divided by --time-scale). Raises FaultConflict when the main
         port is down and the fault needs it up.
@@ -332,9 +333,11 @@ class Simulator:
                 self._spawn(self._close_main, "sim-crash")
                 if scaled is not None:
                     self._after(scaled, lambda: self.set_fault("restart", 0.0))
-            elif name in ("stall", "hang"):
+            elif name in ("stall", "wedge", "hang"):
                 if name == "stall" and previous != "stall":
                     self.stalled_page = self._stall_snapshot()
+                if name == "wedge" and previous != "wedge":
+                    self.wedged_page = self.metrics_page()  # the page as the engine last updated it
                 self.fault = name
                 if scaled is not None:
                     self._after(scaled, lambda: self.set_fault("none"))
@@ -441,7 +444,7 @@ class Simulator:
         with self.cond:
             proc = self.process
             engine = proc.next_engine()
-            if self.fault == "stall":
+            if self.fault in ("stall", "wedge"):
                 engine.freeze_until(proc.engine_time())
             else:
                 engine.advance_to(proc.engine_time())
@@ -750,7 +753,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._drop()
             return
         if page is None:
-            page = sim.metrics_page()
+            with sim.cond:
+                page = sim.wedged_page if sim.fault == "wedge" else sim.metrics_page()
         self._send_text(200, page, "text/plain; version=0.0.4; charset=utf-8", headers)
 
     # ------------------------------------------------------------------ generation

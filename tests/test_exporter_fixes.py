@@ -309,7 +309,7 @@ def test_a_read_finishing_after_the_cycle_gave_up_is_never_used_later(fake) -> N
                   ExporterSettings(interval=0.3, read_timeout=1.0, probe_timeout=2.0))
     try:
         slot = fleet.backends[0]
-        fleet.run_cycle(scheduled=0.0)  # the idle page is still dripping when the cycle stops waiting
+        fleet.read_all(due=0.0)  # the idle page is still dripping at the read's deadline
         assert slot.read is not None and not slot.read.done()
         assert slot.readings["timeout"] == 1 and slot.probes_sent == 0
         f.release.set()
@@ -317,7 +317,7 @@ def test_a_read_finishing_after_the_cycle_gave_up_is_never_used_later(fake) -> N
         assert f.metrics_done == 1
         f.drip = False
         f.set("0", running=2, gen=150)  # busy by the next cycle
-        fleet.run_cycle(scheduled=1.0)
+        fleet.read_all(due=1.0)
         assert f.metrics_done == 2  # a new read was made...
         assert slot.readings["ok"] == 1 and slot.readings["timeout"] == 1  # ...and the late one not counted
         assert slot.state.in_flight == 2 and slot.state.verdict != Verdict.IDLE
@@ -325,7 +325,7 @@ def test_a_read_finishing_after_the_cycle_gave_up_is_never_used_later(fake) -> N
         assert f.probes == 0 and f.probes_while_busy == 0
         # the server is idle again: a fresh idle reading may probe
         f.set("0", running=0, gen=160)
-        fleet.run_cycle(scheduled=2.0)
+        fleet.read_all(due=2.0)
         assert slot.probes_sent == 1
         wait_until(lambda: f.probes == 1, timeout=5, what="probe arrives")
         assert f.probes_while_busy == 0
@@ -378,7 +378,7 @@ def test_probes_are_counted_when_sent(fake) -> None:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(FleetCollector(fleet.snapshot))
     try:
-        fleet.run_cycle(scheduled=0.0)
+        fleet.read_all(due=0.0)
         wait_until(lambda: f.probes == 1, timeout=5, what="probe sent")
         text = generate_latest(registry).decode()
         assert 'llm_health_probes_sent_total{backend="a"} 1.0' in text
@@ -387,7 +387,7 @@ def test_probes_are_counted_when_sent(fake) -> None:
         f.hold_completions.clear()
         slot = fleet.backends[0]
         wait_until(slot.probe.done, timeout=5, what="probe answered")
-        fleet.run_cycle(scheduled=0.1)  # too soon for another probe; the answer is counted
+        fleet.read_all(due=0.1)  # too soon for another probe; the answer is counted
         text = generate_latest(registry).decode()
         assert 'llm_health_probes_sent_total{backend="a"} 1.0' in text
         assert 'llm_health_probes_total{backend="a",result="ok"} 1.0' in text

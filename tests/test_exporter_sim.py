@@ -162,7 +162,9 @@ def test_idle_backend_gets_one_probe_per_interval_and_it_is_counted(sim, exporte
         assert f'llm_health_verdict{{backend="a",verdict="{verdict}"}} {value}' in text
     assert 'llm_health_verdict_code{backend="a"} 1.0' in text
     assert 'llm_health_readings_total{backend="a",result="ok"}' in text
-    assert "llm_health_cycle_duration_seconds" in text
+    assert "llm_health_schedule_lag_seconds " in text
+    assert 'llm_health_readings_skipped_total{backend="a"} 0.0' in text
+    assert 'llm_health_reading_duration_seconds{backend="a"}' in text
     # every probe the simulator saw was counted by the exporter (none in flight at a quiet moment)
     e.proc.stop()
     counted = [line for line in text.splitlines() if line.startswith('llm_health_probes_total{backend="a",result="ok"}')]
@@ -546,7 +548,7 @@ def test_probes_are_spaced_by_probe_every_and_one_at_a_time(sim) -> None:
     try:
         slot = fleet.backends[0]
         for k in range(8):
-            fleet.run_cycle(scheduled=k * 0.3)  # the cycle's schedule, as run_forever passes it
+            fleet.read_all(due=k * 0.3)  # the read's schedule, as the scheduler passes it
             if slot.probe is not None:
                 wait_until(slot.probe.done, timeout=5, what="probe answered")
         assert slot.probes_sent == 4  # cycles 0, 2, 4, 6
@@ -555,11 +557,11 @@ def test_probes_are_spaced_by_probe_every_and_one_at_a_time(sim) -> None:
         from concurrent.futures import Future
 
         slot.probe = Future()
-        fleet.run_cycle(scheduled=100.0)
+        fleet.read_all(due=100.0)
         assert slot.probes_sent == 4 and s.stats()["probes"] == 4
         slot.probe.set_result(None)
         slot.probe = None
-        fleet.run_cycle(scheduled=101.0)
+        fleet.read_all(due=101.0)
         assert slot.probes_sent == 5
     finally:
         fleet.close()

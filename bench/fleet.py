@@ -1,0 +1,345 @@
+"""Benchmark 4: fleet under trouble (exporter). Do bad members change the good members' cadence?
+
+One `llm-health exporter` process (its shipped defaults, only `listen` set) watches 200 backends
+served by one in-process HTTP server in this process (a distinct URL path per backend; the refused
+ones point at a bound socket that never listens, so the connection is refused):
+
+* healthy idle (30 %): a 0 running / 0 waiting page; the probe (`POST /v1/completions`) answers at once;
+* healthy busy (30 %): a page whose counters rise with time (engine progressing);
+* hang (10 %): the connection is accepted and nothing is ever answered;
+* slow (10 %): `/metrics` answers a busy, progressing page just under the read timeout (90 % of it);
+* refuse (5 %): connection refused;
+* wedge (5 %): idle, probes answer until the fault time; then the page stays 0/0 with frozen counters
+  and every probe waits forever (an engine wedged while idle: only the probe can catch it);
+* stall (5 %): busy and progressing until the fault time; then the same page forever (work in flight,
+  counters frozen).
+
+The server notes when each backend's `/metrics` and probes arrive (the backend's own view of the
+exporter's cadence); a poller reads `/verdicts` every 0.5 s to see when each wedged / stalled member is
+judged `down` / `stalled`. Loopback only; the run lasts until every faulty member is judged or the
+bound (`stall_after` + 4 intervals after the fault) passes.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import requests
+from llm_health.simulator.engine import Engine
+from llm_health.simulator.metrics import format_families, process_families, vllm_families
+
+from bench.pages import FLAVOUR, page_variants
+from llm_health.config import ExporterSettings
+from llm_health.procs import ManagedProcess, free_port, llm_health
+
+KINDS = (("idle", 0.30), ("busy", 0.30), ("hang", 0.10), ("slow", 0.10), ("refuse", 0.05), ("wedge", 0.05),
+         ("stall", 0.05))
+ANSWER = b'{"id": "cmpl-1", "object": "text_completion", "choices": [{"index": 0, "text": "x"}]}'
+MODELS = b'{"object": "list", "data": [{"id": "sim-model", "object": "model"}]}'
+PAGE_EVERY = 1.0   # seconds of wall time between two busy page variants
+
+
+@dataclass
+class Member:
+    name: str
+    kind: str
+    reads: list[float] = field(default_factory=list)      # monotonic arrival of each GET /metrics
+    probes: list[float] = field(default_factory=list)     # monotonic arrival of each probe
+    frozen: int | None = None                              # busy page index at the stall
+
+
+class World:
+    """What every backend shows, by kind and time; the fault time is `faults_at` (monotonic)."""
+
+    def __init__(self, members: dict[str, Member], slow: float, run_seconds: float) -> None:
+        self.members = members
+        self.slow = slow
+        self.t0 = time.monotonic()
+        self.faults_at = float("inf")
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.idle = idle_page().encode()
+        self.busy = [p.encode() for p in page_variants(int(run_seconds / PAGE_EVERY) + 30, full=False,
+                                                        every=PAGE_EVERY)]
+
+    def busy_index(self, now: float) -> int:
+        return min(int((now - self.t0) / PAGE_EVERY), len(self.busy) - 1)
+
+    def faulted(self, now: float) -> bool:
+        return now >= self.faults_at
+
+    def hang(self) -> None:
+        self.stop.wait(120)
+
+
+def idle_page() -> str:
+    engines = [Engine(index=i, step_seconds=0.1, max_num_seqs=64, kv_blocks=65_536) for i in range(2)]
+    start = 1_764_400_000.0
+    return format_families(process_families(start) + vllm_families(engines, FLAVOUR, start), False)
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: Any
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        return
+
+    def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _member(self) -> tuple[Member | None, str]:
+        parts = self.path.split("/", 3)   # "", "f", "<name>", "rest"
+        if len(parts) < 4 or parts[1] != "f":
+            return None, ""
+        return self.server.world.members.get(parts[2]), "/" + parts[3]
+
+    def do_GET(self) -> None:  # noqa: N802
+        world: World = self.server.world
+        m, rest = self._member()
+        if m is None:
+            self._send(404, b"{}")
+            return
+        now = time.monotonic()
+        if m.kind == "hang":
+            world.hang()
+            self.close_connection = True
+            return
+        if rest == "/metrics":
+            with world.lock:
+                m.reads.append(now)
+            if m.kind == "slow":
+                time.sleep(world.slow)
+            if m.kind in ("idle", "wedge"):
+                body = world.idle
+            else:
+                k = world.busy_index(now)
+                if m.kind == "stall" and world.faulted(now):
+                    with world.lock:
+                        m.frozen = k if m.frozen is None else m.frozen
+                    k = m.frozen
+                body = world.busy[k]
+            self._send(200, body, "text/plain; version=0.0.4; charset=utf-8")
+        elif rest == "/health":
+            self._send(200, b"")
+        elif rest == "/v1/models":
+            self._send(200, MODELS)
+        else:
+            self._send(404, b"{}")
+
+    def do_POST(self) -> None:  # noqa: N802
+        world: World = self.server.world
+        m, rest = self._member()
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        if m is None or rest != "/v1/completions":
+            self._send(404, b"{}")
+            return
+        now = time.monotonic()
+        with world.lock:
+            m.probes.append(now)
+        if m.kind == "hang" or (m.kind == "wedge" and world.faulted(now)):
+            world.hang()
+            self.close_connection = True
+            return
+        self._send(200, ANSWER)
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 1024
+
+
+def fleet_of(size: int) -> list[Member]:
+    members: list[Member] = []
+    for kind, share in KINDS[2:]:
+        members += [Member(f"{kind}-{i}", kind) for i in range(max(1, round(size * share)))]
+    healthy = size - len(members)
+    members += [Member(f"idle-{i}", "idle") for i in range(healthy // 2)]
+    members += [Member(f"busy-{i}", "busy") for i in range(healthy - healthy // 2)]
+    return members
+
+
+def gaps(times: list[float], since: float) -> list[float]:
+    ts = [t for t in times if t >= since]
+    return [b - a for a, b in zip(ts, ts[1:], strict=False)]
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def measure(size: int, settings: ExporterSettings, warm: float, quick: bool) -> dict[str, Any]:
+    i, pt, rt = settings.interval, settings.probe_timeout, settings.read_timeout
+    wedge_bound = pt + settings.down_after * i + i
+    stall_bound = settings.stall_after + 2 * i
+    run_cap = warm + max(wedge_bound, stall_bound) + 2 * i
+    members = {m.name: m for m in fleet_of(size)}
+    world = World(members, slow=0.9 * rt, run_seconds=run_cap + 30)
+    httpd = Server(("127.0.0.1", 0), Handler)
+    httpd.world = world  # type: ignore[attr-defined]
+    port = httpd.server_address[1]
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+    import socket
+
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))          # bound, never listening: connections are refused
+    dead_port = dead.getsockname()[1]
+    listen = free_port()
+    detected: dict[str, float | None] = {n: None for n, m in members.items() if m.kind in ("wedge", "stall")}
+    before: dict[str, str] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = Path(tmp) / "llm-health.yml"
+        lines = ["backends:"]
+        for m in members.values():
+            url = (f"http://127.0.0.1:{dead_port}/f/{m.name}" if m.kind == "refuse"
+                   else f"http://127.0.0.1:{port}/f/{m.name}")
+            lines += [f"  - name: {m.name}", f"    url: {url}", "    model: sim-model"]
+        lines += ["exporter:"] + [f"  {k}: {v}" for k, v in (
+            ("interval", i), ("read_timeout", rt), ("probe_timeout", pt), ("stall_after", settings.stall_after),
+            ("down_after", settings.down_after), ("probe_every", settings.probe_every))]
+        cfg.write_text("\n".join(lines) + "\n")
+        proc = ManagedProcess(llm_health("exporter", "--config", cfg, "--listen", f"127.0.0.1:{listen}"),
+                              "exporter", tmp)
+        base = f"http://127.0.0.1:{listen}"
+        try:
+            proc.wait_http(base + "/health", timeout=60)
+            started = time.monotonic()
+            world.faults_at = started + warm
+            while True:
+                now = time.monotonic()
+                try:
+                    doc = requests.get(base + "/verdicts", timeout=5).json()
+                except requests.RequestException:
+                    doc = {"backends": []}
+                seen = time.monotonic()
+                for b in doc["backends"]:
+                    name = b["backend"]
+                    if name not in detected:
+                        continue
+                    want = "down" if members[name].kind == "wedge" else "stalled"
+                    if seen < world.faults_at:
+                        before[name] = b["verdict"]
+                    elif detected[name] is None and b["verdict"] == want:
+                        detected[name] = seen - world.faults_at
+                if all(v is not None for v in detected.values()) and now > world.faults_at + 2 * i:
+                    break
+                if now - started > run_cap:
+                    break
+                time.sleep(0.5)
+            ended = time.monotonic()
+            exporter_metrics = requests.get(base + "/metrics", timeout=5).text
+        finally:
+            proc.stop()
+            world.stop.set()
+            httpd.shutdown()
+            httpd.server_close()
+            dead.close()
+    since = started + 2 * i   # after the first readings (connections opened, phases settled)
+
+    def cadence(kind: str, what: str) -> dict[str, float]:
+        g: list[float] = []
+        for m in members.values():
+            if m.kind == kind:
+                g += gaps(getattr(m, what), since)
+        return {"gaps": len(g), "p50": pct(g, 0.5) / i, "p99": pct(g, 0.99) / i, "max": max(g, default=0) / i}
+
+    intervals = (ended - since) / i
+    idle = [m for m in members.values() if m.kind == "idle"]
+    probes_per_interval = [len([t for t in m.probes if t >= since]) / intervals for m in idle]
+    return {
+        "backends": size, "by_kind": {k: sum(1 for m in members.values() if m.kind == k) for k, _ in KINDS},
+        "settings": {"interval": i, "read_timeout": rt, "probe_timeout": pt, "stall_after": settings.stall_after,
+                     "down_after": settings.down_after, "probe_every": settings.probe_every},
+        "slow_answer_s": world.slow, "warm_s": warm, "observed_s": ended - since,
+        "reads": {k: cadence(k, "reads") for k in ("idle", "busy", "slow")},
+        "probes": cadence("idle", "probes"),
+        "probes_per_interval": {"min": min(probes_per_interval, default=0.0),
+                                "median": statistics.median(probes_per_interval) if idle else 0.0},
+        "wedge_bound_s": wedge_bound, "stall_bound_s": stall_bound,
+        "detected": {n: detected[n] for n in sorted(detected)},
+        "verdict_before_fault": before,
+        "cycle_series": "llm_health_cycle_duration_seconds" in exporter_metrics,
+        "quick": quick,
+    }
+
+
+def run(out_dir: Path, quick: bool) -> tuple[str, dict[str, Any]]:
+    if quick:
+        settings = ExporterSettings(interval=1.0, read_timeout=0.5, probe_timeout=0.5, stall_after=3.0)
+        r = measure(20, settings, warm=4.0, quick=True)
+    else:
+        r = measure(200, ExporterSettings(), warm=45.0, quick=False)
+    wedge = [v for n, v in r["detected"].items() if n.startswith("wedge")]
+    stall = [v for n, v in r["detected"].items() if n.startswith("stall")]
+    r["targets"] = {
+        f"every wedged member down within {r['wedge_bound_s']:g} s": all(
+            v is not None and v <= r["wedge_bound_s"] for v in wedge),
+        f"every stalled member stalled within {r['stall_bound_s']:g} s": all(
+            v is not None and v <= r["stall_bound_s"] for v in stall),
+        "healthy members read every interval (p99 gap <= 1.2 intervals)": all(
+            r["reads"][k]["p99"] <= 1.2 for k in ("idle", "busy")),
+        "idle members probed every interval (p99 gap <= 1.2 intervals)": r["probes"]["p99"] <= 1.2,
+    }
+    return markdown(r), r
+
+
+def _fmt(v: float | None) -> str:
+    return "not detected" if v is None else f"{v:.0f} s"
+
+
+def markdown(r: dict[str, Any]) -> str:
+    s = r["settings"]
+    rows = ["| members | gaps | p50 gap / interval | p99 gap / interval | max gap / interval |",
+            "|---|---:|---:|---:|---:|"]
+    for label, c in (("healthy idle: readings", r["reads"]["idle"]), ("healthy busy: readings", r["reads"]["busy"]),
+                     ("slow (answer at 90 % of the read timeout): readings", r["reads"]["slow"]),
+                     ("healthy idle: probes", r["probes"])):
+        rows.append(f"| {label} | {c['gaps']} | {c['p50']:.2f} | {c['p99']:.2f} | {c['max']:.2f} |")
+    wedge = {n: v for n, v in r["detected"].items() if n.startswith("wedge")}
+    stall = {n: v for n, v in r["detected"].items() if n.startswith("stall")}
+
+    def summary(d: dict[str, float | None]) -> str:
+        found = [v for v in d.values() if v is not None]
+        text = f"{len(found)} of {len(d)} detected"
+        if found:
+            text += f", median {statistics.median(found):.0f} s, max {max(found):.0f} s"
+        return text + " (each: " + ", ".join(_fmt(v) for v in d.values()) + ")"
+
+    kinds = ", ".join(f"{n} {k}" for k, n in r["by_kind"].items())
+    return "\n".join([
+        "## 4. Fleet under trouble: exporter",
+        "",
+        f"One `llm-health exporter` process at its defaults (interval {s['interval']:g} s, read timeout "
+        f"{s['read_timeout']:g} s, probe timeout {s['probe_timeout']:g} s, stall after {s['stall_after']:g} s, "
+        f"down after {s['down_after']}, probe every {s['probe_every']:g} s) watches {r['backends']} backends "
+        f"served by one in-process HTTP server ({kinds}). See `bench/fleet.py` for what each kind does. "
+        f"Wedge and stall start {r['warm_s']:g} s after the exporter; cadence is measured by the backends "
+        f"(arrival of each `/metrics` request and each probe) over the last {r['observed_s']:.0f} s.",
+        "",
+        *rows,
+        "",
+        f"Idle probes per healthy idle member per interval: median {r['probes_per_interval']['median']:.2f}, "
+        f"min {r['probes_per_interval']['min']:.2f} (1.00 = every interval).",
+        "",
+        f"- Wedged while idle (judged `down`; bound probe timeout + down_after intervals + one interval = "
+        f"{r['wedge_bound_s']:g} s): {summary(wedge)}.",
+        f"- Stalled while busy (judged `stalled`; bound stall_after + 2 intervals = {r['stall_bound_s']:g} s): "
+        f"{summary(stall)}.",
+        "",
+    ])
