@@ -22,6 +22,7 @@ bound (`stall_after` + 4 intervals after the fault) passes.
 
 from __future__ import annotations
 
+import json
 import statistics
 import tempfile
 import threading
@@ -43,6 +44,7 @@ KINDS = (("idle", 0.30), ("busy", 0.30), ("hang", 0.10), ("slow", 0.10), ("refus
          ("stall", 0.05))
 ANSWER = b'{"id": "cmpl-1", "object": "text_completion", "choices": [{"index": 0, "text": "x"}]}'
 MODELS = b'{"object": "list", "data": [{"id": "sim-model", "object": "model"}]}'
+BEFORE = Path(__file__).resolve().parent / "results" / "fleet-before.json"   # the same run on the old code
 PAGE_EVERY = 1.0   # seconds of wall time between two busy page variants
 
 
@@ -296,6 +298,8 @@ def run(out_dir: Path, quick: bool) -> tuple[str, dict[str, Any]]:
             r["reads"][k]["p99"] <= 1.2 for k in ("idle", "busy")),
         "idle members probed every interval (p99 gap <= 1.2 intervals)": r["probes"]["p99"] <= 1.2,
     }
+    if not quick and BEFORE.exists():
+        r["before"] = json.loads(BEFORE.read_text())
     return markdown(r), r
 
 
@@ -342,4 +346,47 @@ def markdown(r: dict[str, Any]) -> str:
         f"- Stalled while busy (judged `stalled`; bound stall_after + 2 intervals = {r['stall_bound_s']:g} s): "
         f"{summary(stall)}.",
         "",
+        *side_by_side(r),
+        "### Fleet under trouble: remediator",
+        "",
+        "_Reserved for the remediator half of issue 11 (time from alert to restart for 20 simultaneous "
+        "incidents, budget and breaker raised for the run); measured by its own benchmark._",
+        "",
     ])
+
+
+def side_by_side(r: dict[str, Any]) -> list[str]:
+    """The same benchmark on the code before issue 11 (one fleet-wide cycle) and now."""
+    b = r.get("before")
+    if not b:
+        return []
+
+    def det(d: dict[str, Any], kind: str) -> str:
+        v = [x for n, x in d["detected"].items() if n.startswith(kind)]
+        found = [x for x in v if x is not None]
+        if not found:
+            return f"0 of {len(v)} detected"
+        return f"{len(found)} of {len(v)}; median {statistics.median(found):.0f} s, max {max(found):.0f} s"
+
+    rows = [
+        ("healthy idle readings: p50 / p99 gap (intervals)", lambda d: f"{d['reads']['idle']['p50']:.2f} / "
+         f"{d['reads']['idle']['p99']:.2f}"),
+        ("healthy busy readings: p50 / p99 gap (intervals)", lambda d: f"{d['reads']['busy']['p50']:.2f} / "
+         f"{d['reads']['busy']['p99']:.2f}"),
+        ("healthy idle probes: p50 / p99 / max gap (intervals)", lambda d: f"{d['probes']['p50']:.2f} / "
+         f"{d['probes']['p99']:.2f} / {d['probes']['max']:.2f}"),
+        ("probes per idle member per interval: median / min", lambda d: f"{d['probes_per_interval']['median']:.2f}"
+         f" / {d['probes_per_interval']['min']:.2f}"),
+        (f"wedged idle -> down (bound {r['wedge_bound_s']:g} s)", lambda d: det(d, "wedge")),
+        (f"stalled busy -> stalled (bound {r['stall_bound_s']:g} s)", lambda d: det(d, "stall")),
+    ]
+    when = b.get("machine", {}).get("date", "?")
+    return [
+        f"Before and after, same benchmark, same machine: before = {b.get('code', 'the code before issue 11')}, "
+        f"measured {when}; after = this branch's per-backend scheduler, measured above.",
+        "",
+        "| | before (one fleet-wide cycle) | after (every backend on its own clock) |",
+        "|---|---|---|",
+        *[f"| {label} | {fn(b)} | {fn(r)} |" for label, fn in rows],
+        "",
+    ]

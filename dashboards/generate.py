@@ -344,10 +344,11 @@ FLEET = Dashboard(
             unit="short", min=0, bars=True, stacked=True,
         ),
         Panel(
-            "Exporter cycle duration", "timeseries",
-            (Target("max by (instance) (llm_health_cycle_duration_seconds)", "{{instance}}"),),
+            "Exporter schedule lag", "timeseries",
+            (Target("max by (instance) (llm_health_schedule_lag_seconds)", "{{instance}}"),),
             unit="s", min=0,
-            description="Duration of the exporter's last cycle over the fleet (readings, verdicts, probes).",
+            description="How late the exporter starts backends' reads after their scheduled time (every backend "
+                        "is read on its own schedule). Near the interval: the exporter is short of workers or CPU.",
         ),
         Panel(
             "Proxies up", "stat",

@@ -166,7 +166,7 @@ def test_kv_panel_has_a_threshold_line_at_085(dashboards: dict[str, dict[str, An
             "rate(vllm:generation_tokens_total", "vllm:kv_cache_usage_perc",
             "changes(process_start_time_seconds", "resets(vllm:generation_tokens_total",
             "llm_health_remediator_restarts_total", "increase(llm_health_probes_total",
-            "llm_health_readings_total", "llm_health_cycle_duration_seconds",
+            "llm_health_readings_total", "llm_health_schedule_lag_seconds",
         ]),
         ("llm-health-remediator.json", [
             "llm_health_remediator_alerts_received_total", "llm_health_remediator_decisions_total",
