@@ -133,6 +133,7 @@ class BackendSlot:
     reads_skipped: int = 0
     read_seconds: float = 0.0
     lag_seconds: float = 0.0
+    judged_at: float = float("-inf")           # the verdict's `now` at its last judgement (monotonic)
     view: BackendView | None = None
 
 
@@ -395,8 +396,10 @@ class Fleet:
                               cheap_ok=obs.cheap_ok, probe=result)
         slot.readings[obs.outcome] = slot.readings.get(obs.outcome, 0) + 1
         slot.last_outcome = obs.outcome
-        slot.state = judge(slot.state, obs, now, self.thresholds)
         started = read.started if read.started is not None else read.submitted
+        at = max(self._taken(read, started, obs, now), slot.judged_at)   # never back in time
+        slot.judged_at = at
+        slot.state = judge(slot.state, obs, at, self.thresholds)
         slot.lag_seconds = max(0.0, started - read.due) if read.due else 0.0
         slot.read_seconds = (read.finished if read.finished is not None else now) - started
         fresh = read.finished is not None and now - read.finished <= self.settings.read_timeout
@@ -405,6 +408,16 @@ class Fleet:
             slot.probes_sent += 1
             slot.probe = self._probes.submit(slot.prober.probe)
         self._publish(slot)
+
+    @staticmethod
+    def _taken(read: Job, started: float, obs: Observation, now: float) -> float:
+        """The verdict's `now`: when the reading was taken. A read that started on time (within SLACK of
+        its schedule) counts as taken at its scheduled time, so a backend's stall clock advances in
+        whole intervals and a few ms of jitter never cost it an interval of detection. A timeout is
+        judged when it was declared."""
+        if obs.outcome == READ_TIMEOUT:
+            return now
+        return read.due if 0.0 <= started - read.due <= SLACK else started
 
     def _may_probe(self, slot: BackendSlot, obs: Observation, due: float) -> bool:
         """Only after a fresh reading with no work, one at a time, at most once per probe gap."""
