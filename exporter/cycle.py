@@ -68,20 +68,22 @@ class Job:
     """One call in a worker thread; the worker notes when it started and finished (monotonic)."""
 
     def __init__(self, pool: ThreadPoolExecutor, fn: Callable[..., Any], *args: Any,
-                 notify: Callable[[], None], due: float = 0.0) -> None:
+                 notify: Callable[[], None], due: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.due = due                      # when it was scheduled to start
-        self.submitted = time.monotonic()
+        self.clock = clock
+        self.submitted = clock()
         self.started: float | None = None
         self.finished: float | None = None
         self.future: Future[Any] = pool.submit(self._run, fn, *args)
         self.future.add_done_callback(lambda _f: notify())
 
     def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        self.started = time.monotonic()
+        self.started = self.clock()
         try:
             return fn(*args)
         finally:
-            self.finished = time.monotonic()
+            self.finished = self.clock()
 
     def done(self) -> bool:
         return self.future.done()
@@ -217,7 +219,7 @@ class Fleet:
         wanted = {b.name: b for b in backends}
         with self._lock:
             for name in [n for n, s in self._slots.items() if wanted.get(n) != s.backend]:
-                del self._slots[name]
+                self._forget(self._slots.pop(name))
             for name, b in wanted.items():
                 if name not in self._slots:
                     self._slots[name] = slot = self._new_slot(b)
@@ -232,6 +234,16 @@ class Fleet:
     def remove_backend(self, name: str) -> None:
         with self._lock:
             self.set_backends([s.backend for s in self._slots.values() if s.backend.name != name])
+
+    @staticmethod
+    def _forget(slot: BackendSlot) -> None:
+        """Close a removed backend's idle connections (one still in use is dropped when its read ends)."""
+        if slot.read is None:
+            slot.target.close()
+        if slot.health is None or slot.health.done():
+            slot.health_target.close()
+        if slot.probe is None or slot.probe.done():
+            slot.prober.close()
 
     def _new_slot(self, b: Backend) -> BackendSlot:
         s = self.settings
@@ -269,9 +281,9 @@ class Fleet:
 
     def _pump(self, max_wait: float) -> None:
         """Wait for a finished job or the next deadline (at most `max_wait` s), then handle all that is due."""
-        wait = max_wait
-        if self._heap:
-            wait = min(wait, max(0.0, self._heap[0][0] - self.monotonic()))
+        with self._lock:
+            next_at = self._heap[0][0] if self._heap else None
+        wait = max_wait if next_at is None else min(max_wait, max(0.0, next_at - self.monotonic()))
         try:
             first: Slot | None = self._events.get(timeout=wait)
         except queue.Empty:
@@ -311,7 +323,7 @@ class Fleet:
             self._publish(slot)
             return
         notify = self._notifier(slot)
-        slot.read = Job(self._reads, observe, slot.target, notify=notify, due=due)
+        slot.read = Job(self._reads, observe, slot.target, notify=notify, due=due, clock=self.monotonic)
         slot.judged = False
         if slot.last_outcome == READ_TIMEOUT and self._timeout_needs_health(slot):
             self._ask_health(slot)              # timed out last time: ask /health alongside
@@ -377,7 +389,8 @@ class Fleet:
         h = slot.health
         stale = h is not None and h.done() and slot.read is not None and h.submitted < slot.read.submitted
         if h is None or stale:
-            slot.health = Job(self._reads, health_ok, slot.health_target, notify=self._notifier(slot))
+            slot.health = Job(self._reads, health_ok, slot.health_target, notify=self._notifier(slot),
+                              clock=self.monotonic)
         assert slot.health is not None
         return slot.health
 
@@ -443,7 +456,8 @@ class Fleet:
                 p.up, p.judged = False, True   # no answer within the read timeout
         if self._started is not None and p.next_due <= now:
             if p.check is None:
-                p.check = Job(self._reads, proxy_up, p.target, notify=self._notifier(p), due=p.next_due)
+                p.check = Job(self._reads, proxy_up, p.target, notify=self._notifier(p), due=p.next_due,
+                              clock=self.monotonic)
                 p.judged = False
                 self._at(now + self.settings.read_timeout + SLACK, p)
             while p.next_due <= now:
@@ -467,7 +481,8 @@ class Fleet:
                 self._start_read(slot, due)
             for p in proxies:
                 if p.check is None:
-                    p.check = Job(self._reads, proxy_up, p.target, notify=self._notifier(p), due=due)
+                    p.check = Job(self._reads, proxy_up, p.target, notify=self._notifier(p), due=due,
+                                 clock=self.monotonic)
                     p.judged = False
                     self._at(started + self.settings.read_timeout + SLACK, p)
         limit = started + (timeout if timeout is not None else 4 * self.settings.read_timeout + 5)

@@ -166,6 +166,10 @@ class Pages(ThreadingHTTPServer):
         from llm_health.simulator.metrics import Flavour, render
 
         self.page = render([Engine(index=0)], Flavour()).encode()
+        busy = Engine(index=0)
+        busy.submit(100, 10_000)
+        busy.advance_to(1.0)
+        self.frozen = render([busy], Flavour()).encode()   # work in flight, counters that never move
         self.reads: dict[str, list[float]] = {}
         self.release = threading.Event()
         super().__init__(("127.0.0.1", 0), Handler)
@@ -190,7 +194,8 @@ class Handler(BaseHTTPRequestHandler):
             self.server.release.wait(30)
             self.close_connection = True
             return
-        body = self.server.page if self.path.endswith("/metrics") else b"{}"
+        page = self.server.frozen if name == "frozen" else self.server.page
+        body = page if self.path.endswith("/metrics") else b"{}"
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -287,3 +292,29 @@ def test_phases_spread_a_fleet_over_the_interval() -> None:
         buckets[int(p)] += 1
     assert min(buckets) > 40 and max(buckets) < 100, buckets   # ~67 per second of the interval
     assert phase_of("gpu-1", 15.0) == phase_of("gpu-1", 15.0)
+
+
+def test_a_wall_clock_step_moves_no_stall_clock(pages) -> None:
+    """Schedules and the stall clock run on the monotonic clock; the wall clock only labels exported times."""
+    step = [0.0]
+    settings = ExporterSettings(interval=0.2, read_timeout=0.5, probe_timeout=1.0, stall_after=2.0)
+    fleet = Fleet([Backend(name="frozen", url=pages.url + "/frozen"), Backend(name="a", url=pages.url + "/a",
+                                                                            model="m")],
+                  [], settings, clock=lambda: time.time() + step[0])
+    stop = running(fleet)
+    try:
+        wait_until(lambda: verdicts(fleet)["frozen"].readings["ok"] >= 2, timeout=10, what="two readings")
+        since = verdicts(fleet)["frozen"].since
+        slot = next(s for s in fleet.backends if s.backend.name == "frozen")
+        stuck = min(t.stuck_since for t in slot.state.engines.values() if t.stuck_since is not None)
+        assert time.monotonic() - stuck < 2.0 - 0.5, "the jump must come well before the stall is due"
+        step[0] = 3600.0                     # the wall clock jumps an hour ahead
+        wait_until(lambda: verdicts(fleet)["frozen"].verdict.value == "stalled", timeout=10, what="stalled")
+        # stalled after stall_after of real (monotonic) time since the counters froze, not at the jump
+        assert time.monotonic() >= stuck + 2.0
+        assert verdicts(fleet)["a"].verdict.value == "idle"
+        # exported times follow the new wall clock
+        assert verdicts(fleet)["frozen"].since > since + 3000
+        assert abs(fleet.snapshot().at - (time.time() + 3600)) < 5
+    finally:
+        stop()
