@@ -72,3 +72,14 @@ def test_storm_restarts_exactly_the_due_backends_once(tmp_path: Path) -> None:
     assert due and all(r["restarts"].get(b) == 1 for b in due)
     assert not any(b.startswith("healthy") for b in r["restarts"])
     assert all(r["targets"].values()), r["targets"]
+
+
+def test_fleet_under_trouble_runs_and_reports(tmp_path: Path) -> None:
+    r = bench(tmp_path, "fleet")["fleet"]
+    assert r["backends"] == 20 and r["by_kind"]["hang"] == 2 and r["by_kind"]["wedge"] == 1
+    assert set(r["detected"]) == {"wedge-0", "stall-0"}
+    assert r["verdict_before_fault"] == {"wedge-0": "idle", "stall-0": "busy"}
+    assert r["reads"]["idle"]["gaps"] > 0 and r["probes"]["gaps"] > 0
+    assert not r["cycle_series"]            # the per-fleet cycle series is gone
+    doc = (tmp_path / "benchmarks.md").read_text()
+    assert "## 4. Fleet under trouble: exporter" in doc and "### Fleet under trouble: remediator" in doc
