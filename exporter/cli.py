@@ -43,7 +43,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="also watch the targets this Prometheus scrapes (discovery.prometheus_url)")
     parser.add_argument("--discover-selector", metavar="SELECTOR",
                         help='which targets, e.g. \'job="vllm"\' (discovery.selector, default job="vllm")')
-    parser.add_argument("--interval", type=float, help="seconds between cycles (default 15)")
+    parser.add_argument("--interval", type=float, help="seconds between two readings of one backend (default 15)")
     parser.add_argument("--stall-after", type=float, help="seconds without progress before stalled (default 120)")
     parser.add_argument("--down-after", type=int, help="consecutive failures before down (default 2)")
     parser.add_argument("--read-timeout", type=float, help="per-backend /metrics timeout (default 5)")
