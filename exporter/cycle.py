@@ -201,6 +201,7 @@ class Fleet:
         self._slots: dict[str, BackendSlot] = {}
         self._proxies: dict[str, ProxySlot] = {}
         self._started: float | None = None    # monotonic start of run_forever
+        self._closed = False
         self._to_wall = clock() - monotonic()  # monotonic -> wall for exported times (follows clock steps)
         self.set_backends(backends)
         for p in proxies:
@@ -266,7 +267,7 @@ class Fleet:
             self._started = now
             for slot in [*self._slots.values(), *self._proxies.values()]:
                 self._start_schedule(slot, now)
-        while not stop.is_set():
+        while not stop.is_set() and not self._closed:
             try:
                 self._pump(max_wait=0.2)
             except Exception:  # noqa: BLE001 - a bug must not end the loop
@@ -289,6 +290,8 @@ class Fleet:
         except queue.Empty:
             first = None
         with self._lock:
+            if self._closed:
+                return
             ready = [] if first is None else [first]
             while True:
                 try:
@@ -495,6 +498,8 @@ class Fleet:
         return self.monotonic() - started
 
     def close(self) -> None:
+        with self._lock:                      # the scheduler is between two steps: it starts nothing more
+            self._closed = True
         self._reads.shutdown(wait=False, cancel_futures=True)
         self._probes.shutdown(wait=False, cancel_futures=True)
 
