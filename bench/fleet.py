@@ -1,4 +1,4 @@
-"""Benchmark 4: fleet under trouble (exporter). Do bad members change the good members' cadence?
+"""Benchmark 5: fleet under trouble (exporter). Do bad members change the good members' cadence?
 
 One `llm-health exporter` process (its shipped defaults, only `listen` set) watches 200 backends
 served by one in-process HTTP server in this process (a distinct URL path per backend; the refused
@@ -336,7 +336,7 @@ def markdown(r: dict[str, Any]) -> str:
 
     kinds = ", ".join(f"{n} {k}" for k, n in r["by_kind"].items())
     return "\n".join([
-        "## 4. Fleet under trouble: exporter",
+        "## 5. Fleet under trouble: exporter",
         "",
         f"One `llm-health exporter` process at its defaults (interval {s['interval']:g} s, read timeout "
         f"{s['read_timeout']:g} s, probe timeout {s['probe_timeout']:g} s, stall after {s['stall_after']:g} s, "
@@ -356,10 +356,8 @@ def markdown(r: dict[str, Any]) -> str:
         f"{summary(stall)}.",
         "",
         *side_by_side(r),
-        "### Fleet under trouble: remediator",
-        "",
-        "_Reserved for the remediator half of issue 11 (time from alert to restart for 20 simultaneous "
-        "incidents, budget and breaker raised for the run); measured by its own benchmark._",
+        "The remediator half of this benchmark (time from alert to restart for 20 simultaneous incidents) is "
+        "section 4, `bench/fleet_remediator.py`.",
         "",
     ])
 

@@ -1,4 +1,4 @@
-"""`python -m bench.run [--only replay|scale|storm|fleet|fleet_remediator] [--quick] [--out DIR]` (what `make bench` runs).
+"""`python -m bench.run [--only replay|scale|storm|fleet_remediator|fleet] [--quick] [--out DIR]` (what `make bench` runs).
 
 Each benchmark writes its section (markdown + JSON figures) to `bench/results/` (or, with `--out DIR`,
 to `<DIR>/bench-results/`), its plots to `<DIR>/img/`; then `<DIR>/benchmarks.md` is assembled
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-NAMES = ("replay", "scale", "storm", "fleet", "fleet_remediator")
+NAMES = ("replay", "scale", "storm", "fleet_remediator", "fleet")
 
 
 def machine() -> dict[str, str]:
@@ -103,16 +103,6 @@ def headline(results: Path) -> list[str]:
             f"{t['throughput_per_s_in_bursts']:.0f}/s, p50 {t['p50_ms']:.1f} ms, p99 {t['p99_ms']:.1f} ms; restarts: "
             + ("exactly one per backend where one was due, none elsewhere." if ok else
                "targets NOT met, see section 3."))
-    f = _load(results, "fleet")
-    if f:
-        reads, probes = f["reads"], f["probes"]
-        found = [v for v in f["detected"].values() if v is not None]
-        lines.append(
-            f"- **Fleet under trouble** ({f['backends']} backends, {f['by_kind']['hang']} hung, "
-            f"{f['by_kind']['slow']} slow, {f['by_kind']['refuse']} refusing): healthy members read with a p99 gap "
-            f"of {max(reads['idle']['p99'], reads['busy']['p99']):.2f} intervals, idle ones probed with a p99 gap "
-            f"of {probes['p99']:.2f} intervals; {len(found)} of {len(f['detected'])} wedged/stalled members "
-            f"judged" + (f", the last after {max(found):.0f} s." if found else "."))
     f = _load(results, "fleet_remediator")
     if f:
         before = f.get("before")
@@ -122,6 +112,16 @@ def headline(results: Path) -> list[str]:
             "default concurrency bound)"
             + (f", against {before['last_s']:.1f} s when the authority carried incidents one at a time." if before
                else "."))
+    f = _load(results, "fleet")
+    if f:
+        reads, probes = f["reads"], f["probes"]
+        found = [v for v in f["detected"].values() if v is not None]
+        lines.append(
+            f"- **Fleet under trouble, exporter** ({f['backends']} backends, {f['by_kind']['hang']} hung, "
+            f"{f['by_kind']['slow']} slow, {f['by_kind']['refuse']} refusing): healthy members read with a p99 gap "
+            f"of {max(reads['idle']['p99'], reads['busy']['p99']):.2f} intervals, idle ones probed with a p99 gap "
+            f"of {probes['p99']:.2f} intervals; {len(found)} of {len(f['detected'])} wedged/stalled members "
+            f"judged" + (f", the last after {max(found):.0f} s." if found else "."))
     lines.append("")
     return lines
 

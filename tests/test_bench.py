@@ -82,4 +82,4 @@ def test_fleet_under_trouble_runs_and_reports(tmp_path: Path) -> None:
     assert r["reads"]["idle"]["gaps"] > 0 and r["probes"]["gaps"] > 0
     assert not r["cycle_series"]            # the per-fleet cycle series is gone
     doc = (tmp_path / "benchmarks.md").read_text()
-    assert "## 4. Fleet under trouble: exporter" in doc and "### Fleet under trouble: remediator" in doc
+    assert "## 5. Fleet under trouble: exporter" in doc and "section 4, `bench/fleet_remediator.py`" in doc
