@@ -185,7 +185,8 @@ class Fleet:
         clock: Callable[[], float] = time.time,
         api_key: str = "",
         monotonic: Callable[[], float] = time.monotonic,
-    ) -> None:
+        dynamic: bool = False,              # the set changes at run time (discovery); the pools are bounded
+    ) -> None:                              # and start threads lazily, so they need no resizing for it
         self.settings = settings
         self.thresholds = Thresholds.from_settings(settings)
         self.clock = clock                  # wall clock: exported timestamps only
@@ -215,17 +216,23 @@ class Fleet:
             return list(self._slots.values())
 
     def set_backends(self, backends: Iterable[Backend]) -> None:
-        """Watch exactly these backends from now on: new ones start on their own schedule, removed
-        ones are forgotten (a read of theirs still in flight is dropped), a changed one starts afresh."""
+        """Watch exactly these backends from now on (any thread may call this). A backend whose name and
+        URL are unchanged keeps its state, counters and schedule (its host, model or restart may change);
+        a new or moved one starts afresh on its own schedule (unknown until read); a missing one is
+        forgotten (a read of its still in flight is dropped)."""
         wanted = {b.name: b for b in backends}
         with self._lock:
-            for name in [n for n, s in self._slots.items() if wanted.get(n) != s.backend]:
+            for name in [n for n, s in self._slots.items() if n not in wanted or wanted[n].url != s.backend.url]:
                 self._forget(self._slots.pop(name))
             for name, b in wanted.items():
-                if name not in self._slots:
-                    self._slots[name] = slot = self._new_slot(b)
-                    if self._started is not None:
-                        self._start_schedule(slot, self.monotonic())
+                slot = self._slots.get(name)
+                if slot is not None:
+                    slot.backend = b
+                    slot.prober.configured = self.settings.probe_model or b.model
+                    continue
+                self._slots[name] = slot = self._new_slot(b)
+                if self._started is not None:
+                    self._start_schedule(slot, self.monotonic())
 
     def add_backend(self, backend: Backend) -> None:
         with self._lock:

@@ -246,8 +246,11 @@ def test_backends_are_added_and_removed_at_run_time(pages) -> None:
         fleet.add_backend(Backend(name="b", url=pages.url + "/b"))
         wait_until(lambda: "b" in verdicts(fleet) and verdicts(fleet)["b"].verdict.value == "idle", timeout=10,
                    what="b added and idle")
-        fleet.set_backends([Backend(name="b", url=pages.url + "/b"), Backend(name="c", url=pages.url + "/c")])
+        kept = verdicts(fleet)["b"].readings["ok"]
+        fleet.set_backends([Backend(name="b", url=pages.url + "/b", host="h2"),
+                            Backend(name="c", url=pages.url + "/c")])
         assert set(verdicts(fleet)) == {"b", "c"}
+        assert verdicts(fleet)["b"].readings["ok"] >= kept > 0          # same name and URL: state kept
         removed_at = time.monotonic()
         wait_until(lambda: verdicts(fleet)["c"].verdict.value == "idle", timeout=10, what="c idle")
         wait_until(lambda: len([t for t in pages.reads["b"] if t > removed_at]) >= 3, timeout=10,
