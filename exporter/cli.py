@@ -125,7 +125,7 @@ def watch_discovered(config: Config, fleet: Fleet) -> Discovery | None:
     discovery = Discovery(config.discovery, static=static, reserved=[p.name for p in config.proxies])
     live = LiveBackends(static, discovery)
     discovery.on_change(lambda _backends, _refusals: fleet.set_backends(live.snapshot()))
-    discovery.refresh()   # the first cycle already sees what Prometheus knows (a failure: static only)
+    discovery.refresh()   # the first readings already see what Prometheus knows (a failure: static only)
     return discovery
 
 
