@@ -50,6 +50,9 @@ SELECTOR_RE = re.compile(rf"^{_MATCHER}(,{_MATCHER})*$")
 URL_RE = re.compile(r"^https?://[^\s\"#{}<>]+$")
 # A PromQL regex placed inside "...": no quotes, backslashes, braces or line breaks.
 HANDLER_RE = re.compile(r'^[^"\\{}\n]+$')
+LABEL_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Labels the rules and dashboards set or aggregate by themselves; a group label must be another one.
+RESERVED_GROUP_LABELS = {"backend", "instance", "engine", "signal", "le", "__name__"}
 
 
 # Windows read through rate/increase/changes/resets, with their defaults at the default scrape interval.
@@ -77,6 +80,8 @@ FLAG_HELP = {
     "error_rate_for": "LLMBackendErrorRate: the share stays above the threshold this long",
     "error_rate_handlers": "LLMBackendErrorRate: regex of vLLM's generation handlers (http_requests_total handler label)",
     "runbook_url": "URL serving docs/runbooks.md (the remediator's /runbooks); alerts link to BASE#alertname",
+    "group_labels": "comma-separated labels kept in every aggregation next to `backend` (e.g. cluster,namespace): "
+                    "one backend name may exist once per group",
 }
 FIXED_WINDOWS = {"1h": "the 1h restart count (LLMBackendRestartLoop)"}
 
@@ -146,6 +151,9 @@ class RuleSettings:
     webhook_window: str | None = None  # LLMHealthWebhookDeliveryFailing's increase() window (5m)
     webhook_failing_for: str = "10m"
     watchdog: bool = False            # True: the always-firing LLMHealthWatchdog (for a dead man's switch)
+    # Target labels that tell backends of the same name apart (cluster, namespace, ...): rendered into
+    # every `by (...)`/`on (...)` of the rules and the dashboards, and a dashboard variable each.
+    group_labels: tuple[str, ...] = ()
 
     def validated(self) -> RuleSettings:
         """A copy with every derived window filled in; ConfigError naming the flag on bad input."""
@@ -161,6 +169,8 @@ class RuleSettings:
                     raise ConfigError(f"{flag}: {value!r} must be an http(s) URL without a fragment")
             elif f.name == "error_rate_handlers":
                 _check_handler_regex(value, flag)
+            elif f.name == "group_labels":
+                _check_group_labels(value, flag)
             elif isinstance(value, bool):
                 continue
             elif isinstance(value, str):
@@ -223,6 +233,10 @@ class RuleSettings:
     def min_scrapes(self) -> int:
         return MIN_SCRAPES_PER_WINDOW
 
+    def labels(self, *names: str) -> str:
+        """The group labels followed by `names`, comma separated: the inside of a by (...)/on (...)."""
+        return ", ".join((*self.group_labels, *names))
+
 
 def _check_handler_regex(value: object, flag: str) -> None:
     if not isinstance(value, str) or not HANDLER_RE.match(value):
@@ -231,6 +245,23 @@ def _check_handler_regex(value: object, flag: str) -> None:
         re.compile(value)
     except re.error as exc:
         raise ConfigError(f"{flag}: {value!r} is not a valid regex ({exc})") from None
+
+
+def _check_group_labels(value: object, flag: str) -> None:
+    if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{flag}: {value!r} must be a list of label names")
+    for name in value:
+        if not LABEL_NAME_RE.match(name) or name.startswith("__"):
+            raise ConfigError(f"{flag}: {name!r} is not a Prometheus label name")
+        if name in RESERVED_GROUP_LABELS:
+            raise ConfigError(f"{flag}: {name!r} is set by the rules themselves and cannot be a group label")
+    if len(set(value)) != len(value):
+        raise ConfigError(f"{flag}: {', '.join(value)} names a label twice")
+
+
+def parse_label_list(text: str) -> tuple[str, ...]:
+    """`cluster,namespace` -> ("cluster", "namespace"); empty text is no labels. Validated later."""
+    return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
 def _flag(name: str) -> str:
@@ -294,6 +325,43 @@ def settings_from_args(args: argparse.Namespace) -> RuleSettings:
     return replace(RuleSettings(), **changes)
 
 
+def add_setting_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per RuleSettings field: shared by `rules render` and `dashboards render`."""
+    defaults = RuleSettings()
+    parser.add_argument(
+        "--without-exporter", dest="exporter", action="store_false", default=None,
+        help="rules over vLLM's own metrics only: no exporter-based alerts or verdict branches",
+    )
+    parser.add_argument(
+        "--watchdog", dest="watchdog", action="store_true", default=None,
+        help="add LLMHealthWatchdog, always firing, for a dead man's switch receiver (default: off)",
+    )
+    for f in fields(RuleSettings):
+        default = getattr(defaults, f.name)
+        kind = str if default is None else type(default)
+        if kind is bool:
+            continue
+        if kind is tuple:
+            parser.add_argument(
+                _flag(f.name), type=parse_label_list, default=None, metavar="LABEL,...",
+                help=f"{FLAG_HELP[f.name]} (default: none)",
+            )
+            continue
+        if f.name in RATE_WINDOWS:
+            shown = f"max({RATE_WINDOWS[f.name]}, {MIN_SCRAPES_PER_WINDOW} x --scrape-interval); shorter is refused"
+        else:
+            shown = str(default)
+        shown = f"{FLAG_HELP[f.name]} (default: {shown})" if f.name in FLAG_HELP else f"default: {shown}"
+        parser.add_argument(
+            *FLAG_NAMES.get(f.name, (_flag(f.name),)),
+            dest=f.name,
+            type=kind,
+            default=None,
+            metavar=kind.__name__.upper() if kind is not str else "VALUE",
+            help=shown,
+        )
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="rules_command", metavar="ACTION")
     sub.required = True
@@ -312,33 +380,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     render_p.add_argument("--k8s-label", action="append", default=[], metavar="KEY=VALUE",
                           help="prometheusrule: a metadata label, e.g. release=kube-prometheus-stack to match "
                                "the operator's ruleSelector (repeatable)")
-    defaults = RuleSettings()
-    render_p.add_argument(
-        "--without-exporter", dest="exporter", action="store_false", default=None,
-        help="rules over vLLM's own metrics only: no exporter-based alerts or verdict branches",
-    )
-    render_p.add_argument(
-        "--watchdog", dest="watchdog", action="store_true", default=None,
-        help="add LLMHealthWatchdog, always firing, for a dead man's switch receiver (default: off)",
-    )
-    for f in fields(RuleSettings):
-        default = getattr(defaults, f.name)
-        kind = str if default is None else type(default)
-        if kind is bool:
-            continue
-        if f.name in RATE_WINDOWS:
-            shown = f"max({RATE_WINDOWS[f.name]}, {MIN_SCRAPES_PER_WINDOW} x --scrape-interval); shorter is refused"
-        else:
-            shown = str(default)
-        shown = f"{FLAG_HELP[f.name]} (default: {shown})" if f.name in FLAG_HELP else f"default: {shown}"
-        render_p.add_argument(
-            *FLAG_NAMES.get(f.name, (_flag(f.name),)),
-            dest=f.name,
-            type=kind,
-            default=None,
-            metavar=kind.__name__.upper() if kind is not str else "VALUE",
-            help=shown,
-        )
+    add_setting_arguments(render_p)
     check_p = sub.add_parser("check", help="promtool check rules on rendered rules")
     check_p.add_argument("--dir", type=Path, default=DEFAULT_OUT, help="folder with rendered *.yml (default: %(default)s)")
 
