@@ -320,6 +320,16 @@ class Q:
         """`op by (groups, names) (expr)`, or plain `op(expr)` when there is nothing to keep."""
         return f"{op} {self.by(*names)} ({expr})" if self.groups or names else f"{op}({expr})"
 
+    def growth(self, counter: str, window: str, *names: str) -> str:
+        """How much `counter` grew over `window`, per (groups, names), counting series born inside the
+        window with their whole value. `increase()` misses those (it needs two samples), and the
+        remediator's counters are born at 1 (one restart of a backend, one decision of a new kind), so a
+        backend's first restart would show as nothing. Sums over the names kept, then compares with the
+        same sum `window` ago (0 where there was none)."""
+        now = self.agg("sum", counter, *names)
+        before = self.agg("sum", f"{counter} offset {window}", *names)
+        return f"({now} - ({before} or {now} * 0))"
+
     def group_matchers(self) -> list[str]:
         return [f'{g}=~"${g}"' for g in self.groups]
 
@@ -407,9 +417,9 @@ class Q:
                 "backend,engine_name", "purple",
             ),
             Annotation(
-                "Remediator restarts", f"{self.agg('sum', f'increase({restarts}[{RI}])', 'backend', 'result')} > 0",
-                "llm-health restart: " + self.legend("{{result}}"), "The remediator restarted this backend",
-                "backend,result", "orange",
+                "Remediator restarts", f"{self.growth(restarts, RI, 'backend')} > 0",
+                "llm-health restart: " + self.legend(), "The remediator restarted this backend",
+                "backend", "orange",
             ),
             Annotation(
                 "LLM alerts firing", f"ALERTS{{{', '.join(alert_matchers)}}}",
@@ -568,8 +578,8 @@ def fleet(s: RuleSettings) -> Dashboard:
             (
                 Target(q.agg("max", f"changes({start}[{RI}])", "backend"), q.legend("start time changed")),
                 Target(resets, q.legend("counter resets ({{engine_name}})")),
-                Target(q.agg("sum", f"increase({q.ours('llm_health_remediator_restarts_total')}[{RI}])",
-                             "backend"), q.legend("remediator restarts")),
+                Target(q.growth(q.ours("llm_health_remediator_restarts_total"), RI, "backend"),
+                       q.legend("remediator restarts")),
             ),
             w=24, unit="short", min=0, bars=True,
             links=(q.runbook("LLMBackendRestarted"), q.runbook("LLMBackendRestartLoop")),
@@ -588,8 +598,8 @@ def fleet(s: RuleSettings) -> Dashboard:
             (
                 Target(q.agg("sum", f"increase({q.exporter('llm_health_probes_sent_total')}[{RI}])", "backend"),
                        q.legend("sent")),
-                Target(q.agg("sum", f"increase({q.exporter('llm_health_probes_total')}[{RI}])",
-                             "backend", "result"), q.legend("answered: {{result}}")),
+                Target(q.growth(q.exporter("llm_health_probes_total"), RI, "backend", "result"),
+                       q.legend("answered: {{result}}")),
             ),
             unit="short", min=0, bars=True, exporter=True,
             links=(q.runbook("LLMHealthProbeSentToBusyBackend"),),
@@ -639,7 +649,7 @@ def remediator(s: RuleSettings) -> Dashboard:
     panels = (
         Panel(
             "Restarts in range", "stat",
-            (Target(q.agg("sum", f"increase({restarts}[$__range])", "result"), "{{result}}", instant=True),),
+            (Target(q.growth(restarts, "$__range", "result"), "{{result}}", instant=True),),
             w=8, h=5, decimals=0,
         ),
         Panel(
@@ -660,19 +670,19 @@ def remediator(s: RuleSettings) -> Dashboard:
         ),
         Panel(
             "Decisions by kind", "timeseries",
-            (Target(q.agg("sum", f"increase({decisions}[{RI}])", "decision"), "{{decision}}"),),
+            (Target(q.growth(decisions, RI, "decision"), "{{decision}}"),),
             unit="short", min=0, bars=True, stacked=True,
             description="Every decision is also in the audit log with its reason.",
         ),
         Panel(
             "Restarts by result", "timeseries",
-            (Target(q.agg("sum", f"increase({restarts}[{RI}])", "backend", "result"), q.legend("{{result}}")),),
+            (Target(q.growth(restarts, RI, "backend", "result"), q.legend("{{result}}")),),
             unit="short", min=0, bars=True, stacked=True,
             links=(q.runbook("LLMBackendRestartLoop"),),
         ),
         Panel(
             "Deferrals", "timeseries",
-            (Target(q.agg("sum", f"increase({deferred}[{RI}])", "decision"), "{{decision}}"),),
+            (Target(q.growth(deferred, RI, "decision"), "{{decision}}"),),
             unit="short", min=0, bars=True, stacked=True,
             description="Restarts held back: busy markers, backoff, budget, verification showed progress...",
         ),

@@ -88,6 +88,17 @@ def raw_queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
+def annotation_queries(directory: Path = DASHBOARD_DIR) -> list[tuple[str, str, str]]:
+    """Every annotation query, variables substituted: (dashboard, annotation name, expr)."""
+    out = []
+    for path in dashboard_files(directory):
+        dashboard = load_dashboard(path)
+        values = variable_values(dashboard)
+        out += [(path.stem, a["name"], substitute(a["expr"], values))
+                for a in dashboard["annotations"]["list"] if "expr" in a]
+    return out
+
+
 def all_queries(directory: Path = DASHBOARD_DIR) -> list[tuple[str, str, str]]:
     """Panels', annotations' and variables' queries, variables substituted: (dashboard, where, expr)."""
     out = []

@@ -194,7 +194,7 @@ def test_kv_panel_has_a_threshold_line_at_085(dashboards: dict[str, dict[str, An
             "llm_health_in_flight_requests", "llm_health_generation_tokens_per_second",
             "rate(vllm:generation_tokens_total", "vllm:kv_cache_usage_perc",
             "changes(process_start_time_seconds", "resets(vllm:generation_tokens_total",
-            "llm_health_remediator_restarts_total", "increase(llm_health_probes_total",
+            "llm_health_remediator_restarts_total", "llm_health_probes_total",
             "llm_health_readings_total", "llm_health_cycle_duration_seconds",
         ]),
         ("llm-health-remediator.json", [
@@ -324,7 +324,8 @@ def test_annotations_restarts_remediator_restarts_and_firing_alerts(dashboards: 
         engine = annotations["Engine restarts"]["expr"]
         assert "changes(process_start_time_seconds{" in engine and "changes(vllm:prompt_tokens_created{" in engine
         assert "resets(llamacpp:n_decode_total{" in engine and "resets(sglang:num_requests_total{" in engine
-        assert "increase(llm_health_remediator_restarts_total{" in annotations["Remediator restarts"]["expr"]
+        assert "sum by (backend) (llm_health_remediator_restarts_total{" in annotations["Remediator restarts"]["expr"]
+        assert "offset $__rate_interval" in annotations["Remediator restarts"]["expr"]
         alerts = annotations["LLM alerts firing"]["expr"]
         assert alerts.startswith('ALERTS{alertname=~"LLM.*", alertstate="firing"'), alerts
         assert 'backend=~"$backend|"' in alerts, "fleet alerts have no backend label and must still show"
