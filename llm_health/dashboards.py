@@ -346,6 +346,10 @@ class Q:
             matchers.append('backend=~"$backend"')
         return f"{metric}{{{', '.join(matchers)}}}"
 
+    def remediator(self, metric: str, *extra: str, backend: bool = True) -> str:
+        """A remediator series: the rules' remediator selector, group labels, backend."""
+        return self.ours(metric, self.s.remediator_selector, *extra, backend=backend)
+
     def ours(self, metric: str, *extra: str, backend: bool = True) -> str:
         """A recording rule's or the remediator's series: group labels and backend only."""
         matchers = [*extra, *self.group_matchers(), *(['backend=~"$backend"'] if backend else [])]
@@ -407,7 +411,7 @@ class Q:
             "llamacpp": self.agg("max", f"resets({self.engine('llamacpp', 'llamacpp:n_decode_total')}[{RI}])",
                                  "backend") + " > 0",
         })
-        restarts = self.ours("llm_health_remediator_restarts_total")
+        restarts = self.remediator("llm_health_remediator_restarts_total")
         alert_matchers = ['alertname=~"LLM.*"', 'alertstate="firing"', *self.group_matchers(),
                           'backend=~"$backend|"']
         return (
@@ -578,7 +582,7 @@ def fleet(s: RuleSettings) -> Dashboard:
             (
                 Target(q.agg("max", f"changes({start}[{RI}])", "backend"), q.legend("start time changed")),
                 Target(resets, q.legend("counter resets ({{engine_name}})")),
-                Target(q.growth(q.ours("llm_health_remediator_restarts_total"), RI, "backend"),
+                Target(q.growth(q.remediator("llm_health_remediator_restarts_total"), RI, "backend"),
                        q.legend("remediator restarts")),
             ),
             w=24, unit="short", min=0, bars=True,
@@ -641,11 +645,11 @@ def fleet(s: RuleSettings) -> Dashboard:
 
 def remediator(s: RuleSettings) -> Dashboard:
     q = Q(s)
-    restarts = q.ours("llm_health_remediator_restarts_total")
-    alerts = q.ours("llm_health_remediator_alerts_received_total", backend=False)
-    decisions = q.ours("llm_health_remediator_decisions_total", backend=False)
-    deferred = q.ours("llm_health_remediator_decisions_total", 'decision=~"deferred.*"', backend=False)
-    breaker = q.agg("max", q.ours("llm_health_remediator_breaker_open", backend=False))
+    restarts = q.remediator("llm_health_remediator_restarts_total")
+    alerts = q.remediator("llm_health_remediator_alerts_received_total", backend=False)
+    decisions = q.remediator("llm_health_remediator_decisions_total", backend=False)
+    deferred = q.remediator("llm_health_remediator_decisions_total", 'decision=~"deferred.*"', backend=False)
+    breaker = q.agg("max", q.remediator("llm_health_remediator_breaker_open", backend=False))
     panels = (
         Panel(
             "Restarts in range", "stat",
@@ -693,7 +697,7 @@ def remediator(s: RuleSettings) -> Dashboard:
         ),
         Panel(
             "Lifecycle state per backend", "state-timeline",
-            (Target(f"{q.agg('max', q.ours('llm_health_remediator_lifecycle_state'), 'backend', 'state')} == 1",
+            (Target(f"{q.agg('max', q.remediator('llm_health_remediator_lifecycle_state'), 'backend', 'state')} == 1",
                     q.legend("{{state}}")),),
             w=24, h=8,
             mappings=value_mappings([(1, "active", "green")]),
@@ -701,7 +705,7 @@ def remediator(s: RuleSettings) -> Dashboard:
         ),
         Panel(
             "Remediator scrape up", "stat",
-            (Target(q.ours("up", 'job=~".*remediator.*"', backend=False), "{{instance}}", instant=True),),
+            (Target(q.remediator("up", backend=False), "{{instance}}", instant=True),),
             w=24, h=4, mappings=UP_MAPPINGS,
         ),
     )

@@ -375,3 +375,15 @@ def test_every_query_is_valid_promql(tmp_path: Path, changes: dict[str, Any]) ->
 def test_promtool_check_rejects_a_broken_query(tmp_path: Path) -> None:
     result = promtool_check_exprs(["sum by (backend) (rate(vllm:generation_tokens_total[1m])"], tmp_path)
     assert result.returncode != 0
+
+
+def test_exporter_and_remediator_series_take_their_rule_selectors() -> None:
+    for name, d in rendered(exporter_selector='job="exp-a"', remediator_selector='job="rem-a"').items():
+        text = "\n".join(exprs_of(d))
+        for selector in re.findall(r"llm_health_remediator_[a-z_]+\{([^}]*)\}", text):
+            assert selector.startswith('job="rem-a"'), (name, selector)
+        for selector in re.findall(r"llm_health_(?!remediator)[a-z_]+\{([^}]*)\}", text):
+            assert selector.startswith('job="exp-a"'), (name, selector)
+        assert "llm-health-exporter" not in text and "llm-health-remediator" not in text, name
+    remediator = rendered(remediator_selector='job="rem-a"')["llm-health-remediator.json"]
+    assert 'up{job="rem-a"}' in "\n".join(exprs_of(remediator))
