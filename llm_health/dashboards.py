@@ -297,7 +297,6 @@ def render_dashboard(d: Dashboard) -> dict[str, Any]:
 
 # Engines whose own series the dashboards read. The selector is the rule setting `<engine>_selector`.
 ENGINES: dict[str, str] = {"vllm": "vLLM", "sglang": "SGLang", "llamacpp": "llama.cpp"}
-DEFAULT_SELECTORS = {"vllm": 'job="vllm"', "sglang": 'job="sglang"', "llamacpp": 'job="llamacpp"'}
 # Engines whose series carry the model (`model_name`); llama.cpp's carry no labels at all.
 MODEL_LABELLED = {"vllm", "sglang"}
 RI = "$__rate_interval"
@@ -311,7 +310,7 @@ class Q:
         self.groups = s.group_labels
 
     def selector(self, engine: str) -> str:
-        return str(getattr(self.s, f"{engine}_selector", DEFAULT_SELECTORS[engine]))
+        return str(getattr(self.s, f"{engine}_selector"))
 
     def by(self, *names: str) -> str:
         return f"by ({self.s.labels(*names)})"
@@ -472,6 +471,9 @@ def fleet(s: RuleSettings) -> Dashboard:
     })
     steps = q.per_engine({
         "vllm": rate("vllm", "vllm:iteration_tokens_total_count"),
+        # forward passes per DP rank (every TP rank of it counts the same passes: max over them)
+        "sglang": q.agg("sum", q.agg("max", f"rate({q.engine('sglang', 'sglang:cuda_graph_passes_total')}[{RI}])",
+                                     "backend", "instance", "dp_rank"), "backend"),
         "llamacpp": rate("llamacpp", "llamacpp:n_decode_total"),
     })
     kv = q.per_engine({
@@ -528,12 +530,13 @@ def fleet(s: RuleSettings) -> Dashboard:
         ),
         Panel(
             "Work in flight and engine progress (what the stall alert reads)", "timeseries",
-            (Target(q.ours("backend:vllm_requests_in_flight:sum"), q.legend("in flight")),
-             Target(q.ours("backend:vllm_engine_progress:rate_stall_window"),
+            (Target(q.ours("backend:llm_requests_in_flight:sum"), q.legend("in flight")),
+             Target(q.ours("backend:llm_engine_progress:rate_stall_window"),
                     q.legend(f"progress signals/s over {s.stall_window or 'the stall window'}"))),
             unit="short", min=0, links=(q.runbook("LLMBackendStalled"),),
-            description="The recording rules behind LLMBackendStalled: work in flight with zero progress "
-                        "over the stall window is a stall.",
+            description="The recording rules behind LLMBackendStalled, over all three engines "
+                        "(backend:llm_requests_in_flight:sum, backend:llm_engine_progress:rate_stall_window): "
+                        "work in flight with zero progress over the stall window is a stall.",
         ),
         Panel(
             "In-flight requests (exporter)", "timeseries",
@@ -553,10 +556,13 @@ def fleet(s: RuleSettings) -> Dashboard:
         ),
         Panel(
             "Engine steps per second", "timeseries",
-            (Target(steps, q.legend("({{engine_name}})")),),
+            (Target(steps, q.legend("({{engine_name}})")),)
+            + ((Target(q.exporter("llm_health_engine_steps_per_second"), q.legend("(exporter)")),)
+               if s.exporter else ()),
             unit="short", min=0,
             description="vLLM: iteration_tokens_total_count (V1 counts batches with output; V0 also ticks "
-                        "while idle). llama.cpp: n_decode_total, one llama_decode() call per step.",
+                        "while idle). SGLang: cuda_graph_passes_total (0.5+, forward passes per DP rank). "
+                        "llama.cpp: n_decode_total, one llama_decode() call per step.",
         ),
         Panel(
             "Prompt tokens per second", "timeseries",

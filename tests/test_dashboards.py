@@ -314,7 +314,9 @@ def test_panels_cover_all_three_engines(dashboards: dict[str, dict[str, Any]]) -
     assert 'max by (backend, instance, dp_rank) (sglang:num_running_reqs' in running, "SGLang's TP ranks repeat"
     assert "rate(llamacpp:n_decode_total" in by_title["Engine steps per second"]
     assert "rate(sglang:generation_tokens_total" in by_title["Generation tokens per second"]
-    assert "backend:vllm_engine_progress:rate_stall_window" in "\n".join(by_title.values())
+    assert "rate(sglang:cuda_graph_passes_total" in by_title["Engine steps per second"]
+    stall = by_title["Work in flight and engine progress (what the stall alert reads)"]
+    assert "backend:llm_requests_in_flight:sum" in stall and "backend:llm_engine_progress:rate_stall_window" in stall
 
 
 def test_annotations_restarts_remediator_restarts_and_firing_alerts(dashboards: dict[str, dict[str, Any]]) -> None:
