@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "busy": ("llm_health.remediator.busy", "run a batch job with a busy marker set for a backend"),
     "token": ("llm_health.remediator.token", "write a random bearer token file for the remediator (once)"),
     "rules": ("llm_health.rules", "render the Prometheus rules from their templates"),
-    "dashboards": ("llm_health.dashboards", "write the shipped Grafana dashboards (JSON)"),
+    "dashboards": ("llm_health.dashboards", "render the Grafana dashboards with the rule settings"),
     "healthcheck": ("llm_health.healthcheck", "exit 0 when a URL answers 2xx (container HEALTHCHECK of our own parts)"),
     "demo": ("llm_health.demo", "run the whole pipeline on loopback with simulated backends"),
 }

@@ -17,6 +17,7 @@ annotation templates pass through untouched. Bad settings raise ConfigError and 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shutil
 import subprocess
@@ -47,9 +48,30 @@ _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 60480
 # inside, so a selector can never close the braces it is placed in.
 _MATCHER = r'\s*[A-Za-z_][A-Za-z0-9_]*\s*(=|!=|=~|!~)\s*"[^"\\{}\n]*"\s*'
 SELECTOR_RE = re.compile(rf"^{_MATCHER}(,{_MATCHER})*$")
+ZERO_DURATION_RE = re.compile(r"^0+(ms|s|m|h|d|w)?$")
 URL_RE = re.compile(r"^https?://[^\s\"#{}<>]+$")
 # A PromQL regex placed inside "...": no quotes, backslashes, braces or line breaks.
 HANDLER_RE = re.compile(r'^[^"\\{}\n]+$')
+LABEL_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Labels the rules and dashboards set or aggregate by themselves; a group label must be another one.
+RESERVED_GROUP_LABELS = {"backend", "instance", "engine", "signal", "le", "__name__"}
+# Labels an --extra-label may not set: the alerts' own, and those their expressions carry.
+RESERVED_ALERT_LABELS = {"alertname", "severity", "remediation", "category", "backend", "instance", "job",
+                         "proxy", "engine", "signal"}
+SEVERITY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+# Every alert the templates define (a test holds this list to the rendered rules).
+ALERT_NAMES = (
+    "LLMBackendStalled", "LLMBackendDown", "LLMBackendRestarted", "LLMBackendRestartLoop", "LLMKVCachePressure",
+    "LLMPreemptions", "LLMBackendErrorRate", "LLMMetricsBehindProxy", "LLMBackendNoMetrics",
+    "LLMBackendVerdictUnknown", "LLMBackendTargetMissing", "LLMTooFewBackendsUp", "LLMProxyDown",
+    "LLMHealthExporterDown", "LLMHealthProbeSentToBusyBackend",
+    # llm-health.self
+    "LLMHealthRemediatorDown", "LLMHealthRemediatorUnhealthy", "LLMHealthBreakerOpen", "LLMHealthBackendNeedsAck",
+    "LLMHealthRestartsFailing", "LLMHealthWebhookDeliveryFailing", "LLMHealthWatchdog",
+    "LLMHealthDiscoveryStale",
+)
+# The two alerts that trigger restarts: their labels are a contract with the remediator's route.
+REMEDIATION_ALERTS = ("LLMBackendStalled", "LLMBackendDown")
 
 
 # Windows read through rate/increase/changes/resets, with their defaults at the default scrape interval.
@@ -64,7 +86,7 @@ RATE_WINDOWS = {
 MIN_SCRAPES_PER_WINDOW = 4
 DEFAULT_RUNBOOK_BASE_URL = "http://localhost:9411/runbooks"
 # Settings whose flag is not --FIELD-NAME (first is shown in errors and help; the rest are aliases).
-FLAG_NAMES = {"runbook_url": ("--runbook-base-url", "--runbook-url")}
+FLAG_NAMES = {"runbook_url": ("--runbook-base-url", "--runbook-url"), "extra_labels": ("--extra-label",)}
 FORMATS = ("rules", "prometheusrule")
 FLAG_HELP = {
     "scrape_interval": "Prometheus' scrape interval for the engines and the exporter; the rate windows must hold 4 scrapes",
@@ -77,6 +99,12 @@ FLAG_HELP = {
     "error_rate_for": "LLMBackendErrorRate: the share stays above the threshold this long",
     "error_rate_handlers": "LLMBackendErrorRate: regex of vLLM's generation handlers (http_requests_total handler label)",
     "runbook_url": "URL serving docs/runbooks.md (the remediator's /runbooks); alerts link to BASE#alertname",
+    "keep_firing_for": "the threshold alerts (KV pressure, preemptions, error rate) keep firing this long after "
+                       "their condition clears, against flapping; 0s = off (Prometheus < 2.42 needs 0s)",
+    "severity": "ALERT=LEVEL: another severity label for one alert (repeatable)",
+    "extra_labels": "KEY=VALUE: a label added to every alert (repeatable), e.g. team=ml-platform",
+    "group_labels": "comma-separated labels kept in every aggregation next to `backend` (e.g. cluster,namespace): "
+                    "one backend name may exist once per group",
 }
 FIXED_WINDOWS = {"1h": "the 1h restart count (LLMBackendRestartLoop)"}
 
@@ -146,6 +174,12 @@ class RuleSettings:
     webhook_window: str | None = None  # LLMHealthWebhookDeliveryFailing's increase() window (5m)
     webhook_failing_for: str = "10m"
     watchdog: bool = False            # True: the always-firing LLMHealthWatchdog (for a dead man's switch)
+    # Target labels that tell backends of the same name apart (cluster, namespace, ...): rendered into
+    # every `by (...)`/`on (...)` of the rules and the dashboards, and a dashboard variable each.
+    group_labels: tuple[str, ...] = ()
+    keep_firing_for: str = "5m"       # on the threshold alerts only; "0s" = off (Prometheus >= 2.42 has it)
+    severity: tuple[tuple[str, str], ...] = ()       # (alert, level) overrides, --severity ALERT=LEVEL
+    extra_labels: tuple[tuple[str, str], ...] = ()   # (name, value) on every alert, --extra-label KEY=VALUE
 
     def validated(self) -> RuleSettings:
         """A copy with every derived window filled in; ConfigError naming the flag on bad input."""
@@ -161,6 +195,15 @@ class RuleSettings:
                     raise ConfigError(f"{flag}: {value!r} must be an http(s) URL without a fragment")
             elif f.name == "error_rate_handlers":
                 _check_handler_regex(value, flag)
+            elif f.name == "group_labels":
+                _check_group_labels(value, flag)
+            elif f.name == "severity":
+                _check_severities(value, flag)
+            elif f.name == "extra_labels":
+                _check_extra_labels(value, flag, s.group_labels)
+            elif f.name == "keep_firing_for":
+                if not ZERO_DURATION_RE.match(value):
+                    parse_duration(value, flag)
             elif isinstance(value, bool):
                 continue
             elif isinstance(value, str):
@@ -204,6 +247,8 @@ class RuleSettings:
                     f"rate()/changes()/resets() over it would be empty or noise. Use {flag} "
                     f"{format_duration(minimum)} or more, or pass the real --scrape-interval"
                 )
+        if ZERO_DURATION_RE.match(str(self.keep_firing_for)):
+            derived["keep_firing_for"] = "0s"
         return replace(self, **derived)
 
     # helpers used by the templates
@@ -223,6 +268,28 @@ class RuleSettings:
     def min_scrapes(self) -> int:
         return MIN_SCRAPES_PER_WINDOW
 
+    def severity_for(self, alert: str, default: str) -> str:
+        return dict(self.severity).get(alert, default)
+
+    def alert_labels(self, alert: str, severity: str, own: dict[str, str] | None = None) -> str:
+        """An alert's `labels:` block: its severity (--severity), its own fixed labels, then every
+        --extra-label (values JSON-quoted, which is a double-quoted YAML string)."""
+        lines = ["        labels:", f"          severity: {self.severity_for(alert, severity)}"]
+        lines += [f"          {key}: {value}" for key, value in (own or {}).items()]
+        lines += [f"          {key}: {json.dumps(value)}" for key, value in self.extra_labels]
+        return "\n".join(lines)
+
+    @property
+    def group_text(self) -> str:
+        """` in {{ $labels.cluster }}/{{ $labels.namespace }}` for summaries; empty without group labels."""
+        if not self.group_labels:
+            return ""
+        return " in " + "/".join(f"{{{{ $labels.{g} }}}}" for g in self.group_labels)
+
+    def labels(self, *names: str) -> str:
+        """The group labels followed by `names`, comma separated: the inside of a by (...)/on (...)."""
+        return ", ".join((*self.group_labels, *names))
+
 
 def _check_handler_regex(value: object, flag: str) -> None:
     if not isinstance(value, str) or not HANDLER_RE.match(value):
@@ -231,6 +298,64 @@ def _check_handler_regex(value: object, flag: str) -> None:
         re.compile(value)
     except re.error as exc:
         raise ConfigError(f"{flag}: {value!r} is not a valid regex ({exc})") from None
+
+
+def _check_group_labels(value: object, flag: str) -> None:
+    if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{flag}: {value!r} must be a list of label names")
+    for name in value:
+        if not LABEL_NAME_RE.match(name) or name.startswith("__"):
+            raise ConfigError(f"{flag}: {name!r} is not a Prometheus label name")
+        if name in RESERVED_GROUP_LABELS:
+            raise ConfigError(f"{flag}: {name!r} is set by the rules themselves and cannot be a group label")
+    if len(set(value)) != len(value):
+        raise ConfigError(f"{flag}: {', '.join(value)} names a label twice")
+
+
+def _check_severities(value: object, flag: str) -> None:
+    if not isinstance(value, tuple):
+        raise ConfigError(f"{flag}: {value!r} must be ALERT=LEVEL pairs")
+    seen: set[str] = set()
+    for alert, level in value:
+        if alert not in ALERT_NAMES:
+            raise ConfigError(f"{flag}: no alert named {alert!r} (one of {', '.join(ALERT_NAMES)})")
+        if not SEVERITY_RE.match(level):
+            raise ConfigError(f"{flag}: {level!r} for {alert} must be a lowercase word like critical or page")
+        if alert in seen:
+            raise ConfigError(f"{flag}: {alert} given twice")
+        seen.add(alert)
+
+
+def _check_extra_labels(value: object, flag: str, group_labels: tuple[str, ...]) -> None:
+    if not isinstance(value, tuple):
+        raise ConfigError(f"{flag}: {value!r} must be KEY=VALUE pairs")
+    seen: set[str] = set()
+    for name, text in value:
+        if not LABEL_NAME_RE.match(name) or name.startswith("__"):
+            raise ConfigError(f"{flag}: {name!r} is not a Prometheus label name")
+        if name in RESERVED_ALERT_LABELS or name in group_labels:
+            raise ConfigError(f"{flag}: {name!r} is set by the rules themselves (use --severity for severity)")
+        if name in seen:
+            raise ConfigError(f"{flag}: {name} given twice")
+        if not text or len(text) > 200 or not text.isprintable():
+            raise ConfigError(f"{flag}: the value of {name} must be 1-200 printable characters")
+        if "{{" in text or "}}" in text:
+            raise ConfigError(f"{flag}: the value of {name} may not contain {{{{ or }}}} (Prometheus expands "
+                              "alert label values as templates)")
+        seen.add(name)
+
+
+def parse_pair(text: str) -> tuple[str, str]:
+    """`KEY=VALUE` -> (KEY, VALUE); validated later."""
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key.strip(), value
+
+
+def parse_label_list(text: str) -> tuple[str, ...]:
+    """`cluster,namespace` -> ("cluster", "namespace"); empty text is no labels. Validated later."""
+    return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
 def _flag(name: str) -> str:
@@ -290,8 +415,51 @@ def settings_from_args(args: argparse.Namespace) -> RuleSettings:
     for f in fields(RuleSettings):
         value = getattr(args, f.name, None)
         if value is not None:
-            changes[f.name] = value
+            changes[f.name] = tuple(value) if isinstance(value, list) else value
     return replace(RuleSettings(), **changes)
+
+
+def add_setting_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per RuleSettings field: shared by `rules render` and `dashboards render`."""
+    defaults = RuleSettings()
+    parser.add_argument(
+        "--without-exporter", dest="exporter", action="store_false", default=None,
+        help="rules over vLLM's own metrics only: no exporter-based alerts or verdict branches",
+    )
+    parser.add_argument(
+        "--watchdog", dest="watchdog", action="store_true", default=None,
+        help="add LLMHealthWatchdog, always firing, for a dead man's switch receiver (default: off)",
+    )
+    for f in fields(RuleSettings):
+        default = getattr(defaults, f.name)
+        kind = str if default is None else type(default)
+        if kind is bool:
+            continue
+        if f.name == "group_labels":
+            parser.add_argument(
+                _flag(f.name), type=parse_label_list, default=None, metavar="LABEL,...",
+                help=f"{FLAG_HELP[f.name]} (default: none)",
+            )
+            continue
+        if kind is tuple:  # repeatable KEY=VALUE pairs
+            parser.add_argument(
+                _flag(f.name), dest=f.name, type=parse_pair, action="append", default=None,
+                metavar="ALERT=LEVEL" if f.name == "severity" else "KEY=VALUE", help=FLAG_HELP[f.name],
+            )
+            continue
+        if f.name in RATE_WINDOWS:
+            shown = f"max({RATE_WINDOWS[f.name]}, {MIN_SCRAPES_PER_WINDOW} x --scrape-interval); shorter is refused"
+        else:
+            shown = str(default)
+        shown = f"{FLAG_HELP[f.name]} (default: {shown})" if f.name in FLAG_HELP else f"default: {shown}"
+        parser.add_argument(
+            *FLAG_NAMES.get(f.name, (_flag(f.name),)),
+            dest=f.name,
+            type=kind,
+            default=None,
+            metavar=kind.__name__.upper() if kind is not str else "VALUE",
+            help=shown,
+        )
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -312,33 +480,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     render_p.add_argument("--k8s-label", action="append", default=[], metavar="KEY=VALUE",
                           help="prometheusrule: a metadata label, e.g. release=kube-prometheus-stack to match "
                                "the operator's ruleSelector (repeatable)")
-    defaults = RuleSettings()
-    render_p.add_argument(
-        "--without-exporter", dest="exporter", action="store_false", default=None,
-        help="rules over vLLM's own metrics only: no exporter-based alerts or verdict branches",
-    )
-    render_p.add_argument(
-        "--watchdog", dest="watchdog", action="store_true", default=None,
-        help="add LLMHealthWatchdog, always firing, for a dead man's switch receiver (default: off)",
-    )
-    for f in fields(RuleSettings):
-        default = getattr(defaults, f.name)
-        kind = str if default is None else type(default)
-        if kind is bool:
-            continue
-        if f.name in RATE_WINDOWS:
-            shown = f"max({RATE_WINDOWS[f.name]}, {MIN_SCRAPES_PER_WINDOW} x --scrape-interval); shorter is refused"
-        else:
-            shown = str(default)
-        shown = f"{FLAG_HELP[f.name]} (default: {shown})" if f.name in FLAG_HELP else f"default: {shown}"
-        render_p.add_argument(
-            *FLAG_NAMES.get(f.name, (_flag(f.name),)),
-            dest=f.name,
-            type=kind,
-            default=None,
-            metavar=kind.__name__.upper() if kind is not str else "VALUE",
-            help=shown,
-        )
+    add_setting_arguments(render_p)
     check_p = sub.add_parser("check", help="promtool check rules on rendered rules")
     check_p.add_argument("--dir", type=Path, default=DEFAULT_OUT, help="folder with rendered *.yml (default: %(default)s)")
 

@@ -1,7 +1,8 @@
 """Test support: every PromQL query of the checked-in Grafana dashboards, ready to run.
 
 `dashboards_queries()` returns `[(dashboard, panel title, expr)]` with Grafana's variables replaced by
-concrete values, so a test can hand each expr to promtool or to a live Prometheus.
+concrete values (a dashboard's own variables by their "All" value), so a test can hand each expr to
+promtool or to a live Prometheus. `all_queries()` adds the annotations' and the variables' queries.
 """
 
 from __future__ import annotations
@@ -18,29 +19,38 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD_DIR = ROOT / "dashboards"
 
-# Grafana variable -> a concrete value Prometheus accepts. `$backend` sits inside a regex matcher.
+# Grafana's built-in variables -> a concrete value Prometheus accepts.
 SUBSTITUTIONS: dict[str, str] = {
     "$__rate_interval": "1m",
     "$__interval": "15s",
     "$__range": "1h",
-    "${backend}": ".+",
-    "$backend": ".+",
 }
 LEFTOVER_VARIABLE = re.compile(r"\$\{?[A-Za-z_]")
+QUERY_RESULT = re.compile(r"^query_result\((.*)\)$", re.DOTALL)
 
 
-def dashboard_files() -> list[Path]:
-    return sorted(DASHBOARD_DIR.glob("*.json"))
+def dashboard_files(directory: Path = DASHBOARD_DIR) -> list[Path]:
+    return sorted(directory.glob("*.json"))
 
 
 def load_dashboard(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def substitute(expr: str) -> str:
+def variable_values(dashboard: dict[str, Any]) -> dict[str, str]:
+    """A dashboard's query variables -> the value Grafana puts in for "All" (`$name` and `${name}`)."""
+    values: dict[str, str] = {}
+    for variable in dashboard.get("templating", {}).get("list", []):
+        if variable.get("type") == "query":
+            values[f"${{{variable['name']}}}"] = values[f"${variable['name']}"] = variable["allValue"]
+    return values
+
+
+def substitute(expr: str, variables: dict[str, str] | None = None) -> str:
     """Replace Grafana variables (longest names first); a variable left over is an error."""
-    for name in sorted(SUBSTITUTIONS, key=len, reverse=True):
-        expr = expr.replace(name, SUBSTITUTIONS[name])
+    table = {**SUBSTITUTIONS, **(variables or {})}
+    for name in sorted(table, key=len, reverse=True):
+        expr = expr.replace(name, table[name])
     if LEFTOVER_VARIABLE.search(expr):
         raise ValueError(f"unknown Grafana variable in {expr!r}")
     return expr
@@ -53,14 +63,49 @@ def iter_panels(dashboard: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from panel.get("panels", [])
 
 
-def dashboards_queries() -> list[tuple[str, str, str]]:
+def dashboards_queries(directory: Path = DASHBOARD_DIR) -> list[tuple[str, str, str]]:
+    """Every panel query: (dashboard, panel title, expr)."""
     out: list[tuple[str, str, str]] = []
-    for path in dashboard_files():
+    for path in dashboard_files(directory):
         dashboard = load_dashboard(path)
+        values = variable_values(dashboard)
         for panel in iter_panels(dashboard):
             for target in panel.get("targets", []):
                 if "expr" in target:
-                    out.append((path.stem, panel["title"], substitute(target["expr"])))
+                    out.append((path.stem, panel["title"], substitute(target["expr"], values)))
+    return out
+
+
+def raw_queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
+    """(where, expr) of every query as written: panels, annotations, variables (query_result's inside)."""
+    out = [(p["title"], t["expr"]) for p in iter_panels(dashboard) for t in p.get("targets", []) if "expr" in t]
+    out += [(f"annotation {a['name']}", a["expr"]) for a in dashboard["annotations"]["list"] if "expr" in a]
+    for variable in dashboard["templating"]["list"]:
+        if variable.get("type") == "query":
+            match = QUERY_RESULT.match(variable["definition"])
+            assert match, f"variable {variable['name']}: {variable['definition']!r} is not a query_result()"
+            out.append((f"variable {variable['name']}", match.group(1)))
+    return out
+
+
+def annotation_queries(directory: Path = DASHBOARD_DIR) -> list[tuple[str, str, str]]:
+    """Every annotation query, variables substituted: (dashboard, annotation name, expr)."""
+    out = []
+    for path in dashboard_files(directory):
+        dashboard = load_dashboard(path)
+        values = variable_values(dashboard)
+        out += [(path.stem, a["name"], substitute(a["expr"], values))
+                for a in dashboard["annotations"]["list"] if "expr" in a]
+    return out
+
+
+def all_queries(directory: Path = DASHBOARD_DIR) -> list[tuple[str, str, str]]:
+    """Panels', annotations' and variables' queries, variables substituted: (dashboard, where, expr)."""
+    out = []
+    for path in dashboard_files(directory):
+        dashboard = load_dashboard(path)
+        values = variable_values(dashboard)
+        out += [(path.stem, where, substitute(expr, values)) for where, expr in raw_queries(dashboard)]
     return out
 
 

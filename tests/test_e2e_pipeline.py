@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from dashboard_queries import dashboards_queries
+from dashboard_queries import annotation_queries, dashboards_queries
 
 from llm_health.stack import Stack
 
@@ -80,6 +80,11 @@ def test_stalled_backend_is_restarted_once_and_the_busy_one_is_left_alone(stack:
             if not stack.query(expr) and (dashboard, title) not in may_be_empty:  # raises on a query error
                 empty.append(f"{dashboard}: {title}: {expr}")
         assert not empty, "panels without data in a scenario that feeds them:\n" + "\n".join(empty)
+        # every annotation marked something during the scenario: sim-a's new process, the remediator's
+        # restart, the stall alert firing (each query evaluated every second of the last 10 minutes)
+        unmarked = [f"{dashboard}: {name}: {expr}" for dashboard, name, expr in annotation_queries()
+                    if not stack.query(f"max_over_time(({expr})[10m:1s])")]
+        assert not unmarked, "annotations that never fired in a scenario with a restart:\n" + "\n".join(unmarked)
     finally:
         batch.stop()
 

@@ -234,8 +234,11 @@ def known_names(engine: str) -> set[str]:
     names: set[str] = set()
     for entry in yaml.safe_load((RULES_DIR / NAME_FILES[engine]).read_text())["metrics"]:
         assert entry["name"].startswith(engine + ":"), entry
+        # prometheus_client also exports <name>_created for counters and histograms (one-process mode)
         if entry["type"] == "histogram":
-            names.update(entry["name"] + suffix for suffix in ("_bucket", "_count", "_sum"))
+            names.update(entry["name"] + suffix for suffix in ("_bucket", "_count", "_sum", "_created"))
+        elif entry["type"] == "counter":
+            names.update((entry["name"], entry["name"].removesuffix("_total") + "_created"))
         else:
             names.add(entry["name"])
     return names

@@ -18,6 +18,7 @@ from test_rules_support import (
     PROMTOOL,
     RULE_FILES,
     RULES_DIR,
+    VALUE,
     Scenario,
     alert_rules,
     llamacpp_backend,
@@ -199,7 +200,7 @@ def restarts_and_proxies() -> Scenario:
         )
     )
     s.silent("35m", "LLMBackendRestartLoop")  # 3 restarts in the hour: not more than 3
-    s.expect("45m", "LLMBackendRestartLoop", {"backend": "loop"}, {"backend": "mploop"})
+    s.expect("45m", "LLMBackendRestartLoop", {"backend": "loop", VALUE: 4}, {"backend": "mploop", VALUE: 4})
     s.expect("5m", "LLMMetricsBehindProxy", {"backend": "proxied", "instance": "lb.example:8000"})
     for at in ("5m", "30m", "45m"):
         s.silent(at, "LLMBackendStalled")
@@ -238,7 +239,7 @@ def all_gone() -> Scenario:
         s.add(vllm_backend(b, running="1x20 stale", waiting="0x20 stale", progress="0+10x20 stale", up="1x20 stale",
                            kv="0.3x20 stale", start_time="1000x20 stale"))
     s.silent("6m", "LLMTooFewBackendsUp")
-    s.expect("8m", "LLMTooFewBackendsUp", {})
+    s.expect("8m", "LLMTooFewBackendsUp", {VALUE: 0})
     s.silent("8m", "LLMBackendDown")
     s.silent("8m", "LLMBackendStalled")
     s.silent("9m", "LLMBackendTargetMissing")
@@ -252,7 +253,7 @@ def all_down() -> Scenario:
     s = Scenario("all backends down: scraped, failing")
     for b in ("a", "b"):
         s.add(series("up", target_labels(b), "1x20 0x100"))
-    s.expect("8m", "LLMTooFewBackendsUp", {})
+    s.expect("8m", "LLMTooFewBackendsUp", {VALUE: 0})
     s.expect("8m", "LLMBackendDown", {"backend": "a"}, {"backend": "b"})
     return s
 
@@ -290,7 +291,7 @@ def all_busy_unreachable() -> Scenario:
         s.add(vllm_backend(b, running="5x20 stale", waiting="1x20 stale", progress="0+100x20 stale",
                            up=f"1x20 0x{N}", kv="0.3x20 stale", start_time="1000x20 stale"))
     s.silent("6m", "LLMTooFewBackendsUp")
-    s.expect("8m", "LLMTooFewBackendsUp", {})
+    s.expect("8m", "LLMTooFewBackendsUp", {VALUE: 0})
     s.silent("8m", "LLMBackendDown")
     s.silent("12m", "LLMBackendDown")
     return s
@@ -341,9 +342,9 @@ def capacity() -> Scenario:
         ('backend:vllm_kv_cache_usage:max{backend="kvv0"}', 0.5),
     ])
     s.silent("9m", "LLMKVCachePressure")
-    s.expect("11m", "LLMKVCachePressure", {"backend": "kvboth"})
+    s.expect("11m", "LLMKVCachePressure", {"backend": "kvboth", VALUE: 0.9})
     s.silent("9m", "LLMPreemptions")
-    s.expect("12m", "LLMPreemptions", {"backend": "preempt"})
+    s.expect("12m", "LLMPreemptions", {"backend": "preempt", VALUE: 1 / 15})
     s.silent("4m", "LLMBackendNoMetrics")
     s.expect("6m", "LLMBackendNoMetrics", {"backend": "nometrics"})
     s.state("6m", "nometrics", 4)
@@ -361,7 +362,7 @@ def exporter_down() -> Scenario:
     s.add(series("up", EXPORTER, f"1x8 0x{N}"))
     s.add(exporter_series("llm_health_verdict_code", {"backend": "x"}, f"1x8 3 1x{N}"))
     s.silent("6m", "LLMHealthExporterDown")
-    s.expect("7m30s", "LLMHealthExporterDown", {})
+    s.expect("7m30s", "LLMHealthExporterDown", EXPORTER)
     s.silent("2m", "LLMBackendRestarted")
     s.expect("2m15s", "LLMBackendRestarted", {"backend": "x"})
     s.silent("2m30s", "LLMBackendRestarted")
@@ -399,17 +400,24 @@ def error_rates() -> Scenario:
     s.add(http_series("models", "5xx", f"0+150x{N}", handler="/v1/models"))
     s.silent("5m", "LLMBackendErrorRate")
     s.silent("6m30s", "LLMBackendErrorRate")  # above the threshold, not yet for 2m
-    s.expect("8m", "LLMBackendErrorRate", {"backend": "burst"}, {"backend": "raw"})
-    s.expect("30m", "LLMBackendErrorRate", {"backend": "burst"}, {"backend": "raw"})
+    s.expect("8m", "LLMBackendErrorRate", {"backend": "burst", VALUE: 1 / 3}, {"backend": "raw", VALUE: 1 / 3})
+    s.expect("30m", "LLMBackendErrorRate", {"backend": "burst", VALUE: 1 / 3}, {"backend": "raw", VALUE: 1 / 3})
     return s
 
 
-def error_rate_quiet() -> Scenario:
+def error_rate_quiet(keep_firing: bool = True) -> Scenario:
+    """The condition clears at ~11m (no traffic: 0/0); keep_firing_for (5m by default) holds the alert
+    until ~16m against flapping, with its last value; with --keep-firing-for 0s it resolves at once."""
     s = Scenario("no generation traffic at all, before and after errors: LLMBackendErrorRate stays silent")
     s.add(http_series("idle", "2xx", f"0+15x40 600x{N}"))
     s.add(http_series("idle", "5xx", f"0+15x40 600x{N}"))  # 50% errors until 10m, then no traffic
-    s.expect("9m", "LLMBackendErrorRate", {"backend": "idle"})
-    s.silent("12m", "LLMBackendErrorRate")
+    s.expect("9m", "LLMBackendErrorRate", {"backend": "idle", VALUE: 0.5})
+    if keep_firing:
+        s.expect("12m", "LLMBackendErrorRate", {"backend": "idle", VALUE: 0.5})
+        s.expect("15m30s", "LLMBackendErrorRate", {"backend": "idle", VALUE: 0.5})
+        s.silent("17m", "LLMBackendErrorRate")
+    else:
+        s.silent("12m", "LLMBackendErrorRate")
     s.silent("40m", "LLMBackendErrorRate")
     return s
 
@@ -478,7 +486,7 @@ def other_engines() -> Scenario:
     s.expect("11m", "LLMBackendRestarted", {"backend": "sgrestart"}, {"backend": "lcrestart"})
     s.silent("16m", "LLMBackendRestarted")
     s.silent("9m", "LLMKVCachePressure")
-    s.expect("11m", "LLMKVCachePressure", {"backend": "sgkv"})
+    s.expect("11m", "LLMKVCachePressure", {"backend": "sgkv", VALUE: 0.95})
     s.silent("29m", "LLMHealthProbeSentToBusyBackend")
     s.expect("32m", "LLMHealthProbeSentToBusyBackend", {"backend": "lcbusy"}, {"backend": "sgbusy"})
     for at in ("6m", "20m"):
@@ -595,7 +603,7 @@ def test_rules_rendered_for_a_1m_scrape_interval_see_rates(tmp_path: Path) -> No
     s.value("20m", 'backend:vllm_num_preemptions:rate{backend="preempt"}',
             [('backend:vllm_num_preemptions:rate{backend="preempt"}', 0.1)])
     s.silent("9m", "LLMPreemptions")
-    s.expect("20m", "LLMPreemptions", {"backend": "preempt"})
+    s.expect("20m", "LLMPreemptions", {"backend": "preempt", VALUE: 0.1})
     s.silent("7m", "LLMBackendStalled")
     s.expect("20m", "LLMBackendStalled", {"backend": "frozen"})
     s.state("20m", "preempt", 2)

@@ -101,16 +101,6 @@ def webhook_failing() -> Scenario:
     return s
 
 
-def exporter_instance_down() -> Scenario:
-    s = Scenario("two exporters; one stops answering at 10m")
-    ex = {"job": "llm-health-exporter"}
-    s.add(series("up", {**ex, "instance": "ex-1:9410"}, f"1x{N}"))
-    s.add(series("up", {**ex, "instance": "ex-2:9410"}, f"1x40 0x{N}"))
-    s.silent("12m", "LLMHealthExporterInstanceDown")
-    s.expect("16m", "LLMHealthExporterInstanceDown", {**ex, "instance": "ex-2:9410"})
-    return s
-
-
 def discovery_stale() -> Scenario:
     s = Scenario("the exporter's discovery fails from 10m; the remediator's fails for 5m only")
     s.add(series("llm_health_discovery_stale", {"job": "llm-health-exporter", "instance": "ex-1:9410"}, f"0x40 1x{N}"))
@@ -121,7 +111,7 @@ def discovery_stale() -> Scenario:
 
 
 SCENARIOS = [remediator_down, remediator_absent, remediator_unhealthy, breaker, needs_ack, restarts_failing,
-             webhook_failing, exporter_instance_down, discovery_stale]
+             webhook_failing, discovery_stale]
 
 
 def document(rule_files: list[Path], written_as: list[str] | None = None,

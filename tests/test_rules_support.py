@@ -43,13 +43,27 @@ def all_exprs(rule_files: list[Path] | None = None) -> list[str]:
 
 
 _LABEL_REF = re.compile(r"\{\{\s*\$labels\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+_VALUE_REF = re.compile(r"\{\{\s*\$value\s*(?:\|\s*(humanizePercentage|printf `([^`]+)`)\s*)?\}\}")
+VALUE = "$value"  # key of an expected label set that holds the alert's value (for annotations using it)
 
 
-def expand_annotations(rule: dict[str, Any], labels: dict[str, str]) -> dict[str, str]:
-    """What Prometheus makes of the rule's annotations for an alert with these labels."""
+def format_value(value: float, function: str | None, fmt: str | None) -> str:
+    """Prometheus' rendering of {{ $value }}, {{ $value | humanizePercentage }}, {{ $value | printf `%.3g` }}."""
+    if function == "humanizePercentage":
+        return "%.4g%%" % (value * 100)
+    if fmt is not None:
+        return fmt % value
+    return str(int(value)) if value == int(value) else repr(value)
+
+
+def expand_annotations(rule: dict[str, Any], labels: dict[str, str], value: float | None = None) -> dict[str, str]:
+    """What Prometheus makes of the rule's annotations for an alert with these labels (and value)."""
     out = {}
     for key, text in (rule.get("annotations") or {}).items():
         expanded = _LABEL_REF.sub(lambda m: labels.get(m.group(1), ""), text)
+        if _VALUE_REF.search(expanded):
+            assert value is not None, f"annotation {key} shows $value: give the expected label set a {VALUE!r}"
+            expanded = _VALUE_REF.sub(lambda m: format_value(value, m.group(1), m.group(2)), expanded)
         assert "{{" not in expanded, f"annotation {key} uses a template this helper cannot expand: {text}"
         out[key] = expanded
     return out
@@ -85,11 +99,13 @@ def vllm_backend(
     instance: str | None = None,
     engine: str = "0",
     target: bool = True,
+    groups: dict[str, str] | None = None,
 ) -> list[dict[str, str]]:
     """The series of one vLLM target. `progress` drives every token counter; `iteration_count`
-    defaults to `progress` (V1 semantics). `target=False`: only the engine's series (a second DP engine)."""
-    vl = vllm_labels(backend, v1=v1, instance=instance, engine=engine)
-    tl = target_labels(backend, instance)
+    defaults to `progress` (V1 semantics). `target=False`: only the engine's series (a second DP engine).
+    `groups`: target labels such as cluster/namespace, on every series of the target."""
+    vl = {**vllm_labels(backend, v1=v1, instance=instance, engine=engine), **(groups or {})}
+    tl = {**target_labels(backend, instance), **(groups or {})}
     out = [series("up", tl, up)] if target else []
     out += [
         series("vllm:num_requests_running", vl, running),
@@ -225,9 +241,10 @@ class Scenario:
         return out
 
 
-def _expected(rule: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
-    full = {**labels, **(rule.get("labels") or {})}
-    return {"exp_labels": full, "exp_annotations": expand_annotations(rule, full)}
+def _expected(rule: dict[str, Any], labels: dict[str, Any]) -> dict[str, Any]:
+    own = {k: v for k, v in labels.items() if k != VALUE}
+    full = {**own, **(rule.get("labels") or {})}
+    return {"exp_labels": full, "exp_annotations": expand_annotations(rule, full, labels.get(VALUE))}
 
 
 def promtool_document(
