@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 ARGS ?=
 
-.PHONY: demo test bench lint debs venv clean
+.PHONY: demo test bench lint debs engines venv clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -19,11 +19,16 @@ venv: $(STAMP)
 debs:
 	@bash scripts/ensure-debs.sh
 
+# Real engines for the real-engine tests (llama.cpp server, vLLM CPU, tiny models), cached outside the
+# clone under ~/.cache/llm-health keyed by version: only the first run on a machine pays (~15 min).
+engines: debs
+	@bash scripts/engines.sh
+
 demo: debs $(STAMP)
 	$(VENV)/bin/llm-health demo $(ARGS)
 
 # pytest exits 5 when it collected no test: a run that tests nothing is a failure, said plainly.
-test: debs $(STAMP)
+test: debs engines $(STAMP)
 	$(VENV)/bin/ruff check .
 	@$(VENV)/bin/pytest -q $(ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5); that is a failure" >&2; fi; \
