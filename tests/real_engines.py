@@ -162,26 +162,32 @@ class Engine:
         if self.proc is not None:
             self.proc.stop(timeout=20)
 
-    def children(self, comm_prefix: str) -> list[int]:
-        """pids of processes in the server's process group whose name starts with `comm_prefix`."""
-        found = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text()
-                comm = stat[stat.index("(") + 1:stat.rindex(")")]
-                pgid = int(stat[stat.rindex(")") + 2:].split()[2])
-            except (OSError, ValueError, IndexError):
-                continue
-            if pgid == self.proc.pid and comm.startswith(comm_prefix):
-                found.append(int(entry.name))
-        return found
-
     def engine_core(self) -> int:
-        pids = self.children("VLLM::EngineCor")
-        assert len(pids) == 1, f"expected one VLLM::EngineCore process, found {pids}"
-        return pids[0]
+        return engine_core(self.proc.pid)
+
+
+def group_processes(pgid: int, comm_prefix: str) -> list[int]:
+    """pids of the processes in process group `pgid` whose name starts with `comm_prefix`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            comm = stat[stat.index("(") + 1:stat.rindex(")")]
+            group = int(stat[stat.rindex(")") + 2:].split()[2])
+        except (OSError, ValueError, IndexError):
+            continue
+        if group == pgid and comm.startswith(comm_prefix):
+            found.append(int(entry.name))
+    return found
+
+
+def engine_core(server_pid: int) -> int:
+    """vLLM's EngineCore process (`VLLM::EngineCore`) of the API server `server_pid` (its group leader)."""
+    pids = group_processes(server_pid, "VLLM::EngineCor")
+    assert len(pids) == 1, f"expected one VLLM::EngineCore process, found {pids}"
+    return pids[0]
 
 
 def llama_engine(paths: dict[str, Path], port: int, log_dir: Path, slots: int = 2) -> Engine:
@@ -572,7 +578,7 @@ def _restart(state: Path) -> int:
             os.killpg(old, signal.SIGTERM)
         except ProcessLookupError:
             pass
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 10  # then SIGKILL, as systemd's TimeoutStopSec would
         while time.monotonic() < deadline:
             try:
                 os.killpg(old, 0)
