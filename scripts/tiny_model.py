@@ -54,14 +54,19 @@ def corpus(path: Path) -> None:
 def tokenizer(hf: Path, work: Path) -> None:
     import sentencepiece as spm
 
-    text = work / "corpus.txt"
-    corpus(text)
-    spm.SentencePieceTrainer.train(
-        input=str(text), model_prefix=str(work / "tokenizer"), vocab_size=SPEC["vocab_size"],
-        model_type="bpe", byte_fallback=True, character_coverage=1.0, num_threads=1,
-        shuffle_input_sentence=False, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
-        minloglevel=2,
-    )
+    corpus(work / "corpus.txt")
+    # relative paths: the trainer records them in the model file, which then is the same on every machine
+    here = os.getcwd()
+    os.chdir(work)
+    try:
+        spm.SentencePieceTrainer.train(
+            input="corpus.txt", model_prefix="tokenizer", vocab_size=SPEC["vocab_size"],
+            model_type="bpe", byte_fallback=True, character_coverage=1.0, num_threads=1,
+            shuffle_input_sentence=False, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+            minloglevel=2,
+        )
+    finally:
+        os.chdir(here)
     (hf / "tokenizer.model").write_bytes((work / "tokenizer.model").read_bytes())
     (hf / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
