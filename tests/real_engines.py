@@ -137,6 +137,11 @@ class Engine:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def server_argv(self) -> list[str]:
+        """The server's own argv (without the ALLOW_PTRACE shim)."""
+        return self.argv[3:] if self.argv[1:3] == ["-c", ALLOW_PTRACE] else self.argv
+
     def start(self) -> None:
         from llm_health.procs import ManagedProcess
 
@@ -190,8 +195,14 @@ def engine_core(server_pid: int) -> int:
     return pids[0]
 
 
+# Lets any process of ours ptrace the server (gdb attaches to a sibling, which Yama's ptrace_scope=1
+# forbids unless the tracee allows it), then becomes the server (exec keeps the pid and the setting).
+ALLOW_PTRACE = ("import ctypes, os, sys; ctypes.CDLL(None).prctl(0x59616d61, ctypes.c_ulong(2**64 - 1), 0, 0, 0); "
+                "os.execv(sys.argv[1], sys.argv[1:])")
+
+
 def llama_engine(paths: dict[str, Path], port: int, log_dir: Path, slots: int = 2) -> Engine:
-    argv = [str(paths["llama_server"]), "-m", str(paths["gguf_model"]), "--alias", MODEL_NAME,
+    argv = [sys.executable, "-c", ALLOW_PTRACE, str(paths["llama_server"]), "-m", str(paths["gguf_model"]), "--alias", MODEL_NAME,
             "--host", "127.0.0.1", "--port", str(port), "--metrics", "--slots", "-np", str(slots),
             "-c", "4096", "-t", "2", "--no-webui"]
     return Engine("llamacpp", argv, {}, port, log_dir)

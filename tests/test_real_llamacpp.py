@@ -96,7 +96,7 @@ def test_loading_answers_503_and_is_never_idle_then_serves(tmp_path: Path) -> No
     paths = require_engine("llama")
     engine = llama_engine(paths, free_port(), tmp_path)
     held = LoopFreezer(0)
-    held.launch_held(engine.argv)
+    held.launch_held(engine.server_argv)  # gdb is its parent: no ptrace restriction
     proxy = CountingProxy(engine.url)
     exporter, url = start_exporter(proxy.url, tmp_path, interval=INTERVAL, stall_after=STALL_AFTER,
                                    read_timeout=READ_TIMEOUT, probe_timeout=PROBE_TIMEOUT, down_after=DOWN_AFTER)
@@ -156,8 +156,9 @@ def test_busy_then_stall_with_work_then_recovery(rig: Rig) -> None:
 
     # a real stall with work in flight: freeze only the inference loop
     freezer = LoopFreezer(rig.engine.proc.pid)
+    t1 = time.monotonic()  # gdb's attach stops every thread for a moment: the engine stops moving from here
     with freezer.frozen():
-        t1 = time.monotonic()
+        TIMINGS["busy_freeze_seconds"] = time.monotonic() - t1
         assert get(rig.engine.url, "/health")[0] == 200
         TIMINGS["busy_stall_to_stalled_seconds"] = took = rig.timeline.wait("stalled", t1, STALL_BOUND + 5)
         assert STALL_AFTER - INTERVAL <= took <= STALL_BOUND, took
@@ -182,8 +183,9 @@ def test_stall_while_idle_is_caught_within_the_bound(rig: Rig) -> None:
     rig.wait_idle()
     before = series_value(metrics_text(rig.engine.url) or "", "llamacpp:n_decode_total")
     freezer = LoopFreezer(rig.engine.proc.pid)
+    t0 = time.monotonic()
     with freezer.frozen():
-        t0 = time.monotonic()
+        TIMINGS["idle_freeze_seconds"] = time.monotonic() - t0
         assert get(rig.engine.url, "/health")[0] == 200
         assert get(rig.engine.url, "/metrics", READ_TIMEOUT)[0] == -1  # hangs
         TIMINGS["idle_stall_to_stalled_seconds"] = took = rig.timeline.wait("stalled", t0, STALL_BOUND + 5)
