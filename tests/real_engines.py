@@ -382,7 +382,7 @@ class LoopFreezer:
             out.append(line)
         raise AssertionError(f"gdb: no answer to {command!r}: {''.join(out)[-2000:]}")
 
-    def freeze(self) -> None:
+    def freeze(self, at: str = "") -> None:
         self.gdb = subprocess.Popen(["gdb", "-nx", "-q"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True, bufsize=1)
         assert self.gdb.stdout is not None
@@ -399,8 +399,12 @@ class LoopFreezer:
             return bool(threads) and all("(running)" in ln for ln in threads)
 
         wait_for(all_running, 30, "every thread running under gdb", 0.2)
-        self._cmd("thread 1")
-        self._cmd("interrupt")
+        if at:
+            # stop the loop thread when it next enters `at` (e.g. outside decode), not where it happens to be
+            self._cmd(f"break {at} thread 1")
+        else:
+            self._cmd("thread 1")
+            self._cmd("interrupt")
         wait_for(lambda: "(running)" not in next(
             (ln for ln in self._cmd("info threads").splitlines() if f"(LWP {self.pid})" in ln), "(running)"),
             10, "the inference-loop thread stopped", 0.1)
@@ -448,6 +452,7 @@ class LoopFreezer:
         if self.gdb is None:
             return
         try:
+            self._cmd("delete")
             self._cmd("detach", timeout=20)
             self.gdb.stdin.write("quit\n")  # type: ignore[union-attr]
             self.gdb.stdin.flush()  # type: ignore[union-attr]
@@ -458,8 +463,8 @@ class LoopFreezer:
         self.gdb = None
 
     @contextmanager
-    def frozen(self) -> Iterator[LoopFreezer]:
-        self.freeze()
+    def frozen(self, at: str = "") -> Iterator[LoopFreezer]:
+        self.freeze(at)
         try:
             yield self
         finally:

@@ -178,6 +178,36 @@ def test_busy_then_stall_with_work_then_recovery(rig: Rig) -> None:
     assert "restarted" not in rig.timeline.since(t0)
 
 
+def test_stall_with_work_outside_decode_hangs_the_page_and_is_stalled(rig: Rig) -> None:
+    """The loop stopped between steps (entering update_slots): /metrics hangs, work was last seen."""
+    rig.wait_idle()
+    rig.load = Load(rig.engine.url, SLOTS, 2 * MAX_TOKENS)
+    t0 = time.monotonic()
+    rig.timeline.wait("busy", t0, 15)
+    busy_probes = rig.proxy.probes_while_busy
+    freezer = LoopFreezer(rig.engine.proc.pid)
+    t1 = time.monotonic()
+    with freezer.frozen(at="server_context_impl::update_slots"):
+        assert "update_slots" in freezer.where() and "llama_decode" not in freezer.where()
+        assert get(rig.engine.url, "/health")[0] == 200
+        assert get(rig.engine.url, "/metrics", READ_TIMEOUT)[0] == -1  # hangs
+        TIMINGS["outside_decode_stall_to_stalled_seconds"] = took = rig.timeline.wait("stalled", t1,
+                                                                                      STALL_BOUND + 5)
+        assert took <= STALL_BOUND, took
+        assert "timed out" in rig.timeline.now()["reason"]
+        assert "down" not in rig.timeline.since(t1)
+        code, out = check(rig.proxy.url, "--readings", 2, "--interval", 1, "--timeout", READ_TIMEOUT,
+                          "--stall-after", 1)
+        assert code == 2 and out.startswith("CRITICAL: stalled"), out
+    t2 = time.monotonic()
+    TIMINGS["outside_decode_thaw_to_busy_seconds"] = rig.timeline.wait("busy", t2, 15)
+    results = rig.load.wait(120)
+    assert results == [200] * SLOTS, results
+    assert rig.proxy.probes_while_busy == busy_probes, "a probe was sent while work was in flight"
+    rig.wait_idle()
+    assert "restarted" not in rig.timeline.since(t0)
+
+
 def test_stall_while_idle_is_caught_within_the_bound(rig: Rig) -> None:
     """The second face: /metrics hangs (it is a task of the frozen loop) while /health answers."""
     rig.wait_idle()
