@@ -28,7 +28,11 @@ demo: debs $(STAMP)
 	$(VENV)/bin/llm-health demo $(ARGS)
 
 # pytest exits 5 when it collected no test: a run that tests nothing is a failure, said plainly.
-test: debs engines $(STAMP)
+# Real engines first (cached). Under CI=true a failed install fails the run; elsewhere the
+# real-engine tests then say why they skip.
+test: debs $(STAMP)
+	@bash scripts/engines.sh || { case "$${CI:-}" in 1|true|yes) exit 1;; esac; \
+	  echo "make test: real engines not installed; their tests will skip (CI=true makes that a failure)" >&2; }
 	$(VENV)/bin/ruff check .
 	@$(VENV)/bin/pytest -q $(ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5); that is a failure" >&2; fi; \
