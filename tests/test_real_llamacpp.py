@@ -237,14 +237,21 @@ def test_stall_while_idle_is_caught_within_the_bound(rig: Rig) -> None:
 def test_restart_resets_counters_and_is_judged_restarted(rig: Rig) -> None:
     rig.wait_idle()
     page = metrics_text(rig.engine.url) or ""
-    assert series_value(page, "llamacpp:n_decode_total") > 0
+    steps = series_value(page, "llamacpp:n_decode_total")
+    assert steps > 0
     assert "process_start_time_seconds" not in page and "_created" not in page  # no identity series
+    header = get(rig.engine.url, "/metrics")[1]["process-start-time-unix"]
     rig.engine.stop()
     t0 = time.monotonic()
     rig.engine.start()
     rig.engine.ready(60)
     TIMINGS["restart_to_restarted_seconds"] = rig.timeline.wait("restarted", t0, 20)
-    assert "went backwards" in rig.timeline.now()["reason"] or "down" in rig.timeline.since(t0)
+    reason = rig.timeline.now()["reason"]
+    assert "went backwards" in reason or "Process-Start-Time-Unix" in reason, reason
+    # what the exporter saw: every counter reset, and the header (monotonic microseconds) changed
+    _, headers, body = get(rig.engine.url, "/metrics")
+    assert series_value(body.decode(), "llamacpp:n_decode_total") < steps
+    assert headers["process-start-time-unix"] != header
     rig.timeline.wait("idle", t0, 30)
     code, out = check(rig.proxy.url, "--readings", 2, "--interval", 1, "--timeout", READ_TIMEOUT)
     assert code == 0, out
