@@ -12,6 +12,8 @@ are never compared.
 * no_progress   an engine with work is frozen across all readings (the reason names it)
 * down          refused / errors on every reading, or idle and the probe failed twice (refused,
                 timeout, 5xx), or no metrics and the cheap endpoints fail
+* no_progress   (also) llama.cpp: every reading timed out while /health answers; its /metrics is a
+                task of the inference loop, so the loop is stuck
 * unresponsive  every reading timed out (connection accepted, no answer within read_timeout) and
                 /health did not answer either: a hung server, neither down nor merely slow
 * restarted     another process answered between two readings
@@ -25,12 +27,13 @@ The API key (vLLM `--api-key`) goes as a bearer token on /v1/* only (probe, /v1/
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llm_health.exporter.backend import Target, health_ok, load_api_key, observe
+from llm_health.exporter.backend import HttpFailure, Target, health_ok, load_api_key, observe
 from llm_health.exporter.probe import Prober
 from llm_health.exporter.reading import Reading, rate_text, rates
 from llm_health.exporter.verdict import (
@@ -141,9 +144,27 @@ def _without_readings(
             if not fine:
                 return (Verification(UNRESPONSIVE, f"{timeouts}; /health did not answer within "
                                      f"{read_timeout:g} s either", 0.0), Verdict.UNKNOWN)
+            if _owned_by(url, read_timeout) == "llamacpp":
+                # llama.cpp serves /metrics from its inference loop (exporter.verdict.page_is_work_queue)
+                return (Verification(NO_PROGRESS, f"{timeouts}, /health fine: llama.cpp's inference loop "
+                                     "does not serve its queue (/metrics is one of its tasks)", 0.0),
+                        Verdict.STALLED)
             return Verification(UNKNOWN, f"{timeouts}; /metrics slow, /health fine", 0.0), Verdict.UNKNOWN
         return Verification(UNKNOWN, timeouts, 0.0), Verdict.UNKNOWN
     return Verification(UNKNOWN, f"no usable reading ({', '.join(outcomes)})", 0.0), Verdict.UNKNOWN
+
+
+def _owned_by(url: str, read_timeout: float) -> str:
+    """`owned_by` of the first model on /v1/models (llama.cpp answers it from cached data, also
+    while its loop is stuck); "" when it cannot be had."""
+    target = Target(url, read_timeout)
+    try:
+        data = json.loads(target.get("/v1/models").body)
+        return str(data["data"][0].get("owned_by", ""))
+    except (HttpFailure, ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return ""
+    finally:
+        target.close()
 
 
 def _engines(good: list[tuple[Reading, float]], all_good: bool) -> tuple[Verification, Verdict] | None:

@@ -10,6 +10,8 @@ No I/O and no clock of its own: everything it knows arrives in the `Observation`
 * down       refused / errors / an idle backend failing its probe, `down_after` times in a row
              (a probe failure is refused, timeout, 5xx or a broken answer; a /metrics timeout after an
              idle reading counts only when /health fails too)
+             On llama.cpp /metrics is a task of the inference loop: a /metrics timeout after an idle
+             reading with /health fine is a stuck loop, stalled after stall_after (page_is_work_queue)
 * no_metrics /metrics 404 or without engine series; judged by cheap endpoints only
 * unknown    not enough readings yet, or data missing (never "healthy", never "stalled"); also an
              idle backend whose probe was rejected (HTTP 4xx: a misconfigured probe, not a failed server)
@@ -221,6 +223,8 @@ def _judge_failure(prev: BackendState, obs: Observation, now: float, settings: T
 def _judge_timeout(prev: BackendState, obs: Observation, now: float, settings: Thresholds) -> BackendState:
     """A slow /metrics while work was present is a busy event loop until proven otherwise."""
     last = prev.last
+    if last is not None and last.work <= 0 and page_is_work_queue(last) and obs.cheap_ok is not False:
+        return _judge_queue_hang(prev, last, now, settings)
     if last is None or last.work <= 0:
         # no work at the last reading: slow only counts toward down when /health fails too
         if obs.cheap_ok is True:
@@ -241,6 +245,37 @@ def _judge_timeout(prev: BackendState, obs: Observation, now: float, settings: T
                        tokens_per_second=0.0, steps_per_second=0.0)
     return _become(prev, Verdict.UNKNOWN, text + f" (stalled after {settings.stall_after:g} s)", now,
                    failures=failures, slow_since=slow_since, tokens_per_second=0.0, steps_per_second=0.0)
+
+
+def page_is_work_queue(last: Reading) -> bool:
+    """Is /metrics answered by the engine's own inference loop (a task in its queue)?
+
+    llama.cpp's `llama-server` posts every /metrics request to the loop that runs the model and waits
+    for it without a timeout, while /health answers from the HTTP thread. There a page that does not
+    come back is the engine not serving its queue, whatever the previous reading showed. vLLM and
+    SGLang answer /metrics from the API server's event loop, which is merely slow under load.
+    """
+    return last.flavour == "llamacpp"
+
+
+def _judge_queue_hang(prev: BackendState, last: Reading, now: float, settings: Thresholds) -> BackendState:
+    """llama.cpp: /metrics hangs after an idle reading while /health answers: the loop is stuck.
+
+    Judged like frozen counters with work present (the hanging page is itself work): stalled once
+    `stall_readings` timeouts in a row span `stall_after` seconds since the last good reading, i.e.
+    within stall_after + interval + read_timeout of the freeze. Never "down": the process answers.
+    """
+    slow_since = prev.slow_since if prev.slow_since is not None else now
+    anchor = prev.last_at if prev.last_at is not None else slow_since
+    quiet = now - anchor
+    failures = prev.failures + 1
+    text = (f"/metrics (served by the inference loop) timed out {failures} time(s) in a row after an idle "
+            f"reading, /health fine: the loop has not served its queue for {quiet:.0f} s")
+    if failures >= settings.stall_readings and quiet >= settings.stall_after:
+        return _become(prev, Verdict.STALLED, text, now, failures=failures, slow_since=slow_since,
+                       in_flight=0.0, tokens_per_second=0.0)
+    return _become(prev, Verdict.UNKNOWN, text + f" (stalled after {settings.stall_after:g} s)", now,
+                   failures=failures, slow_since=slow_since, in_flight=0.0, tokens_per_second=0.0)
 
 
 def _judge_no_metrics(prev: BackendState, obs: Observation, now: float, settings: Thresholds) -> BackendState:

