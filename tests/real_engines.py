@@ -585,6 +585,31 @@ def structure_diff(want: dict[str, Any], got: dict[str, Any]) -> str:
 # ------------------------------------------------------------------------------------ restart command
 
 
+@dataclass
+class Rig:
+    """One real engine with the counting proxy in front, our exporter reading it through the proxy, and
+    the verdict timeline; `load` is the work a scenario put on it."""
+
+    engine: Engine
+    proxy: CountingProxy
+    exporter: Any
+    exporter_url: str
+    timeline: Timeline
+    started_at: float = 0.0
+    idle_timeout: float = 60.0
+    load: Load | None = None
+
+    def busy(self) -> bool:
+        return self.load is not None and not self.load.done
+
+    def wait_idle(self, timeout: float | None = None) -> None:
+        timeout = self.idle_timeout if timeout is None else timeout
+        t0 = time.monotonic()
+        wait_for(lambda: self.load is None or self.load.done, timeout, "load finished", 0.2)
+        self.timeline.wait("idle", t0, timeout)
+        wait_for(lambda: self.timeline.now().get("verdict") == "idle", timeout, "idle now", 0.1)
+
+
 def _restart(state: Path) -> int:
     """Stop the vLLM server recorded in STATE/server.json and start a new one, detached."""
     spec = json.loads((state / "server.json").read_text())
@@ -623,3 +648,4 @@ if __name__ == "__main__":
         sys.exit(_restart(Path(sys.argv[2])))
     print("usage: real_engines.py restart STATE_DIR", file=sys.stderr)
     sys.exit(2)
+

@@ -14,17 +14,15 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from llm_health.exporter.reading import read_text
 from real_engines import (
     CountingProxy,
-    Engine,
     Load,
     LoopFreezer,
+    Rig,
     Timeline,
     check,
     get,
@@ -48,25 +46,6 @@ MAX_TOKENS = 700
 # plus one interval of slack for a loaded 2-core machine
 STALL_BOUND = STALL_AFTER + 2 * INTERVAL + READ_TIMEOUT
 TIMINGS: dict[str, float] = {}
-
-
-@dataclass
-class Rig:
-    engine: Engine
-    proxy: CountingProxy
-    exporter: Any
-    exporter_url: str
-    timeline: Timeline
-    load: Load | None = None
-
-    def busy(self) -> bool:
-        return self.load is not None and not self.load.done
-
-    def wait_idle(self, timeout: float = 60) -> None:
-        t0 = time.monotonic()
-        wait_for(lambda: self.load is None or self.load.done, timeout, "load finished", 0.2)
-        self.timeline.wait("idle", t0, timeout)
-        wait_for(lambda: self.timeline.now().get("verdict") == "idle", timeout, "idle now", 0.1)
 
 
 @pytest.fixture(scope="module")
