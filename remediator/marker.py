@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from pathlib import Path
 
 from llm_health.remediator.policy import Marker
@@ -41,11 +42,26 @@ def marker_file_name(backend: str, tag: str) -> str:
     return f"{backend}{TAG_SEP}{clean}"
 
 
+TTL_READ_LIMIT = 4096    # bytes of a marker file read for its TTL
+
+
 def _ttl(path: Path, default: float, cap: float) -> float:
+    """The TTL written in the file, else `default`; capped. Read inside the claim's transaction, so it
+    never blocks and never reads much: only the first TTL_READ_LIMIT bytes of a REGULAR file, opened
+    non-blocking (a FIFO, a device such as /dev/zero, or a huge file in the group-writable busy_dir
+    must not hold the state database's write lock). Anything else counts with the default TTL."""
     try:
-        text = path.read_text(errors="replace")[:4096]
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError:
         return min(default, cap)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return min(default, cap)
+        text = os.read(fd, TTL_READ_LIMIT).decode(errors="replace")
+    except OSError:
+        return min(default, cap)
+    finally:
+        os.close(fd)
     m = TTL_RE.search(text)
     return min(float(m.group(1)) if m else default, cap)
 

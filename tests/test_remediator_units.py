@@ -135,3 +135,27 @@ def test_remediator_refuses_to_start_on_bad_token_or_corrupt_state(tmp_path: Pat
     assert main(["remediator", "--config", str(cfg)]) == 2
     assert "state" in capsys.readouterr().err
     assert main(["remediator", "--config", str(cfg), "--listen", "nonsense"]) == 2
+
+
+def test_marker_files_that_never_end_do_not_block_the_claim(tmp_path: Path) -> None:
+    """file_markers runs inside the claim's BEGIN IMMEDIATE: a FIFO (a job's mistake in the group-writable
+    busy_dir) or a link to /dev/zero must neither block nor read forever; each still counts as a marker."""
+    import threading
+
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    os.mkfifo(busy / "gpu-a@fifo")                  # opening it for reading blocks until a writer comes
+    (busy / "gpu-a@zero").symlink_to("/dev/zero")   # reading it never reaches end-of-file
+    out: list[object] = []
+    t = threading.Thread(target=lambda: out.append(file_markers(busy, "gpu-a", 100)), daemon=True)
+    t.start()
+    t.join(timeout=10)
+    if t.is_alive():                                # unblock the reader so the test process can end
+        with open(busy / "gpu-a@fifo", "w"):
+            pass
+        t.join(timeout=10)
+        pytest.fail("file_markers blocked on a FIFO in busy_dir")
+    (markers,) = out
+    assert {m.id for m in markers} == {"file:gpu-a@fifo", "file:gpu-a@zero"}   # type: ignore[attr-defined]
+    fifo = next(m for m in markers if m.id == "file:gpu-a@fifo")                # type: ignore[attr-defined]
+    assert fifo.valid(time.time()) and fifo.expires_at == pytest.approx(time.time() + 100, abs=5)
