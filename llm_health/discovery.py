@@ -364,6 +364,7 @@ class Discovery:
         self._seen: dict[str, _Seen] = {}
         self._backends: tuple[Backend, ...] = ()
         self._last_ok_mono: float | None = None
+        self._answering_since: float | None = None    # first good answer of the current unbroken run
         self._status = Status(enabled=True)
         self._listeners: list[Callable[[tuple[Backend, ...], tuple[Refusal, ...]], None]] = []
 
@@ -392,18 +393,31 @@ class Discovery:
             log.warning("discovery from %s failed, keeping the last good list: %s",
                         self.settings.prometheus_url, why)
             with self._lock:
+                self._answering_since = None
                 st = self._status
                 self._status = Status(**{**st.__dict__, "refreshes": st.refreshes + 1, "errors": st.errors + 1,
                                          "last_error": why})
             return False
         now = self.monotonic()
         with self._lock:
+            # absence is counted only while Prometheus answers: after a failed refresh the grace period
+            # starts again at the next good answer, which may well be empty or partial (a restarted
+            # Prometheus whose service discovery has not run yet)
+            if self._answering_since is None:
+                self._answering_since = now
+            answering_since = self._answering_since
             for b in found.backends:
                 self._seen[b.name] = _Seen(b, now)
-            for name in list(self._seen):
-                if now - self._seen[name].last_seen > self.settings.grace and not self.keep(name):
-                    log.info("discovery: %s gone for more than %g s, removed", name, self.settings.grace)
-                    del self._seen[name]
+            gone = [n for n, s in self._seen.items()
+                    if now - max(s.last_seen, answering_since) > self.settings.grace]
+        kept = {n for n in gone if self._keeps(n)}      # may read the state database: not under the lock
+        with self._lock:
+            for name in gone:
+                seen = self._seen.get(name)
+                if name in kept or seen is None or seen.last_seen >= now:
+                    continue
+                log.info("discovery: %s gone for more than %g s, removed", name, self.settings.grace)
+                del self._seen[name]
             self._backends = tuple(self._seen[n].backend for n in sorted(self._seen))
             self._last_ok_mono = now
             st = self._status
@@ -419,12 +433,25 @@ class Discovery:
                 log.exception("discovery listener failed")
         return True
 
+    def _keeps(self, name: str) -> bool:
+        """`keep(name)`; when it cannot tell (e.g. the state database is busy), keep: never drop a
+        backend because of our own error."""
+        try:
+            return bool(self.keep(name))
+        except Exception:  # noqa: BLE001 - removal waits for the next refresh
+            log.exception("discovery: cannot tell whether %s may be removed; kept", name)
+            return True
+
     def run_forever(self, stop: threading.Event) -> None:
-        """Refresh every `refresh` seconds (monotonic, fixed rate) until `stop` is set."""
+        """Refresh every `refresh` seconds (monotonic, fixed rate) until `stop` is set. Nothing ends
+        the loop but `stop`: an error is logged and the next refresh comes on time."""
         interval = max(self.settings.refresh, 0.05)
         next_at = self.monotonic()
         while not stop.is_set():
-            self.refresh()
+            try:
+                self.refresh()
+            except Exception:  # noqa: BLE001 - a dead refresher would freeze the fleet silently
+                log.exception("discovery refresh failed")
             next_at += interval
             now = self.monotonic()
             if next_at < now:

@@ -424,3 +424,71 @@ def test_busy_marker_file_for_a_discovered_backend(tmp_path: Any) -> None:
         with pytest.raises(ConfigError, match="--backend"):
             open_marker(args(bad), "me")
     assert [p.name for p in (tmp_path / "busy").iterdir()] == [marker.path.name]
+
+
+def test_the_first_answer_after_an_outage_longer_than_grace_removes_nothing() -> None:
+    """Prometheus down for longer than the grace period (a long WAL replay), then its first answer is
+    empty (service discovery has not run yet): the fleet must not be emptied by that one answer. The
+    grace period counts only while Prometheus answers."""
+    d, answers, mono = make(grace=60)
+    answers.next = [target("a", "h:1"), target("b", "h:2")]
+    d.refresh()
+    answers.next = OSError("connection refused")
+    for _ in range(30):                                       # 300 s of failed refreshes
+        mono.advance(10)
+        assert not d.refresh()
+    answers.next = []                                         # back, nothing discovered yet
+    mono.advance(10)
+    assert d.refresh()
+    assert names(d) == ["a", "b"]
+    answers.next = [target("a", "h:1")]                       # b really gone: removed after grace
+    mono.advance(60)
+    d.refresh()
+    assert names(d) == ["a", "b"]
+    mono.advance(1)
+    d.refresh()
+    assert names(d) == ["a"]
+
+
+def test_keep_failing_keeps_the_backend_and_the_refresher_survives() -> None:
+    """keep() reads the state database; when it raises (database locked, I/O error) the backend stays
+    and the refresher thread goes on refreshing."""
+    import threading
+
+    from llm_health.procs import wait_until
+
+    d, answers, mono = make(grace=10)
+    answers.next = [target("a")]
+    d.refresh()
+    broken = [True]
+
+    def keep(_name: str) -> bool:
+        if broken[0]:
+            raise RuntimeError("database is locked")
+        return False
+
+    d.keep = keep
+    answers.next = []
+    mono.advance(100)
+    d.refresh()                                               # must not raise
+    assert names(d) == ["a"]
+    calls = [0]
+    base = d._fetch
+
+    def counting() -> list[Any]:
+        calls[0] += 1
+        return base()
+
+    d._fetch = counting
+    d.settings = DiscoverySettings(prometheus_url="http://p:9090", refresh=0.05, grace=10)
+    stop = threading.Event()
+    t = threading.Thread(target=d.run_forever, args=(stop,), daemon=True)
+    t.start()
+    try:
+        assert wait_until(lambda: calls[0] >= 3, timeout=10)
+        assert t.is_alive()
+        broken[0] = False
+        assert wait_until(lambda: names(d) == [], timeout=10)
+    finally:
+        stop.set()
+        t.join(timeout=5)
