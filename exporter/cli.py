@@ -105,8 +105,18 @@ def parse_listen(listen: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
+#: kept-alive connections one backend may hold at once: /metrics, /health (after a timeout), the probe
+FDS_PER_BACKEND = 3
+FDS_SPARE = 256          # the exporter's own listener and clients, Prometheus' scrapes, logs
+
+
+def fds_wanted(backends: int, proxies: int) -> int:
+    return FDS_PER_BACKEND * backends + proxies + FDS_SPARE
+
+
 def raise_fd_limit(wanted: int) -> None:
-    """One kept-alive connection per backend: make sure a big fleet fits in the open-file limit."""
+    """Kept-alive connections per backend: make sure a big fleet fits in the open-file limit (only
+    ever raised, up to the hard limit)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
     if soft != resource.RLIM_INFINITY and soft < target:
@@ -124,14 +134,21 @@ def watch_discovered(config: Config, fleet: Fleet) -> Discovery | None:
     static = tuple(config.backends)
     discovery = Discovery(config.discovery, static=static, reserved=[p.name for p in config.proxies])
     live = LiveBackends(static, discovery)
-    discovery.on_change(lambda _backends, _refusals: fleet.set_backends(live.snapshot()))
+    proxies = len(config.proxies)
+
+    def follow(_backends: tuple[Backend, ...], _refusals: object) -> None:
+        current = live.snapshot()
+        raise_fd_limit(fds_wanted(len(current), proxies))   # the limit set at start knew the static ones only
+        fleet.set_backends(current)
+
+    discovery.on_change(follow)
     discovery.refresh()   # the first readings already see what Prometheus knows (a failure: static only)
     return discovery
 
 
 def run(args: argparse.Namespace) -> int:
     config = build_config(args)
-    raise_fd_limit(2 * (len(config.backends) + len(config.proxies)) + 256)
+    raise_fd_limit(fds_wanted(len(config.backends), len(config.proxies)))
     host, port = parse_listen(config.exporter.listen)
     api_key = load_api_key(config.exporter.api_key_file, "exporter.api_key_file")
     fleet = Fleet(config.backends, config.proxies, config.exporter, api_key=api_key,

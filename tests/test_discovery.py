@@ -492,3 +492,43 @@ def test_keep_failing_keeps_the_backend_and_the_refresher_survives() -> None:
     finally:
         stop.set()
         t.join(timeout=5)
+
+
+def test_exporter_raises_the_open_file_limit_for_discovered_backends() -> None:
+    """The exporter sized its open-file limit from the static backends only: with discovery (no static
+    backend at all) a fleet of hundreds ran into EMFILE (every read an error, its own /metrics refused).
+    Run in a child process: it lowers its own limit first."""
+    import subprocess
+    import sys
+
+    script = r'''
+import http.server, json, resource, sys, threading
+n = 400
+targets = [{"labels": {"job": "vllm", "backend": f"b{i}", "instance": f"127.0.0.1:{10000 + i}"},
+            "scrapeUrl": f"http://127.0.0.1:{10000 + i}/metrics", "health": "up"} for i in range(n)]
+body = json.dumps({"status": "success", "data": {"activeTargets": targets}}).encode()
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a): pass
+srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+threading.Thread(target=srv.serve_forever, daemon=True).start()
+hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (300, hard))
+import argparse
+from llm_health.exporter.cli import build_config, configure, watch_discovered
+from llm_health.exporter.cycle import Fleet
+p = argparse.ArgumentParser(); configure(p)
+config = build_config(p.parse_args(["--discover-from", f"http://127.0.0.1:{srv.server_address[1]}",
+                                    "--discover-selector", 'job="vllm"']))
+fleet = Fleet(config.backends, config.proxies, config.exporter, dynamic=True)
+d = watch_discovered(config, fleet)
+assert len(fleet.backends) == n, len(fleet.backends)
+print(resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard)
+fleet.close(); srv.shutdown()
+'''
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    soft, hard = (int(x) for x in out.stdout.split())
+    assert soft >= min(hard, 3 * 400 + 256)
