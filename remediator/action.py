@@ -115,7 +115,7 @@ def _alive_wrapper(pid: int, files: ActionFiles) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-    return str(files.status).encode() in cmdline
+    return str(files.status).encode() in cmdline.split(b"\0")     # one whole argument, not a substring
 
 
 def collect(files: ActionFiles) -> ActionResult | None:
@@ -150,6 +150,9 @@ def run_action(argv: Sequence[str], timeout: float, env: dict[str, str] | None =
             return run_action(argv, timeout, env, folder=Path(tmp), key=key)
     folder.mkdir(parents=True, exist_ok=True)
     files = ActionFiles(folder, key)
+    # files left under this key by an earlier state file (moved away after a failed integrity check,
+    # restored from a backup: action ids start again) would be collected as THIS action's result
+    files.remove()
     full_env = dict(os.environ)
     full_env.update(env or {})
     wrapper = [sys.executable, "-m", "llm_health.remediator.action", "--timeout", f"{timeout:g}",

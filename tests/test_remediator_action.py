@@ -126,3 +126,47 @@ def test_a_vanished_wrapper_is_unknown_never_ok(tmp_path: Path) -> None:
     files.pid.write_text("999999999")                        # no such process, no status file
     r = action.collect(files)
     assert r is not None and r.result == action.UNKNOWN and r.outcome_unknown
+
+
+@pytest.mark.timeout(60)
+def test_files_left_by_an_earlier_state_are_never_this_actions_result(tmp_path: Path) -> None:
+    """Action ids start again with a new state file (the old one moved away or restored from a backup)
+    while the action folder keeps the old files: a stale `<id>.status` saying ok must not be collected
+    (by a later authority's recover or watch_action) as the result of the action now running."""
+    import threading
+
+    folder = tmp_path / "actions"
+    folder.mkdir()
+    files = action.ActionFiles(folder, "1")
+    files.status.write_text('{"result": "ok", "exit_code": 0, "note": ""}')
+    files.pid.write_text("999999999")
+    gate = tmp_path / "go"
+    code = f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.05)\nprint('done')"
+    out: list[action.ActionResult] = []
+    t = threading.Thread(target=lambda: out.append(action.run_action([sys.executable, "-c", code], 30,
+                                                                     folder=folder, key="1")), daemon=True)
+    t.start()
+    try:
+        wait_until(lambda: files.pid.exists() and files.pid.read_text().strip() not in ("", "999999999"),
+                   timeout=20, what="the new wrapper's pid file")
+        assert action.collect(files) is None                 # running: not the stale "ok"
+    finally:
+        gate.write_text("")
+        t.join(timeout=30)
+    assert out and out[0].result == action.OK and "done" in out[0].output
+
+
+def test_a_recycled_pid_whose_command_line_only_contains_the_path_is_not_the_wrapper(tmp_path: Path) -> None:
+    """pid reuse check: a process whose arguments merely CONTAIN the status path (e.g. `x/1.status.bak`)
+    is not this action's wrapper."""
+    files = action.ActionFiles(tmp_path, "1")
+    proc = subprocess.Popen([sys.executable, "-c", "import time, sys; time.sleep(30)", str(files.status) + ".bak"])
+    try:
+        files.pid.write_text(str(proc.pid))
+        cmdline = Path(f"/proc/{proc.pid}/cmdline")
+        wait_until(lambda: str(files.status).encode() in cmdline.read_bytes(), timeout=20, what="its command line")
+        r = action.collect(files)
+        assert r is not None and r.result == action.UNKNOWN
+    finally:
+        proc.kill()
+        proc.wait()
