@@ -117,7 +117,9 @@ class Procedure:
         backend = self.config.backend(inc["backend"])
         if backend is None and self._refresh_discovery():
             backend = self.config.backend(inc["backend"])  # another worker may have seen it first
-        if backend is None:
+        if backend is None and self._discovery_unsure():
+            self.wait_for_discovery(incident_id, inc["backend"], state)
+        elif backend is None:
             self.close(incident_id, inc["backend"], "closed", "backend no longer configured")
         elif state == OPEN:
             self.consider(incident_id, backend)
@@ -129,6 +131,29 @@ class Procedure:
             self.watch_warmup(incident_id, backend, float(inc["warm_deadline"] or 0))
         elif state == NEEDS_ACK:
             self.watch_recovery(incident_id, backend)
+
+    def _discovery_unsure(self) -> bool:
+        """Service discovery is on but has no good answer now (never since this worker started, or the
+        latest refresh failed): a backend missing from it may well still exist."""
+        discovery = getattr(self.config.backends, "discovery", None)
+        return discovery is not None and bool(discovery.status().stale)
+
+    def wait_for_discovery(self, incident_id: int, backend: str, state: str) -> None:
+        """The backend is unknown only because Prometheus does not answer (e.g. the remediator restarted
+        while Prometheus is down): never close the incident (nor leave its restart's lifecycle owned by
+        a closed incident) on that; look again after poll_interval. Audited once per wait."""
+        now, t = self.clocks.wall(), self.clocks.mono()
+        key = "waiting_for_discovery"
+        with self.store.tx() as c:
+            inc = Store.incident_in(c, incident_id, state)
+            if inc is None:
+                return
+            c.execute("UPDATE incidents SET next_check_at = ?, last_note = ? WHERE id = ?",
+                      (t + self.r.poll_interval, key, incident_id))
+            if inc["last_note"] != key:
+                Store.event(c, now, key, backend, incident_id,
+                            reason=f"{backend} is not in the fleet while service discovery has no good answer "
+                            f"(Prometheus unreachable?): incident kept ({state}), looked at again when it answers")
 
     # == step: consider (gates -> host mutex -> concurrency -> verify -> floor -> begin) =============
     def consider(self, incident_id: int, backend: Backend) -> None:
@@ -610,10 +635,16 @@ class Procedure:
                     "status page; acknowledge via POST /api/backends/<name>/ack)")
 
     def close(self, incident_id: int, backend: str, kind: str, reason: str) -> None:
+        """Close an incident whatever its state. A lifecycle its restart still owns (draining, stopped,
+        initializing) is released to ERROR: otherwise the backend, once back in the fleet, would hold
+        its host's mutex and defer its own restarts forever."""
         now = self.clocks.wall()
         with self.store.tx() as c:
             Store.set_state(c, incident_id, now, CLOSED, close_reason=reason)
             Store.event(c, now, kind, backend, incident_id, reason=reason)
+            r = fleet.row(c, backend)
+            if r is not None and r["incident_id"] == incident_id and LifecycleState(r["state"]) != S.ERROR:
+                fleet.move(c, backend, S.ERROR, now, f"incident {incident_id} closed mid-restart: {reason}")
 
     def probing(self, backend: Backend, purpose: str, check: Callable[[Backend], Any]) -> Any:
         """Run a verifier / warm-up check and count the probes it sent (`probes` counters in SQLite)."""

@@ -455,3 +455,49 @@ def test_monotonic_deadlines_are_shown_as_wall_time() -> None:
     assert shown["unresponsive_since"] == 1_699_999_970.0
     assert shown["warm_deadline"] is None
     assert shown["opened_at"] == row["opened_at"]  # wall time already: untouched
+
+
+def test_a_discovered_backend_mid_restart_survives_a_remediator_start_while_prometheus_is_down(w: World) -> None:
+    """The remediator (re)starts while Prometheus is down (a host reboot): its discovery has no answer, so
+    a discovered backend in the middle of a restart is unknown. Its incident must not be closed as 'no
+    longer configured' (that left the lifecycle owned by a closed incident: host mutex held, every later
+    restart of the backend deferred forever). Once discovery answers without it, the incident closes
+    and the lifecycle is released."""
+    import dataclasses
+
+    from llm_health.remediator import fleet
+
+    from llm_health.config import DiscoverySettings
+    from llm_health.discovery import Discovery, LiveBackends
+
+    w.post(payload(alert()))
+    w.run(3)
+    assert w.incident()["state"] == "warming"                    # restarted, not warm yet (ready False)
+    config = w.authority.config
+    gpu_a = config.backend("gpu-a")
+    answer: dict[str, Any] = {"targets": None}
+
+    def fetch() -> list[Any]:
+        if answer["targets"] is None:
+            raise OSError("connection refused")                  # Prometheus down
+        return answer["targets"]
+
+    d = Discovery(DiscoverySettings(prometheus_url="http://127.0.0.1:9", selector='job="vllm"'),
+                  static=(), fetch=fetch)
+    static = tuple(b for b in config.backends if b.name != "gpu-a")
+    live = dataclasses.replace(config, backends=LiveBackends(static, d))
+    w.authority.config = w.authority.procedure.config = live
+    d.refresh()
+    w.clock.advance(10)
+    w.run(3)
+    inc = w.incident()
+    assert inc is not None and inc["state"] == "warming"
+    assert "waiting_for_discovery" in w.kinds("gpu-a")
+    answer["targets"] = []                                       # answers, gpu-a really gone
+    w.clock.advance(10)
+    w.run(3)
+    assert w.incident() is None
+    with w.store.reader() as c:
+        r = fleet.row(c, "gpu-a")
+        assert r["state"] == "error" and r["incident_id"] is None
+    assert gpu_a is not None
