@@ -458,15 +458,21 @@ class Authority:
         for b, st, since in todo:
             if self._stop.is_set():
                 return
-            if st == S.ERROR:
-                if time.monotonic() - started > LOOK_BUDGET:
-                    return                                 # the rest next pass (oldest first)
-                ready, why = self.procedure.probing(b, WARMUP, self.procedure.checks.warmup_check)
-            else:
-                ready, why = self.procedure.checks.answer_check(b)
-            now, t = self.clocks.wall(), self.clocks.mono()
+            if st == S.ERROR and time.monotonic() - started > LOOK_BUDGET:
+                return                                     # the rest next pass (oldest first)
             pause = self.r.warmup_poll if st == S.INITIALIZING else max(ERROR_LOOK_MIN,
                                                                          self.r.warmup_poll * ERROR_LOOK_POLLS)
+            # before the check: one that raises must not keep this backend first in line for ever
+            self._next_look[b.name] = self.clocks.mono() + pause
+            try:
+                if st == S.ERROR:
+                    ready, why = self.procedure.probing(b, WARMUP, self.procedure.checks.warmup_check)
+                else:
+                    ready, why = self.procedure.checks.answer_check(b)
+            except Exception as exc:  # noqa: BLE001 - one broken backend never starves the others
+                log.exception("lifecycle check of %s failed", b.name)
+                ready, why = False, f"check raised {exc.__class__.__name__}: {exc}"[:300]
+            now, t = self.clocks.wall(), self.clocks.mono()
             self._next_look[b.name] = t + pause
             with self.store.tx() as c:
                 r = fleet.row(c, b.name)

@@ -412,3 +412,23 @@ def test_unreachable_alertmanager_is_recorded_and_never_blocks_the_restart(tmp_p
     failed = w.store.events(kind="silence_failed")
     assert len(failed) == 1 and "restart goes on" in failed[0]["reason"]
     assert w.store.conn().execute("SELECT count(*) FROM silences").fetchone()[0] == 0
+
+
+def test_a_lifecycle_check_that_raises_never_starves_the_other_backends(w: World) -> None:
+    """Backends outside a restart are looked at oldest first; a check raising for the first one ended
+    the pass before the others (and it stayed first in line): they were never marked READY."""
+    with w.store.tx() as c:
+        c.execute("UPDATE lifecycle SET state = 'initializing', incident_id = NULL")
+    answers = w.authority.answer_check
+
+    def check(b: Any) -> tuple[bool, str]:
+        if b.name == "gpu-a":
+            raise RuntimeError("odd answer")
+        return answers(b)
+
+    w.authority.answer_check = check
+    for _ in range(3):
+        w.clock.advance(10)                         # past warmup_poll: both due
+        w.authority.look_after_lifecycles()
+    assert w.state("gpu-b") == "ready"
+    assert w.state("gpu-a") == "initializing"
