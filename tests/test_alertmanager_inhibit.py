@@ -146,3 +146,25 @@ def test_error_rate_alerts_are_not_inhibited_without_a_restart(alertmanager: str
     status = wait_until(lambda: settled(alertmanager, expected), timeout=10, what=f"alert states {expected}")
     assert status[("LLMBackendErrorRate", "a")]["inhibitedBy"] == []
     assert status[("UnlabelledHTTP5xx", "c")]["inhibitedBy"] == []
+
+
+def test_the_same_backend_name_in_another_cluster_is_not_inhibited(alertmanager: str) -> None:
+    """With --group-labels cluster, backend `a` of east and backend `a` of west are two backends: east
+    going down must not silence west's stall (a label neither alert has still counts as equal)."""
+    post_alerts(
+        alertmanager,
+        {"alertname": "LLMBackendDown", "backend": "a", "cluster": "east", "severity": "critical"},
+        {"alertname": "LLMBackendStalled", "backend": "a", "cluster": "east", "severity": "critical"},
+        {"alertname": "LLMBackendStalled", "backend": "a", "cluster": "west", "severity": "critical"},
+    )
+
+    def states() -> dict[tuple[str, str], dict[str, Any]] | None:
+        response = requests.get(f"{alertmanager}/api/v2/alerts", timeout=5)
+        response.raise_for_status()
+        got = {(a["labels"]["alertname"], a["labels"].get("cluster", "")): a["status"] for a in response.json()}
+        want = {("LLMBackendStalled", "east"): "suppressed", ("LLMBackendStalled", "west"): "active",
+                ("LLMBackendDown", "east"): "active"}
+        return got if all(k in got and got[k]["state"] == s for k, s in want.items()) else None
+
+    status = wait_until(states, timeout=10, what="east stall suppressed, west stall active")
+    assert status[("LLMBackendStalled", "west")]["inhibitedBy"] == []
