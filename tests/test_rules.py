@@ -341,7 +341,8 @@ def test_alertmanager_example_shape() -> None:
     assert "credentials_file" in hook["http_config"]["authorization"]
     inhibits = {(tuple(r["source_matchers"]), tuple(r["target_matchers"])) for r in config["inhibit_rules"]}
     assert (('alertname="LLMBackendDown"',), ('alertname="LLMBackendStalled"',)) in inhibits
-    assert all(r["equal"] == ["backend"] for r in config["inhibit_rules"])
+    # backend plus the group labels: one cluster's down backend never silences the same name in another
+    assert all(r["equal"] == ["backend", "cluster", "namespace"] for r in config["inhibit_rules"])
     # A restarting backend inhibits its error-rate alerts (tests/test_alertmanager_inhibit.py runs it).
     assert (('alertname=~"LLMBackendRestarted|LLMBackendDown"',), ('category="error-rate"',)) in inhibits
     assert "category: error-rate" in AM_CONFIG.read_text()  # the header tells operators how to opt in
