@@ -26,7 +26,7 @@ from llm_health.remediator.alert import PayloadError, parse_notification
 from llm_health.remediator.authority import Authority, Verifier, WarmupCheck, state_path
 from llm_health.remediator.clock import Clocks, injected
 from llm_health.remediator.health import Health
-from llm_health.remediator.incident import ingest
+from llm_health.remediator.incident import ingest, route
 from llm_health.remediator.marker import file_markers
 from llm_health.remediator.retention import Pruner
 from llm_health.remediator.runbooks import runbooks
@@ -215,8 +215,21 @@ def receive() -> Any:
     except PayloadError as exc:
         return _error(400, f"not an Alertmanager webhook payload: {exc}")
     c = ctx()
+    _see_new_backends(c.config, notification)
     summary = ingest(c.store, c.config, notification, c.clock(), c.config.remediator.dedup_window)
     return jsonify({"accepted": True, **summary}), 202
+
+
+def _see_new_backends(config: Config, notification: Any) -> None:
+    """With service discovery on, each gunicorn worker refreshes its backend list on its own: the worker
+    that receives an alert about a backend discovered moments ago may not know it yet. Refresh once
+    (one targets query, outside any transaction) before the alert would be ignored as unknown."""
+    discovery = getattr(config.backends, "discovery", None)
+    if discovery is None:
+        return
+    if any(route(a, config) is None for a in notification.alerts if a.labels.get("backend") or
+           a.labels.get("instance")):
+        discovery.refresh()
 
 
 # -- api -------------------------------------------------------------------------------------------

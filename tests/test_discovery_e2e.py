@@ -25,7 +25,7 @@ import yaml
 from llm_health.simulator.server import SimConfig, Simulator
 from test_remediator_helpers import alert, payload
 
-from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
+from llm_health.procs import ManagedProcess, WaitTimeout, free_port, llm_health, wait_until
 
 pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")
 
@@ -211,9 +211,17 @@ def test_restart_argv_is_filled_from_labels_and_a_hostile_label_means_no_restart
         requests.post(w.sims[name].control_url + "/sim/fault", json={"fault": "crash"}, timeout=5).raise_for_status()
         assert requests.post(f"{w.remediator_url}/webhook", json=payload(alert(name)), headers=AUTH,
                              timeout=10).status_code == 202
-    wait_until(lambda: w.events("sim-a", "recovered"), timeout=60, what="sim-a restarted and recovered")
+    try:
+        wait_until(lambda: w.events("sim-a", "recovered"), timeout=60, what="sim-a restarted and recovered")
+    except WaitTimeout:
+        pytest.fail("sim-a never recovered; its events: "
+                    + "; ".join(f"{e['kind']}: {e['reason']}" for e in w.events("sim-a", "")))
     assert w.calls() == [["llm", "sim-a-0", "sim-a"]]
-    not_configured = wait_until(lambda: w.events("sim-c", "not_configured"), timeout=30, what="sim-c not restarted")
+    try:
+        not_configured = wait_until(lambda: w.events("sim-c", "not_configured"), timeout=30, what="sim-c not restarted")
+    except WaitTimeout:
+        pytest.fail("sim-c never reached not_configured; its events: "
+                    + "; ".join(f"{e['kind']}: {e['reason']}" for e in w.events("sim-c", "")))
     assert "no restart action" in not_configured[0]["reason"]
     assert w.calls() == [["llm", "sim-a-0", "sim-a"]]
     assert not list(w.tmp.glob("pwned*")) and not list(Path.cwd().glob("pwned*"))
