@@ -19,6 +19,7 @@ No I/O and no clock of its own: everything it knows arrives in the `Observation`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
@@ -232,19 +233,30 @@ def _judge_timeout(prev: BackendState, obs: Observation, now: float, settings: T
                            slow_since=None, in_flight=0.0, tokens_per_second=0.0, steps_per_second=0.0)
         what = "/metrics timed out" + ("; /health failed too" if obs.cheap_ok is False else "")
         return _failed(prev, what, now, settings, slow_since=None)
-    slow_since = prev.slow_since if prev.slow_since is not None else now
     # the last moment the engine was known to move: the last good reading, or the start of its freeze
     stuck = [t.stuck_since for t in prev.engines.values() if t.stuck_since is not None]
-    anchor = min(stuck) if stuck else (prev.last_at if prev.last_at is not None else slow_since)
+    return _timeouts_toward_stall(
+        prev, now, settings, min(stuck) if stuck else None,
+        lambda failures, quiet: (f"/metrics timed out {failures} time(s) in a row; last reading "
+                                 f"{_work_text(last)}; no progress seen for {quiet:.0f} s"),
+        tokens_per_second=0.0, steps_per_second=0.0)
+
+
+def _timeouts_toward_stall(prev: BackendState, now: float, settings: Thresholds, anchor: float | None,
+                           text: Callable[[int, float], str], **cols: Any) -> BackendState:
+    """One more /metrics timeout that counts as evidence of a stall: stalled once `stall_readings`
+    timeouts in a row span `stall_after` seconds since `anchor` (default: the last good reading), else
+    unknown. `text(failures, quiet)` says what was seen; `cols` are the state fields to set."""
+    slow_since = prev.slow_since if prev.slow_since is not None else now
+    if anchor is None:
+        anchor = prev.last_at if prev.last_at is not None else slow_since
     quiet = now - anchor
     failures = prev.failures + 1
-    text = (f"/metrics timed out {failures} time(s) in a row; last reading {_work_text(last)}; "
-            f"no progress seen for {quiet:.0f} s")
+    said = text(failures, quiet)
     if failures >= settings.stall_readings and quiet >= settings.stall_after:
-        return _become(prev, Verdict.STALLED, text, now, failures=failures, slow_since=slow_since,
-                       tokens_per_second=0.0, steps_per_second=0.0)
-    return _become(prev, Verdict.UNKNOWN, text + f" (stalled after {settings.stall_after:g} s)", now,
-                   failures=failures, slow_since=slow_since, tokens_per_second=0.0, steps_per_second=0.0)
+        return _become(prev, Verdict.STALLED, said, now, failures=failures, slow_since=slow_since, **cols)
+    return _become(prev, Verdict.UNKNOWN, said + f" (stalled after {settings.stall_after:g} s)", now,
+                   failures=failures, slow_since=slow_since, **cols)
 
 
 def page_is_work_queue(last: Reading) -> bool:
@@ -265,17 +277,12 @@ def _judge_queue_hang(prev: BackendState, last: Reading, now: float, settings: T
     `stall_readings` timeouts in a row span `stall_after` seconds since the last good reading, i.e.
     within stall_after + interval + read_timeout of the freeze. Never "down": the process answers.
     """
-    slow_since = prev.slow_since if prev.slow_since is not None else now
-    anchor = prev.last_at if prev.last_at is not None else slow_since
-    quiet = now - anchor
-    failures = prev.failures + 1
-    text = (f"/metrics (served by the inference loop) timed out {failures} time(s) in a row after an idle "
-            f"reading, /health fine: the loop has not served its queue for {quiet:.0f} s")
-    if failures >= settings.stall_readings and quiet >= settings.stall_after:
-        return _become(prev, Verdict.STALLED, text, now, failures=failures, slow_since=slow_since,
-                       in_flight=0.0, tokens_per_second=0.0)
-    return _become(prev, Verdict.UNKNOWN, text + f" (stalled after {settings.stall_after:g} s)", now,
-                   failures=failures, slow_since=slow_since, in_flight=0.0, tokens_per_second=0.0)
+    return _timeouts_toward_stall(
+        prev, now, settings, None,
+        lambda failures, quiet: (f"/metrics (served by the inference loop) timed out {failures} time(s) in a "
+                                 f"row after an idle reading, /health fine: the loop has not served its queue "
+                                 f"for {quiet:.0f} s"),
+        in_flight=0.0, tokens_per_second=0.0)
 
 
 def _judge_no_metrics(prev: BackendState, obs: Observation, now: float, settings: Thresholds) -> BackendState:
