@@ -510,6 +510,16 @@ class Timeline:
                 out.append(v)
         return out
 
+    def story(self, t0: float) -> str:
+        """Each change of verdict or reason since `t0`, one per line, seconds from `t0` first."""
+        lines: list[str] = []
+        last: tuple[str, str] | None = None
+        for t, v, r, _ in list(self.seen):
+            if t >= t0 and (v, r) != last:
+                lines.append(f"{t - t0:+7.1f} s {v}: {r}")
+                last = (v, r)
+        return "\n".join(lines[-60:])
+
     def wait(self, verdict: str, t0: float, timeout: float) -> float:
         """Seconds from `t0` until the exporter first showed `verdict` after `t0`."""
         def first() -> float | None:

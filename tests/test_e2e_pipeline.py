@@ -70,6 +70,9 @@ def test_stalled_backend_is_restarted_once_and_the_busy_one_is_left_alone(stack:
         assert not stack.firing("LLMBackendStalled", "sim-b")
         assert not stack.firing("LLMHealthProbeSentToBusyBackend")
 
+        # Prometheus scrapes on its own schedule: wait until it has the new process's page too
+        stack.wait(lambda: stack.query('changes(process_start_time_seconds{backend="sim-a"}[5m]) > 0'), 20,
+                   "Prometheus scraped sim-a's new process")
         # every dashboard panel's query runs against this Prometheus, and every one has data in this
         # scenario, except the panels of events it does not contain (named here, with the reason)
         may_be_empty = {

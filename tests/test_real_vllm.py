@@ -123,7 +123,7 @@ def test_busy_then_stall_with_work_then_recovery(rig: Rig) -> None:
         t1 = time.monotonic()
         assert get(rig.engine.url, "/health")[0] == 200
         TIMINGS["busy_stall_to_stalled_seconds"] = took = rig.timeline.wait("stalled", t1, STALL_BOUND + 5)
-        assert STALL_AFTER - INTERVAL <= took <= STALL_BOUND, took
+        assert STALL_AFTER - INTERVAL <= took <= STALL_BOUND, (took, rig.timeline.story(t0))
         assert "down" not in rig.timeline.since(t1)
         code, out = check(rig.proxy.url, "--readings", 4, "--interval", 1, "--timeout", READ_TIMEOUT,
                           "--stall-after", 3)
