@@ -10,6 +10,7 @@ Flags override the file's `exporter:` settings; --backend/--proxy add to its lis
 from __future__ import annotations
 
 import argparse
+import logging
 import resource
 import signal
 import sys
@@ -148,6 +149,8 @@ def watch_discovered(config: Config, fleet: Fleet) -> Discovery | None:
 
 def run(args: argparse.Namespace) -> int:
     config = build_config(args)
+    # verdict changes (other than idle <-> busy) and discovery events, one line each, on stderr
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     raise_fd_limit(fds_wanted(len(config.backends), len(config.proxies)))
     host, port = parse_listen(config.exporter.listen)
     api_key = load_api_key(config.exporter.api_key_file, "exporter.api_key_file")

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import queue
 import sys
 import threading
@@ -62,6 +63,10 @@ from llm_health.config import Backend, ExporterSettings, Proxy
 READ_WORKERS = 256       # reads, /health checks and proxy checks in flight at once, whole fleet
 PROBE_WORKERS = 64       # probes in flight at once, whole fleet
 SLACK = 0.05             # a read's deadline: read_timeout after it started, plus this
+# verdict changes between these two are routine (every burst of requests): logged at DEBUG only
+ROUTINE = frozenset({Verdict.IDLE, Verdict.BUSY})
+
+log = logging.getLogger("llm_health.exporter")
 
 
 class Job:
@@ -422,7 +427,11 @@ class Fleet:
         started = read.started if read.started is not None else read.submitted
         at = max(self._taken(read, started, obs, now), slot.judged_at)   # never back in time
         slot.judged_at = at
+        before = slot.state.verdict
         slot.state = judge(slot.state, obs, at, self.thresholds)
+        if slot.state.verdict != before:
+            log.log(logging.DEBUG if {before, slot.state.verdict} <= ROUTINE else logging.INFO,
+                    "backend %s: %s -> %s: %s", slot.backend.name, before, slot.state.verdict, slot.state.reason)
         slot.lag_seconds = max(0.0, started - read.due) if read.due else 0.0
         slot.read_seconds = (read.finished if read.finished is not None else now) - started
         fresh = read.finished is not None and now - read.finished <= self.settings.read_timeout

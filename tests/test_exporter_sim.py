@@ -326,6 +326,10 @@ def test_dead_backend_is_down_after_two_readings_others_unaffected(sim, exporter
     s.fault("crash")
     e.wait_verdict("ok", "down")
     assert 'llm_health_readings_total{backend="dead",result="refused"}' in e.metrics()
+    # every verdict change but idle <-> busy is a line in the exporter's log, with its reason
+    wait_until(lambda: "backend ok: idle -> unknown: connection refused" in e.proc.log(), timeout=5,
+               what="the change logged")
+    assert "backend dead: unknown -> down: connection refused (2 in a row)" in e.proc.log()
 
 
 def test_series_for_in_flight_tokens_and_last_progress(sim, exporter) -> None:
@@ -566,3 +570,28 @@ def test_probes_are_spaced_by_probe_every_and_one_at_a_time(sim) -> None:
         assert slot.probes_sent == 5
     finally:
         fleet.close()
+
+
+def test_verdict_changes_are_logged_idle_busy_only_at_debug(sim, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from llm_health.exporter.cycle import Fleet
+
+    from llm_health.config import Backend, ExporterSettings
+
+    s = sim()
+    fleet = Fleet([Backend(name="a", url=s.url)], [], ExporterSettings(interval=0.3, read_timeout=1.0))
+    caplog.set_level(logging.DEBUG, logger="llm_health.exporter")
+    try:
+        fleet.read_all(due=0.0)
+        assert fleet.backends[0].state.verdict == "idle"
+        Load(s.url, 2)
+        wait_until(lambda: s.stats()["running"] == 2, timeout=10, what="2 running")
+        fleet.read_all(due=0.3)
+        fleet.read_all(due=0.6)
+        assert fleet.backends[0].state.verdict == "busy"
+    finally:
+        fleet.close()
+    changes = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "llm_health.exporter"]
+    assert changes[0] == (logging.INFO, "backend a: unknown -> idle: 0 running, 0 waiting"), changes
+    assert [level for level, text in changes if "idle -> busy" in text] == [logging.DEBUG], changes
