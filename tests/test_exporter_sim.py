@@ -587,9 +587,13 @@ def test_verdict_changes_are_logged_idle_busy_only_at_debug(sim, caplog: pytest.
         assert fleet.backends[0].state.verdict == "idle"
         Load(s.url, 2)
         wait_until(lambda: s.stats()["running"] == 2, timeout=10, what="2 running")
-        fleet.read_all(due=0.3)
-        fleet.read_all(due=0.6)
-        assert fleet.backends[0].state.verdict == "busy"
+        due = iter(k * 0.3 for k in range(1, 1000))
+
+        def busy() -> bool:   # a reading each poll: busy once the engine moved between two of them
+            fleet.read_all(due=next(due))
+            return fleet.backends[0].state.verdict == "busy"
+
+        wait_until(busy, timeout=10, what="judged busy")
     finally:
         fleet.close()
     changes = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "llm_health.exporter"]
