@@ -230,6 +230,7 @@ class Load:
 
     def __init__(self, url: str, n: int, max_tokens: int, prompt: str = "work work work") -> None:
         self.url = url
+        self.n = n
         self.results: list[int] = []
         self.pending = n
         self._lock = threading.Lock()
@@ -618,6 +619,19 @@ class Rig:
         wait_for(lambda: self.load is None or self.load.done, timeout, "load finished", 0.2)
         self.timeline.wait("idle", t0, timeout)
         wait_for(lambda: self.timeline.now().get("verdict") == "idle", timeout, "idle now", 0.1)
+
+    def carries_on(self, t0: float, busy_probes: int, load_timeout: float) -> float:
+        """After a stall is lifted: busy again (returns the seconds that took), every request of the load
+        answered 200, no probe sent while the work was in flight, idle at the end, and never judged
+        restarted since `t0`."""
+        to_busy = self.timeline.wait("busy", time.monotonic(), 15)
+        assert self.load is not None
+        results = self.load.wait(load_timeout)
+        assert results == [200] * self.load.n, results
+        assert self.proxy.probes_while_busy == busy_probes, "a probe was sent while work was in flight"
+        self.wait_idle()
+        assert "restarted" not in self.timeline.since(t0)
+        return to_busy
 
 
 def _restart(state: Path) -> int:
