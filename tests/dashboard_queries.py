@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,23 +63,19 @@ def iter_panels(dashboard: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from panel.get("panels", [])
 
 
-def dashboards_queries(directory: Path = DASHBOARD_DIR) -> list[tuple[str, str, str]]:
-    """Every panel query: (dashboard, panel title, expr)."""
-    out: list[tuple[str, str, str]] = []
-    for path in dashboard_files(directory):
-        dashboard = load_dashboard(path)
-        values = variable_values(dashboard)
-        for panel in iter_panels(dashboard):
-            for target in panel.get("targets", []):
-                if "expr" in target:
-                    out.append((path.stem, panel["title"], substitute(target["expr"], values)))
-    return out
+def panel_exprs(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
+    """(panel title, expr) of every panel query as written."""
+    return [(p["title"], t["expr"]) for p in iter_panels(dashboard) for t in p.get("targets", []) if "expr" in t]
+
+
+def annotation_exprs(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
+    """(annotation name, expr) of every annotation query as written."""
+    return [(a["name"], a["expr"]) for a in dashboard["annotations"]["list"] if "expr" in a]
 
 
 def raw_queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
     """(where, expr) of every query as written: panels, annotations, variables (query_result's inside)."""
-    out = [(p["title"], t["expr"]) for p in iter_panels(dashboard) for t in p.get("targets", []) if "expr" in t]
-    out += [(f"annotation {a['name']}", a["expr"]) for a in dashboard["annotations"]["list"] if "expr" in a]
+    out = panel_exprs(dashboard) + [(f"annotation {name}", expr) for name, expr in annotation_exprs(dashboard)]
     for variable in dashboard["templating"]["list"]:
         if variable.get("type") == "query":
             match = QUERY_RESULT.match(variable["definition"])
@@ -88,25 +84,30 @@ def raw_queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-def annotation_queries(directory: Path = DASHBOARD_DIR) -> list[tuple[str, str, str]]:
-    """Every annotation query, variables substituted: (dashboard, annotation name, expr)."""
-    out = []
+def substituted(pick: Callable[[dict[str, Any]], list[tuple[str, str]]],
+                directory: Path = DASHBOARD_DIR) -> list[tuple[str, str, str]]:
+    """`pick`'s (where, expr) of every dashboard, its variables substituted: (dashboard, where, expr)."""
+    out: list[tuple[str, str, str]] = []
     for path in dashboard_files(directory):
         dashboard = load_dashboard(path)
         values = variable_values(dashboard)
-        out += [(path.stem, a["name"], substitute(a["expr"], values))
-                for a in dashboard["annotations"]["list"] if "expr" in a]
+        out += [(path.stem, where, substitute(expr, values)) for where, expr in pick(dashboard)]
     return out
+
+
+def dashboards_queries(directory: Path = DASHBOARD_DIR) -> list[tuple[str, str, str]]:
+    """Every panel query: (dashboard, panel title, expr)."""
+    return substituted(panel_exprs, directory)
+
+
+def annotation_queries(directory: Path = DASHBOARD_DIR) -> list[tuple[str, str, str]]:
+    """Every annotation query, variables substituted: (dashboard, annotation name, expr)."""
+    return substituted(annotation_exprs, directory)
 
 
 def all_queries(directory: Path = DASHBOARD_DIR) -> list[tuple[str, str, str]]:
     """Panels', annotations' and variables' queries, variables substituted: (dashboard, where, expr)."""
-    out = []
-    for path in dashboard_files(directory):
-        dashboard = load_dashboard(path)
-        values = variable_values(dashboard)
-        out += [(path.stem, where, substitute(expr, values)) for where, expr in raw_queries(dashboard)]
-    return out
+    return substituted(raw_queries, directory)
 
 
 def promtool_check_exprs(exprs: list[str], workdir: Path) -> subprocess.CompletedProcess[str]:
