@@ -23,10 +23,13 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 import yaml
+
+if TYPE_CHECKING:
+    from llm_health.discovery import Discovery
 
 #: backend and proxy names; also the marker file names (`<busy_dir>/<name>` or `<name>@<tag>`, see remediator/marker.py): no
 #: leading dot (hidden files are never markers), at most 64 characters.
@@ -169,6 +172,10 @@ class Config:
     remediator: RemediatorSettings = field(default_factory=RemediatorSettings)
     discovery: DiscoverySettings = field(default_factory=DiscoverySettings)
     source: str = ""                     # the file it came from, for relative paths
+
+    def live_discovery(self) -> Discovery | None:
+        """The Discovery behind `backends` when service discovery feeds them (`LiveBackends`), else None."""
+        return getattr(self.backends, "discovery", None)
 
     def backend(self, name: str) -> Backend | None:
         for b in self.backends:

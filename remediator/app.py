@@ -224,7 +224,7 @@ def _see_new_backends(config: Config, notification: Any) -> None:
     """With service discovery on, each gunicorn worker refreshes its backend list on its own: the worker
     that receives an alert about a backend discovered moments ago may not know it yet. Refresh once
     (one targets query, outside any transaction) before the alert would be ignored as unknown."""
-    discovery = getattr(config.backends, "discovery", None)
+    discovery = config.live_discovery()
     if discovery is None:
         return
     if any(route(a, config) is None for a in notification.alerts if a.labels.get("backend") or

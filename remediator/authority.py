@@ -462,8 +462,6 @@ class Authority:
                 return                                     # the rest next pass (oldest first)
             pause = self.r.warmup_poll if st == S.INITIALIZING else max(ERROR_LOOK_MIN,
                                                                          self.r.warmup_poll * ERROR_LOOK_POLLS)
-            # before the check: one that raises must not keep this backend first in line for ever
-            self._next_look[b.name] = self.clocks.mono() + pause
             try:
                 if st == S.ERROR:
                     ready, why = self.procedure.probing(b, WARMUP, self.procedure.checks.warmup_check)

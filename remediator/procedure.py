@@ -107,7 +107,7 @@ class Procedure:
     def _refresh_discovery(self) -> bool:
         """With service discovery on, refresh this worker's list now (one targets query). The worker that
         accepted the alert may have seen a new backend before this one's periodic refresh did."""
-        discovery = getattr(self.config.backends, "discovery", None)
+        discovery = self.config.live_discovery()
         return bool(discovery is not None and discovery.refresh())
 
     # == the procedure: one look at one incident ===================================================
@@ -135,7 +135,7 @@ class Procedure:
     def _discovery_unsure(self) -> bool:
         """Service discovery is on but has no good answer now (never since this worker started, or the
         latest refresh failed): a backend missing from it may well still exist."""
-        discovery = getattr(self.config.backends, "discovery", None)
+        discovery = self.config.live_discovery()
         return discovery is not None and bool(discovery.status().stale)
 
     def wait_for_discovery(self, incident_id: int, backend: str, state: str) -> None:
