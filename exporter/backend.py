@@ -15,6 +15,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from llm_health.exporter.reading import read_text
@@ -193,16 +194,26 @@ def observe(target: Target) -> Observation:
     return Observation(outcome=READ_OK, reading=reading)
 
 
-def first_model(target: Target) -> str:
-    """The first model id listed by /v1/models ("" when there is none)."""
+def first_model_entry(target: Target) -> dict[str, Any]:
+    """The first entry of /v1/models' `data` list (`id`, `owned_by`, ...)."""
     resp = target.get("/v1/models")
     if resp.status != 200:
         raise HttpFailure("error", f"/v1/models: HTTP {resp.status}", resp.status)
     try:
-        data = json.loads(resp.body)
-        return str(data["data"][0]["id"])
+        entry = json.loads(resp.body)["data"][0]
+        if not isinstance(entry, dict):
+            raise TypeError(f"a model entry is {type(entry).__name__}")
+        return entry
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         raise HttpFailure("error", "/v1/models lists no model") from exc
+
+
+def first_model(target: Target) -> str:
+    """The first model id listed by /v1/models."""
+    entry = first_model_entry(target)
+    if "id" not in entry:
+        raise HttpFailure("error", "/v1/models lists no model")
+    return str(entry["id"])
 
 
 def proxy_up(target: Target) -> bool:

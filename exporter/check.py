@@ -27,13 +27,19 @@ The API key (vLLM `--api-key`) goes as a bearer token on /v1/* only (probe, /v1/
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llm_health.exporter.backend import HttpFailure, Target, health_ok, load_api_key, observe
+from llm_health.exporter.backend import (
+    HttpFailure,
+    Target,
+    first_model_entry,
+    health_ok,
+    load_api_key,
+    observe,
+)
 from llm_health.exporter.probe import Prober
 from llm_health.exporter.reading import Reading, rate_text, rates
 from llm_health.exporter.verdict import (
@@ -159,9 +165,8 @@ def _owned_by(url: str, read_timeout: float) -> str:
     while its loop is stuck); "" when it cannot be had."""
     target = Target(url, read_timeout)
     try:
-        data = json.loads(target.get("/v1/models").body)
-        return str(data["data"][0].get("owned_by", ""))
-    except (HttpFailure, ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return str(first_model_entry(target).get("owned_by", ""))
+    except HttpFailure:
         return ""
     finally:
         target.close()

@@ -123,3 +123,28 @@ def test_refused_and_timeouts(server) -> None:
     obs = observe(Target(s2.url, 0.3))
     assert obs.outcome == READ_TIMEOUT, obs  # each line arrives in time, the whole page does not
     assert time.monotonic() - started < 4.0  # cut off: the server needs 5 s to send it all
+
+
+@pytest.mark.parametrize(("route", "entry", "model"), [
+    ((200, b'{"data": [{"id": "m", "owned_by": "llamacpp"}, {"id": "n"}]}'), {"id": "m", "owned_by": "llamacpp"}, "m"),
+    ((200, b'{"data": [{"owned_by": "vllm"}]}'), {"owned_by": "vllm"}, None),
+    ((200, b'{"data": []}'), None, None),
+    ((200, b'{"data": ["m"]}'), None, None),
+    ((200, b"not json"), None, None),
+    ((500, b'{"data": [{"id": "m"}]}'), None, None),
+], ids=["listed", "no-id", "empty", "not-an-object", "not-json", "http-500"])
+def test_first_model_entry_and_first_model(server, route: tuple[int, bytes], entry: Any, model: Any) -> None:
+    from llm_health.exporter.backend import HttpFailure, first_model, first_model_entry
+
+    target = Target(server({"/v1/models": route}).url, 2.0)
+    if entry is None:
+        with pytest.raises(HttpFailure):
+            first_model_entry(target)
+    else:
+        assert first_model_entry(target) == entry
+    if model is None:
+        with pytest.raises(HttpFailure):
+            first_model(target)
+    else:
+        assert first_model(target) == model
+    target.close()
