@@ -225,38 +225,66 @@ def vllm_engine(paths: dict[str, Path], port: int, log_dir: Path, max_num_seqs: 
 
 
 class Load:
-    """`n` concurrent completions sent straight to the engine; `results` holds each HTTP status
-    (0: no answer, connection error)."""
+    """`n` concurrent clients sending completions straight to the engine; `results` holds each HTTP
+    status in the order answered (0: no answer, connection error), `per_client` the same per client.
 
-    def __init__(self, url: str, n: int, max_tokens: int, prompt: str = "work work work") -> None:
+    One completion per client by default. With `hold=True` each client sends its next completion as
+    soon as the previous one is answered 200, until `stop()`: the work then lasts as long as the test
+    needs it, however fast the engine is (a fixed `max_tokens` is over in seconds on a fast machine).
+    """
+
+    def __init__(self, url: str, n: int, max_tokens: int, prompt: str = "work work work",
+                 hold: bool = False) -> None:
         self.url = url
         self.n = n
         self.results: list[int] = []
+        self.per_client: list[list[int]] = [[] for _ in range(n)]
         self.pending = n
         self._lock = threading.Lock()
+        self._stop = threading.Event()
+        if not hold:
+            self._stop.set()
         body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.8,
                 "ignore_eos": True}
-        self.threads = [threading.Thread(target=self._one, args=(body,), daemon=True) for _ in range(n)]
+        self.threads = [threading.Thread(target=self._client, args=(i, body), daemon=True) for i in range(n)]
         for t in self.threads:
             t.start()
 
-    def _one(self, body: dict[str, Any]) -> None:
+    def _client(self, i: int, body: dict[str, Any]) -> None:
+        try:
+            while True:
+                status = self._one(body)
+                with self._lock:
+                    self.results.append(status)
+                    self.per_client[i].append(status)
+                if self._stop.is_set() or status != 200:
+                    return
+        finally:
+            with self._lock:
+                self.pending -= 1
+
+    def _one(self, body: dict[str, Any]) -> int:
         host, port = self.url.removeprefix("http://").split(":")
         conn = http.client.HTTPConnection(host, int(port), timeout=300)
-        status = 0
         try:
             conn.request("POST", "/v1/completions", body=json.dumps(body),
                          headers={"Content-Type": "application/json"})
             resp = conn.getresponse()
             resp.read()
-            status = resp.status
+            return resp.status
         except (OSError, http.client.HTTPException):
-            status = 0
+            return 0
         finally:
             conn.close()
-            with self._lock:
-                self.results.append(status)
-                self.pending -= 1
+
+    def stop(self) -> None:
+        """Each client ends after the completion it has in flight (held load); no-op otherwise."""
+        self._stop.set()
+
+    def last(self) -> list[int]:
+        """The status of each client's last completion (the ones in flight when the load was stopped)."""
+        with self._lock:
+            return [c[-1] if c else -1 for c in self.per_client]
 
     @property
     def done(self) -> bool:
@@ -284,6 +312,7 @@ class CountingProxy:
         self.probes = 0
         self.probes_while_busy = 0
         self.probe_times: list[float] = []
+        self.pages: list[tuple[float, float, int]] = []  # each GET /metrics: (started, seconds, status)
         lock = threading.Lock()
         proxy = self
 
@@ -306,6 +335,7 @@ class CountingProxy:
                                 proxy.probes_while_busy += 1
                 host, port = proxy.upstream.removeprefix("http://").split(":")
                 conn = http.client.HTTPConnection(host, int(port), timeout=300)
+                started, status = time.monotonic(), 0
                 try:
                     headers = {k: v for k, v in self.headers.items()
                                if k.lower() not in ("host", "connection", "content-length")}
@@ -323,6 +353,9 @@ class CountingProxy:
                     return
                 finally:
                     conn.close()
+                    if method == "GET" and self.path.startswith("/metrics"):
+                        with lock:
+                            proxy.pages.append((started, time.monotonic() - started, status))
                 try:
                     self.send_response(status)
                     for k, v in out_headers:
@@ -345,6 +378,13 @@ class CountingProxy:
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def pages_since(self, t0: float) -> str:
+        """How the engine answered /metrics through the proxy since `t0`: count and the slowest five."""
+        seen = [p for p in list(self.pages) if p[0] >= t0]
+        slow = sorted(seen, key=lambda p: -p[1])[:5]
+        return (f"{len(seen)} /metrics answers since; slowest: "
+                + ", ".join(f"{t - t0:+.1f} s took {d:.2f} s ({st})" for t, d, st in slow))
 
     def stop(self) -> None:
         self.httpd.shutdown()
@@ -616,9 +656,15 @@ class Rig:
     def wait_idle(self, timeout: float | None = None) -> None:
         timeout = self.idle_timeout if timeout is None else timeout
         t0 = time.monotonic()
+        if self.load is not None:
+            self.load.stop()  # a held load a failed test left running
         wait_for(lambda: self.load is None or self.load.done, timeout, "load finished", 0.2)
         self.timeline.wait("idle", t0, timeout)
         wait_for(lambda: self.timeline.now().get("verdict") == "idle", timeout, "idle now", 0.1)
+
+    def story(self, t0: float) -> str:
+        """What the exporter showed since `t0`, and how the engine answered its page meanwhile."""
+        return f"{self.timeline.story(t0)}\n{self.proxy.pages_since(t0)}"
 
     def carries_on(self, t0: float, busy_probes: int, load_timeout: float) -> float:
         """After a stall is lifted: busy again (returns the seconds that took), every request of the load
@@ -626,8 +672,9 @@ class Rig:
         restarted since `t0`."""
         to_busy = self.timeline.wait("busy", time.monotonic(), 15)
         assert self.load is not None
+        self.load.stop()
         results = self.load.wait(load_timeout)
-        assert results == [200] * self.load.n, results
+        assert len(results) >= self.load.n and set(results) == {200}, results
         assert self.proxy.probes_while_busy == busy_probes, "a probe was sent while work was in flight"
         self.wait_idle()
         assert "restarted" not in self.timeline.since(t0)

@@ -116,7 +116,7 @@ def test_idle_is_probed_and_check_says_ok(rig: Rig) -> None:
 def test_busy_then_stall_with_work_then_recovery(rig: Rig) -> None:
     rig.wait_idle()
     n = 2 * SLOTS
-    rig.load = Load(rig.engine.url, n, MAX_TOKENS)
+    rig.load = Load(rig.engine.url, n, MAX_TOKENS, hold=True)
     t0 = time.monotonic()
     TIMINGS["busy_seconds"] = rig.timeline.wait("busy", t0, 15)
     wait_for(lambda: f"{SLOTS} running, {n - SLOTS} waiting" in rig.timeline.now()["reason"], 10,
@@ -134,7 +134,7 @@ def test_busy_then_stall_with_work_then_recovery(rig: Rig) -> None:
                     "Llama Q8_0 (scripts/tiny_model.py); no kv_cache_usage_ratio/kv_cache_tokens in this release")
 
     # a real engine under load, never frozen yet: a stall here would be a false one
-    assert "stalled" not in rig.timeline.since(t0), rig.timeline.story(t0)
+    assert "stalled" not in rig.timeline.since(t0), rig.story(t0)
     # a real stall with work in flight: freeze only the inference loop
     freezer = LoopFreezer(rig.engine.proc.pid)
     t1 = time.monotonic()  # gdb's attach stops every thread for a moment: the engine stops moving from here
@@ -142,7 +142,7 @@ def test_busy_then_stall_with_work_then_recovery(rig: Rig) -> None:
         TIMINGS["busy_freeze_seconds"] = time.monotonic() - t1
         assert get(rig.engine.url, "/health")[0] == 200
         TIMINGS["busy_stall_to_stalled_seconds"] = took = rig.timeline.wait("stalled", t1, STALL_BOUND + 5)
-        assert STALL_AFTER - INTERVAL <= took <= STALL_BOUND, (took, rig.timeline.story(t0))
+        assert STALL_AFTER - INTERVAL <= took <= STALL_BOUND, (took, rig.story(t0))
         assert "down" not in rig.timeline.since(t1)
         code, out = check(rig.proxy.url, "--readings", 4, "--interval", 1, "--timeout", READ_TIMEOUT,
                           "--stall-after", 3)
@@ -156,7 +156,7 @@ def test_busy_then_stall_with_work_then_recovery(rig: Rig) -> None:
 def test_stall_with_work_outside_decode_hangs_the_page_and_is_stalled(rig: Rig) -> None:
     """The loop stopped between steps (entering update_slots): /metrics hangs, work was last seen."""
     rig.wait_idle()
-    rig.load = Load(rig.engine.url, SLOTS, 2 * MAX_TOKENS)
+    rig.load = Load(rig.engine.url, SLOTS, 2 * MAX_TOKENS, hold=True)
     t0 = time.monotonic()
     rig.timeline.wait("busy", t0, 15)
     busy_probes = rig.proxy.probes_while_busy
