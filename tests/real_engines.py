@@ -31,9 +31,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
+
+from loopback import Loopback
 
 REPO = Path(__file__).resolve().parent.parent
 ENGINES_SH = REPO / "scripts" / "engines.sh"
@@ -374,10 +376,8 @@ class CountingProxy:
             def do_POST(self) -> None:  # noqa: N802
                 self._forward("POST")
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.loop = Loopback(Handler)
+        self.url = self.loop.url
 
     def pages_since(self, t0: float) -> str:
         """How the engine answered /metrics through the proxy since `t0`: count and the slowest five."""
@@ -387,8 +387,7 @@ class CountingProxy:
                 + ", ".join(f"{t - t0:+.1f} s took {d:.2f} s ({st})" for t, d, st in slow))
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.loop.stop()
 
 
 # ------------------------------------------------------------------------------------ gdb freezer

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
@@ -13,6 +12,7 @@ from llm_health.exporter.backend import Target, observe
 from llm_health.exporter.verdict import READ_NOT_FOUND, READ_OK, READ_REFUSED, READ_TIMEOUT
 from llm_health.simulator.engine import Engine
 from llm_health.simulator.metrics import render
+from loopback import Loopback
 
 from llm_health.procs import free_port
 
@@ -54,14 +54,11 @@ class Server:
                 self.end_headers()
                 self.wfile.write(body)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.loop = Loopback(Handler)
+        self.url = self.loop.url
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.loop.stop()
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from llm_health.exporter.verdict import (
     Verdict,
     judge,
 )
+from loopback import Loopback
 
 from llm_health.config import Backend, ExporterSettings
 from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
@@ -126,12 +127,8 @@ class FakeVllm:
                 with fake.lock:
                     fake.metrics_done += 1
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                       daemon=True)
-        self.thread.start()
+        self.loop = Loopback(Handler, poll_interval=0.05)
+        self.url = self.loop.url
 
     def set(self, engine: str, running: float = 0, waiting: float = 0, gen: float | None = None) -> None:
         with self.lock:
@@ -151,8 +148,7 @@ class FakeVllm:
     def stop(self) -> None:
         self.release.set()
         self.hold_completions.clear()
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.loop.stop()
 
 
 def vllm_page(engines: dict[str, dict[str, float]]) -> str:

@@ -10,7 +10,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import pytest
 import requests
 from llm_health.exporter.check import verify
 from llm_health.exporter.reading import read_text
+from loopback import Loopback
 from prometheus_client.parser import text_string_to_metric_families
 
 from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
@@ -283,14 +284,11 @@ class RoundRobinProxy:
                 self.end_headers()
                 self.wfile.write(body)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
+        self.loop = Loopback(Handler)
+        self.url = self.loop.url
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.loop.stop()
 
 
 def test_proxies_are_checked_through_v1_models(sim, exporter) -> None:

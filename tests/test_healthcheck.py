@@ -7,9 +7,10 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
+from loopback import Loopback
 
 from llm_health.procs import free_port
 
@@ -30,16 +31,13 @@ class Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    httpd.release = threading.Event()  # type: ignore[attr-defined]
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
+    loop = Loopback(Handler)
+    loop.httpd.release = threading.Event()  # type: ignore[attr-defined]
     try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+        yield loop.url
     finally:
-        httpd.release.set()  # type: ignore[attr-defined]
-        httpd.shutdown()
-        httpd.server_close()
+        loop.httpd.release.set()  # type: ignore[attr-defined]
+        loop.stop()
 
 
 def healthcheck(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -12,13 +12,14 @@ import json
 import shutil
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
 import yaml
+from loopback import Loopback
 from test_rules_support import REPO
 
 from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
@@ -52,17 +53,14 @@ class Receiver:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+        self.loop = Loopback(Handler)
+        self.port = self.loop.port
 
     def alerts(self) -> list[tuple[dict[str, str], dict[str, Any]]]:
         return [(headers, alert) for _, headers, body in self.received for alert in body["alerts"]]
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.loop.stop()
 
 
 @pytest.fixture
