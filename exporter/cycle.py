@@ -56,6 +56,7 @@ from llm_health.exporter.verdict import (
     Thresholds,
     Verdict,
     judge,
+    page_is_work_queue,
 )
 
 from llm_health.config import Backend, ExporterSettings, Proxy
@@ -394,9 +395,10 @@ class Fleet:
 
     @staticmethod
     def _timeout_needs_health(slot: BackendSlot) -> bool:
-        """A /metrics timeout counts toward down only after a reading without work (or none at all)."""
+        """/health tells a slow page from a server that answers nothing: asked after every /metrics
+        timeout except on llama.cpp with work last seen (there the hanging page is itself the evidence)."""
         last = slot.state.last
-        return last is None or last.work <= 0
+        return last is None or last.work <= 0 or not page_is_work_queue(last)
 
     def _ask_health(self, slot: BackendSlot) -> Job:
         """At most one /health check in flight per backend (its own connection: the read may hang).

@@ -4,7 +4,10 @@ No I/O and no clock of its own: everything it knows arrives in the `Observation`
 `now` argument. See docs/design.md §3 for the names and codes shared with rules and dashboards.
 
 * busy       work present and the engine moved since the previous reading (union of counters + KV gauge)
-* stalled    work present, no progress in >= `stall_readings` consecutive readings AND >= stall_after s
+* stalled    work present, no progress in >= `stall_readings` consecutive readings AND >= stall_after s;
+             or work last seen and nothing answering: on vLLM/SGLang /metrics and /health both timing out
+             for stall_after (a slow /metrics alone, /health fine, is unknown: normal under load); on
+             llama.cpp /metrics timing out for stall_after since the last progress (the page is loop work)
 * idle       no work present (only now may the exporter probe)
 * restarted  another process answered (start time / *_created changed, or a counter went backwards)
 * down       refused / errors / an idle backend failing its probe, `down_after` times in a row
@@ -134,6 +137,7 @@ class BackendState:
     engines: dict[str, EngineTrack] = field(default_factory=dict)
     failures: int = 0                     # consecutive failed readings / failed probes of an idle backend
     slow_since: float | None = None       # first of consecutive /metrics timeouts while work was present
+    silent_since: float | None = None     # first of those with /health failing too (vLLM, SGLang)
     last_progress: float | None = None    # clock time of the last observed engine progress
     in_flight: float = 0.0
     tokens_per_second: float = 0.0        # generation-token counter rate (llama.cpp: credited at completion)
@@ -218,11 +222,14 @@ def _judge_failure(prev: BackendState, obs: Observation, now: float, settings: T
     what = {"refused": "connection refused"}.get(obs.outcome, "/metrics error")
     if obs.detail and obs.detail != what:
         what = f"{what}: {obs.detail}"
-    return _failed(prev, what, now, settings, slow_since=None)
+    return _failed(prev, what, now, settings, slow_since=None, silent_since=None)
 
 
 def _judge_timeout(prev: BackendState, obs: Observation, now: float, settings: Thresholds) -> BackendState:
-    """A slow /metrics while work was present is a busy event loop until proven otherwise."""
+    """A /metrics timeout. After a reading with work: on llama.cpp the hanging page is the inference
+    loop's own work (evidence, toward stalled); on vLLM and SGLang the page comes from the API server's
+    event loop, merely slow under load: unknown while /health answers (principle 3: missing data is
+    never "stalled"), toward stalled only while /health fails too (the server answers nothing)."""
     last = prev.last
     if last is not None and last.work <= 0 and page_is_work_queue(last) and obs.cheap_ok is not False:
         return _judge_queue_hang(prev, last, now, settings)
@@ -230,16 +237,32 @@ def _judge_timeout(prev: BackendState, obs: Observation, now: float, settings: T
         # no work at the last reading: slow only counts toward down when /health fails too
         if obs.cheap_ok is True:
             return _become(prev, Verdict.UNKNOWN, "/metrics slow, /health fine", now, failures=0,
-                           slow_since=None, in_flight=0.0, tokens_per_second=0.0, steps_per_second=0.0)
+                           slow_since=None, silent_since=None, in_flight=0.0, tokens_per_second=0.0,
+                           steps_per_second=0.0)
         what = "/metrics timed out" + ("; /health failed too" if obs.cheap_ok is False else "")
-        return _failed(prev, what, now, settings, slow_since=None)
-    # the last moment the engine was known to move: the last good reading, or the start of its freeze
-    stuck = [t.stuck_since for t in prev.engines.values() if t.stuck_since is not None]
+        return _failed(prev, what, now, settings, slow_since=None, silent_since=None)
+    if page_is_work_queue(last):
+        # the last moment the engine was known to move: the last good reading, or the start of its freeze
+        stuck = [t.stuck_since for t in prev.engines.values() if t.stuck_since is not None]
+        return _timeouts_toward_stall(
+            prev, now, settings, min(stuck) if stuck else None,
+            lambda failures, quiet: (f"/metrics timed out {failures} time(s) in a row; last reading "
+                                     f"{_work_text(last)}; no progress seen for {quiet:.0f} s"),
+            tokens_per_second=0.0, steps_per_second=0.0)
+    if obs.cheap_ok is not False:
+        failures = prev.failures + 1
+        health = "/health fine" if obs.cheap_ok else "/health not asked"
+        return _become(prev, Verdict.UNKNOWN,
+                       f"/metrics timed out {failures} time(s) in a row, {health}: a slow page under load is "
+                       f"no evidence of a stall; last reading {_work_text(last)}", now, failures=failures,
+                       slow_since=prev.slow_since if prev.slow_since is not None else now, silent_since=None,
+                       tokens_per_second=0.0, steps_per_second=0.0)
+    silent_since = prev.silent_since if prev.silent_since is not None else now
     return _timeouts_toward_stall(
-        prev, now, settings, min(stuck) if stuck else None,
-        lambda failures, quiet: (f"/metrics timed out {failures} time(s) in a row; last reading "
-                                 f"{_work_text(last)}; no progress seen for {quiet:.0f} s"),
-        tokens_per_second=0.0, steps_per_second=0.0)
+        prev, now, settings, silent_since,
+        lambda failures, quiet: (f"/metrics and /health timed out, nothing answered for {quiet:.0f} s "
+                                 f"({failures} reading(s) in a row); last reading {_work_text(last)}"),
+        tokens_per_second=0.0, steps_per_second=0.0, silent_since=silent_since)
 
 
 def _timeouts_toward_stall(prev: BackendState, now: float, settings: Thresholds, anchor: float | None,
@@ -288,16 +311,17 @@ def _judge_queue_hang(prev: BackendState, last: Reading, now: float, settings: T
 def _judge_no_metrics(prev: BackendState, obs: Observation, now: float, settings: Thresholds) -> BackendState:
     page = "/metrics not found" if obs.outcome == READ_NOT_FOUND else "/metrics has no engine series"
     if obs.cheap_ok is False:
-        return _failed(prev, f"{page}; /health and /v1/models fail", now, settings, slow_since=None)
+        return _failed(prev, f"{page}; /health and /v1/models fail", now, settings, slow_since=None,
+                       silent_since=None)
     cheap = "; /health or /v1/models answered" if obs.cheap_ok else ""
-    return _become(prev, Verdict.NO_METRICS, page + cheap, now, failures=0, slow_since=None,
+    return _become(prev, Verdict.NO_METRICS, page + cheap, now, failures=0, slow_since=None, silent_since=None,
                    in_flight=0.0, tokens_per_second=0.0, steps_per_second=0.0, probe_failures=0)
 
 
 def _judge_reading(
     prev: BackendState, obs: Observation, reading: Reading, now: float, settings: Thresholds
 ) -> BackendState:
-    base: dict[str, Any] = {"failures": 0, "slow_since": None, "last": reading, "last_at": now,
+    base: dict[str, Any] = {"failures": 0, "slow_since": None, "silent_since": None, "last": reading, "last_at": now,
                             "in_flight": reading.work}
     last = prev.last
     if last is None or not last.has_engine_metrics:

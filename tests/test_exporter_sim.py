@@ -374,20 +374,21 @@ def test_hung_backend_delays_no_one(sim, exporter) -> None:
     assert good.stats()["probes"] == 0
 
 
-def test_slow_metrics_under_load_is_not_down(sim, exporter) -> None:
+def test_slow_metrics_under_load_is_neither_down_nor_stalled(sim, exporter) -> None:
+    """Principle 3: vLLM's /metrics comes from its API server's event loop, slow under load; while
+    /health answers a slow page is no evidence, however long it lasts (here 3x stall_after)."""
     s = sim()
     Load(s.url, 4)
-    # a stall window far longer than the slow spell, so a loaded CI machine cannot stretch the
-    # spell past it (past it, "stalled" would be the right verdict)
-    e = exporter({"a": s.url}, None, "--stall-after", 30)
+    e = exporter({"a": s.url}, None, "--stall-after", 1)
     e.wait_verdict("a", "busy")
-    # slower than the read timeout (0.5 s) for a while, shorter than stall-after
+    # slower than the read timeout (0.5 s), /health fine
     s.fault("slow_metrics", 0.8)
+    t0 = time.monotonic()
     seen = watch(e, "a", lambda: e.verdict("a") == "unknown", timeout=5)
     assert "down" not in seen and "stalled" not in seen
-    assert "timed out" in e.backend("a")["reason"]
-    e.wait_cycles(2)
-    assert e.verdict("a") == "unknown"
+    assert "timed out" in e.backend("a")["reason"] and "/health fine" in e.backend("a")["reason"]
+    seen = watch(e, "a", lambda: time.monotonic() - t0 > 3.0, timeout=10)
+    assert set(seen) == {"unknown"}, seen
     s.fault("none")
     seen = watch(e, "a", lambda: e.verdict("a") == "busy", timeout=5)
     assert "down" not in seen and "stalled" not in seen

