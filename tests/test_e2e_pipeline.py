@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from dashboard_queries import annotation_queries, dashboards_queries
 
+from llm_health.procs import WaitTimeout
 from llm_health.stack import Stack
 
 pytestmark = pytest.mark.e2e
@@ -84,10 +85,21 @@ def test_stalled_backend_is_restarted_once_and_the_busy_one_is_left_alone(stack:
                 empty.append(f"{dashboard}: {title}: {expr}")
         assert not empty, "panels without data in a scenario that feeds them:\n" + "\n".join(empty)
         # every annotation marked something during the scenario: sim-a's new process, the remediator's
-        # restart, the stall alert firing (each query evaluated every second of the last 10 minutes)
-        unmarked = [f"{dashboard}: {name}: {expr}" for dashboard, name, expr in annotation_queries()
-                    if not stack.query(f"max_over_time(({expr})[10m:1s])")]
-        assert not unmarked, "annotations that never fired in a scenario with a restart:\n" + "\n".join(unmarked)
+        # restart, the stall alert firing (each query evaluated every second of the last 10 minutes).
+        # Polled: the subquery's steps fall on whole seconds, so a sample scraped less than a second ago
+        # is not under any step yet.
+        unmarked: list[str] = []
+
+        def every_annotation_marked() -> bool:
+            unmarked[:] = [f"{dashboard}: {name}: {expr}" for dashboard, name, expr in annotation_queries()
+                           if not stack.query(f"max_over_time(({expr})[10m:1s])")]
+            return not unmarked
+
+        try:
+            stack.wait(every_annotation_marked, 15, "every annotation marked the scenario")
+        except WaitTimeout:
+            raise AssertionError("annotations that never fired in a scenario with a restart:\n"
+                                 + "\n".join(unmarked)) from None
     finally:
         batch.stop()
 
