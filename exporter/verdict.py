@@ -136,8 +136,8 @@ class BackendState:
     last_at: float | None = None          # when `last` was taken
     engines: dict[str, EngineTrack] = field(default_factory=dict)
     failures: int = 0                     # consecutive failed readings / failed probes of an idle backend
-    slow_since: float | None = None       # first of consecutive /metrics timeouts while work was present
-    silent_since: float | None = None     # first of those with /health failing too (vLLM, SGLang)
+    silent_since: float | None = None     # first of consecutive /metrics timeouts with work last seen and
+                                          # /health failing too (vLLM, SGLang: the server answers nothing)
     last_progress: float | None = None    # clock time of the last observed engine progress
     in_flight: float = 0.0
     tokens_per_second: float = 0.0        # generation-token counter rate (llama.cpp: credited at completion)
@@ -222,7 +222,7 @@ def _judge_failure(prev: BackendState, obs: Observation, now: float, settings: T
     what = {"refused": "connection refused"}.get(obs.outcome, "/metrics error")
     if obs.detail and obs.detail != what:
         what = f"{what}: {obs.detail}"
-    return _failed(prev, what, now, settings, slow_since=None, silent_since=None)
+    return _failed(prev, what, now, settings, silent_since=None)
 
 
 def _judge_timeout(prev: BackendState, obs: Observation, now: float, settings: Thresholds) -> BackendState:
@@ -237,10 +237,9 @@ def _judge_timeout(prev: BackendState, obs: Observation, now: float, settings: T
         # no work at the last reading: slow only counts toward down when /health fails too
         if obs.cheap_ok is True:
             return _become(prev, Verdict.UNKNOWN, "/metrics slow, /health fine", now, failures=0,
-                           slow_since=None, silent_since=None, in_flight=0.0, tokens_per_second=0.0,
-                           steps_per_second=0.0)
+                           silent_since=None, in_flight=0.0, tokens_per_second=0.0, steps_per_second=0.0)
         what = "/metrics timed out" + ("; /health failed too" if obs.cheap_ok is False else "")
-        return _failed(prev, what, now, settings, slow_since=None, silent_since=None)
+        return _failed(prev, what, now, settings, silent_since=None)
     if page_is_work_queue(last):
         # the last moment the engine was known to move: the last good reading, or the start of its freeze
         stuck = [t.stuck_since for t in prev.engines.values() if t.stuck_since is not None]
@@ -255,8 +254,7 @@ def _judge_timeout(prev: BackendState, obs: Observation, now: float, settings: T
         return _become(prev, Verdict.UNKNOWN,
                        f"/metrics timed out {failures} time(s) in a row, {health}: a slow page under load is "
                        f"no evidence of a stall; last reading {_work_text(last)}", now, failures=failures,
-                       slow_since=prev.slow_since if prev.slow_since is not None else now, silent_since=None,
-                       tokens_per_second=0.0, steps_per_second=0.0)
+                       silent_since=None, tokens_per_second=0.0, steps_per_second=0.0)
     silent_since = prev.silent_since if prev.silent_since is not None else now
     return _timeouts_toward_stall(
         prev, now, settings, silent_since,
@@ -270,16 +268,15 @@ def _timeouts_toward_stall(prev: BackendState, now: float, settings: Thresholds,
     """One more /metrics timeout that counts as evidence of a stall: stalled once `stall_readings`
     timeouts in a row span `stall_after` seconds since `anchor` (default: the last good reading), else
     unknown. `text(failures, quiet)` says what was seen; `cols` are the state fields to set."""
-    slow_since = prev.slow_since if prev.slow_since is not None else now
     if anchor is None:
-        anchor = prev.last_at if prev.last_at is not None else slow_since
+        anchor = prev.last_at if prev.last_at is not None else now
     quiet = now - anchor
     failures = prev.failures + 1
     said = text(failures, quiet)
     if failures >= settings.stall_readings and quiet >= settings.stall_after:
-        return _become(prev, Verdict.STALLED, said, now, failures=failures, slow_since=slow_since, **cols)
+        return _become(prev, Verdict.STALLED, said, now, failures=failures, **cols)
     return _become(prev, Verdict.UNKNOWN, said + f" (stalled after {settings.stall_after:g} s)", now,
-                   failures=failures, slow_since=slow_since, **cols)
+                   failures=failures, **cols)
 
 
 def page_is_work_queue(last: Reading) -> bool:
@@ -311,17 +308,16 @@ def _judge_queue_hang(prev: BackendState, last: Reading, now: float, settings: T
 def _judge_no_metrics(prev: BackendState, obs: Observation, now: float, settings: Thresholds) -> BackendState:
     page = "/metrics not found" if obs.outcome == READ_NOT_FOUND else "/metrics has no engine series"
     if obs.cheap_ok is False:
-        return _failed(prev, f"{page}; /health and /v1/models fail", now, settings, slow_since=None,
-                       silent_since=None)
+        return _failed(prev, f"{page}; /health and /v1/models fail", now, settings, silent_since=None)
     cheap = "; /health or /v1/models answered" if obs.cheap_ok else ""
-    return _become(prev, Verdict.NO_METRICS, page + cheap, now, failures=0, slow_since=None, silent_since=None,
+    return _become(prev, Verdict.NO_METRICS, page + cheap, now, failures=0, silent_since=None,
                    in_flight=0.0, tokens_per_second=0.0, steps_per_second=0.0, probe_failures=0)
 
 
 def _judge_reading(
     prev: BackendState, obs: Observation, reading: Reading, now: float, settings: Thresholds
 ) -> BackendState:
-    base: dict[str, Any] = {"failures": 0, "slow_since": None, "silent_since": None, "last": reading, "last_at": now,
+    base: dict[str, Any] = {"failures": 0, "silent_since": None, "last": reading, "last_at": now,
                             "in_flight": reading.work}
     last = prev.last
     if last is None or not last.has_engine_metrics:
