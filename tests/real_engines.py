@@ -227,8 +227,8 @@ def vllm_engine(paths: dict[str, Path], port: int, log_dir: Path, max_num_seqs: 
 
 
 class Load:
-    """`n` concurrent clients sending completions straight to the engine; `results` holds each HTTP
-    status in the order answered (0: no answer, connection error), `per_client` the same per client.
+    """`n` concurrent clients sending completions straight to the engine; `per_client` holds each
+    client's HTTP statuses in order (0: no answer, connection error), `results` all of them.
 
     One completion per client by default. With `hold=True` each client sends its next completion as
     soon as the previous one is answered 200, until `stop()`: the work then lasts as long as the test
@@ -239,7 +239,6 @@ class Load:
                  hold: bool = False) -> None:
         self.url = url
         self.n = n
-        self.results: list[int] = []
         self.per_client: list[list[int]] = [[] for _ in range(n)]
         self.pending = n
         self._lock = threading.Lock()
@@ -257,7 +256,6 @@ class Load:
             while True:
                 status = self._one(body)
                 with self._lock:
-                    self.results.append(status)
                     self.per_client[i].append(status)
                 if self._stop.is_set() or status != 200:
                     return
@@ -282,6 +280,11 @@ class Load:
     def stop(self) -> None:
         """Each client ends after the completion it has in flight (held load); no-op otherwise."""
         self._stop.set()
+
+    @property
+    def results(self) -> list[int]:
+        with self._lock:
+            return [s for c in self.per_client for s in c]
 
     def last(self) -> list[int]:
         """The status of each client's last completion (the ones in flight when the load was stopped)."""
