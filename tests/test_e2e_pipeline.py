@@ -88,10 +88,11 @@ def test_stalled_backend_is_restarted_once_and_the_busy_one_is_left_alone(stack:
         # restart, the stall alert firing (each query evaluated every second of the last 10 minutes).
         # Polled: the subquery's steps fall on whole seconds, so a sample scraped less than a second ago
         # is not under any step yet.
+        annotations = annotation_queries()
         unmarked: list[str] = []
 
         def every_annotation_marked() -> bool:
-            unmarked[:] = [f"{dashboard}: {name}: {expr}" for dashboard, name, expr in annotation_queries()
+            unmarked[:] = [f"{dashboard}: {name}: {expr}" for dashboard, name, expr in annotations
                            if not stack.query(f"max_over_time(({expr})[10m:1s])")]
             return not unmarked
 
