@@ -8,7 +8,8 @@
                "since": 1764470000.0, "in_flight": 15, "tokens_per_second": 840.0,
                "steps_per_second": 56.0,
                "last_progress": 1764470042.1, "probes": {"ok": 3, "error": 0, "timeout": 0},
-               "probes_sent": 3, "readings_skipped": 0, "read_seconds": 0.004}],
+               "probes_sent": 3, "readings_skipped": 0, "read_seconds": 0.004,
+               "readings": {"ok": 40, "timeout": 0, ...}, "last_reading": 1764470042.0}],
  "proxies": [{"proxy": "lb", "url": "...", "up": true}],
  "cycles": 42, "lag_seconds": 0.001, "at": 1764470042.5}
 ```
@@ -52,6 +53,8 @@ def verdicts_document(snap: Snapshot) -> dict[str, Any]:
                 "probes_sent": b.probes_sent,
                 "readings_skipped": b.reads_skipped,
                 "read_seconds": round(b.read_seconds, 4),
+                "readings": b.readings,
+                "last_reading": b.last_reading,
             }
             for b in snap.backends
         ],

@@ -1,8 +1,10 @@
-"""HTTP I/O to one server (`/metrics`, `/health`, `/v1/models`) with timeouts, nothing else.
+"""HTTP I/O to one server (`/metrics`, `/health`, `/v1/models`), nothing else.
 
-Plain `http.client` with one kept-alive connection per target: at 1000 backends per interval the
-cost of a request matters more than convenience. One `Target` is used by one thread at a time
-(the cycle never has two reads of one backend in flight); the probe has its own `Target`.
+Every exchange goes through `llm_health.http_client.Target`: one kept-alive connection per target and
+a TOTAL deadline per exchange (connect, headers and body), so a server that drips its answer holds a
+worker for at most its timeout. At 1000 backends per interval the cost of a request matters more than
+convenience, hence plain `http.client` underneath. One `Target` is used by one thread at a time (the
+fleet never has two reads of one backend in flight); the probe and the /health check have their own.
 
 With an API key (vLLM `--api-key` protects `/v1/*` only) the key goes as `Authorization: Bearer`
 on `/v1/*` requests; `/metrics` and `/health` stay unauthenticated, as in vLLM.
@@ -10,13 +12,9 @@ on `/v1/*` requests; `/metrics` and `/health` stay unauthenticated, as in vLLM.
 
 from __future__ import annotations
 
-import http.client
 import json
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from llm_health.exporter.reading import read_text
 from llm_health.exporter.verdict import (
@@ -29,118 +27,24 @@ from llm_health.exporter.verdict import (
 )
 
 from llm_health.config import ConfigError
+from llm_health.http_client import FailureKind, HttpFailure, Response
+from llm_health.http_client import Target as _Target
+
+__all__ = ["HttpFailure", "Response", "Target", "observe", "health_ok", "cheap_ok", "proxy_up",
+           "first_model", "first_model_entry", "load_api_key"]
 
 USER_AGENT = "llm-health-exporter"
-
-
-class HttpFailure(Exception):
-    """A request failed; `kind` is refused | timeout | error; `status` the HTTP status if one came back."""
-
-    def __init__(self, kind: str, detail: str, status: int = 0) -> None:
-        super().__init__(detail)
-        self.kind = kind
-        self.detail = detail
-        self.status = status
-
-
 START_HEADER = "Process-Start-Time-Unix"  # llama-server: changes on every restart (no identity series)
 
 
-@dataclass(frozen=True)
-class Response:
-    status: int
-    body: bytes
-    seconds: float
-    start_header: str | None = None
-
-
-class Target:
-    """One HTTP server; a kept-alive connection, reopened after any failure."""
+class Target(_Target):
+    """A backend: the deadline client with the exporter's User-Agent."""
 
     def __init__(self, url: str, timeout: float, api_key: str = "") -> None:
-        parsed = urlparse(url)
-        self.api_key = api_key
-        self.url = url.rstrip("/")
-        self.https = parsed.scheme == "https"
-        self.host = parsed.hostname or "127.0.0.1"
-        self.port = parsed.port or (443 if self.https else 80)
-        self.base = parsed.path.rstrip("/")
-        self.timeout = timeout
-        self._conn: http.client.HTTPConnection | None = None
-
-    def _connect(self, timeout: float) -> http.client.HTTPConnection:
-        cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
-        return cls(self.host, self.port, timeout=timeout)
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        body: bytes | None = None,
-        headers: dict[str, str] | None = None,
-        timeout: float | None = None,
-    ) -> Response:
-        timeout = self.timeout if timeout is None else timeout
-        all_headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
-        if self.api_key and path.startswith("/v1/"):
-            all_headers["Authorization"] = f"Bearer {self.api_key}"
-        if headers:
-            all_headers.update(headers)
-        started = time.monotonic()
-        for attempt in (0, 1):
-            reused = self._conn is not None
-            conn = self._conn or self._connect(timeout)
-            self._conn = conn
-            try:
-                if conn.sock is not None:
-                    conn.sock.settimeout(timeout)
-                else:
-                    conn.timeout = timeout
-                conn.request(method, self.base + path, body=body, headers=all_headers)
-                resp = conn.getresponse()
-                data = _read_body(resp, started + 2 * timeout)
-                if resp.will_close:
-                    self.close()
-                return Response(resp.status, data, time.monotonic() - started, resp.getheader(START_HEADER))
-            except ConnectionRefusedError as exc:
-                self.close()
-                raise HttpFailure("refused", "connection refused") from exc
-            except TimeoutError as exc:
-                self.close()
-                raise HttpFailure("timeout", f"no answer within {timeout:g} s") from exc
-            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as exc:
-                self.close()
-                if reused and attempt == 0 and method == "GET":
-                    continue  # the server closed an idle kept-alive connection: retry once, fresh
-                raise HttpFailure("error", f"{type(exc).__name__}: {exc}") from exc
-            except (OSError, http.client.HTTPException) as exc:
-                self.close()
-                raise HttpFailure("error", f"{type(exc).__name__}: {exc}") from exc
-        raise HttpFailure("error", "unreachable")  # pragma: no cover
-
-    def get(self, path: str, timeout: float | None = None) -> Response:
-        return self.request("GET", path, timeout=timeout)
+        super().__init__(url, timeout, api_key, user_agent=USER_AGENT)
 
 
-def _read_body(resp: http.client.HTTPResponse, deadline: float) -> bytes:
-    """The whole body, but never past `deadline` (a server dripping bytes must not hold a thread)."""
-    chunks: list[bytes] = []
-    while True:
-        chunk = resp.read1(262144)
-        if not chunk:
-            resp.read()  # marks the response complete, so the kept-alive connection can be reused
-            return b"".join(chunks)
-        chunks.append(chunk)
-        if time.monotonic() > deadline:
-            raise TimeoutError("body still arriving at the deadline")
-
-
-_KIND_TO_READ = {"refused": READ_REFUSED, "timeout": READ_TIMEOUT, "error": READ_ERROR}
+_KIND_TO_READ = {FailureKind.REFUSED: READ_REFUSED, FailureKind.TIMEOUT: READ_TIMEOUT, FailureKind.ERROR: READ_ERROR}
 
 
 def cheap_ok(target: Target) -> bool:
@@ -186,7 +90,7 @@ def observe(target: Target) -> Observation:
     if resp.status != 200:
         return Observation(outcome=READ_ERROR, detail=f"HTTP {resp.status}")
     try:
-        reading = read_text(resp.body.decode("utf-8", errors="replace"), resp.start_header)
+        reading = read_text(resp.text, resp.header(START_HEADER))
     except Exception as exc:  # noqa: BLE001 - a parser bug must not kill the cycle
         return Observation(outcome=READ_ERROR, detail=f"unreadable page: {exc}")
     if not reading.has_engine_metrics:

@@ -52,7 +52,14 @@ class FleetCollector(Collector):
             "llm_health_reading_duration_seconds",
             "How long the backend's last judged /metrics read took (about the read timeout when it timed out)",
             labels=["backend"])
+        judged = GaugeMetricFamily(
+            "llm_health_last_reading_timestamp_seconds",
+            "Unix time of the backend's last judged reading (absent until it has one): a backend whose reads "
+            "cannot start (the exporter's readers are busy) or never end is visible by its age",
+            labels=["backend"])
         for b in snap.backends:
+            if b.last_reading is not None:
+                judged.add_metric([b.name], b.last_reading)
             for v in Verdict:
                 verdict.add_metric([b.name, v.value], 1.0 if b.verdict == v else 0.0)
             code.add_metric([b.name], float(CODES[b.verdict]))
@@ -77,5 +84,8 @@ class FleetCollector(Collector):
             "The largest delay, among the backends' last reads, between a read's scheduled time and its start "
             "(the exporter is short of workers or CPU when this nears the interval)")
         lag.add_metric([], snap.lag_seconds)
-        yield from (verdict, code, in_flight, tps, sps, progress, probes, sent, readings, skipped, duration, proxy,
-                    lag)
+        interval = GaugeMetricFamily(
+            "llm_health_reading_interval_seconds", "Seconds between two readings of one backend (exporter.interval)")
+        interval.add_metric([], snap.interval)
+        yield from (verdict, code, in_flight, tps, sps, progress, probes, sent, readings, skipped, duration, judged,
+                    proxy, lag, interval)

@@ -18,9 +18,17 @@
   readings that sent them). A finished probe's result is judged with the backend's next reading.
   Probes are counted when sent (`probes_sent`) and by result when they finish.
 * **Threads.** The scheduler thread owns all backend state; workers only do I/O and then post the
-  backend to the scheduler's queue. Both pools are bounded (`READ_WORKERS`, `PROBE_WORKERS`); if hung
-  backends fill the read pool, the others' reads wait for a worker: their deadline counts from when
-  they start (no false timeout), and the wait shows as schedule lag.
+  backend to the scheduler's queue. Every exchange has a total deadline (llm_health/http_client.py),
+  so a worker is held for at most its timeout, even by a server that drips its answer.
+* **Lanes: no group of backends can take the readers over.** Reads and /health checks run in two
+  bounded lanes (exporter/pool.py): `steady` for backends whose last reading came back in time (within
+  half the read timeout), `suspect` for the others (timeouts, slow answers, never read yet). Within a
+  lane, one host:port holds at most `max_reads_per_endpoint` workers, and a freed worker goes to the
+  next host:port in turn. So 300 dripping or hung servers wait behind each other in the suspect lane,
+  never in front of a healthy backend. A read waiting for a worker is lag, not a timeout: its deadline
+  counts from when it starts; the schedule lag includes reads still waiting, and each backend's last
+  judged reading is exported with its time (`llm_health_last_reading_timestamp_seconds`), so a backend
+  that is not judged for several intervals is visible and alerted on.
 * **Changing fleet.** `set_backends()` adds, replaces and removes backends while the loop runs.
 
 `read_all()` reads every backend once right now and returns when each is judged: the scheduler's work
@@ -44,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llm_health.exporter.backend import Target, health_ok, observe, proxy_up
+from llm_health.exporter.pool import Lane
 from llm_health.exporter.probe import Prober
 from llm_health.exporter.verdict import (
     PROBE_RESULTS,
@@ -61,7 +70,7 @@ from llm_health.exporter.verdict import (
 
 from llm_health.config import Backend, ExporterSettings, Proxy
 
-READ_WORKERS = 256       # reads, /health checks and proxy checks in flight at once, whole fleet
+READ_WORKERS = 256       # reads, /health checks and proxy checks in flight at once, per lane
 PROBE_WORKERS = 64       # probes in flight at once, whole fleet
 SLACK = 0.05             # a read's deadline: read_timeout after it started, plus this
 # verdict changes between these two are routine (every burst of requests): logged at DEBUG only
@@ -73,7 +82,7 @@ log = logging.getLogger("llm_health.exporter")
 class Job:
     """One call in a worker thread; the worker notes when it started and finished (monotonic)."""
 
-    def __init__(self, pool: ThreadPoolExecutor, fn: Callable[..., Any], *args: Any,
+    def __init__(self, lane: Lane, key: str, fn: Callable[..., Any], *args: Any,
                  notify: Callable[[], None], due: float = 0.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.due = due                      # when it was scheduled to start
@@ -81,7 +90,7 @@ class Job:
         self.submitted = clock()
         self.started: float | None = None
         self.finished: float | None = None
-        self.future: Future[Any] = pool.submit(self._run, fn, *args)
+        self.future: Future[Any] = lane.submit(key, self._run, fn, *args)
         self.future.add_done_callback(lambda _f: notify())
 
     def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -118,6 +127,7 @@ class BackendView:
     reads_skipped: int = 0
     read_seconds: float = 0.0             # how long the last judged read took (the timeout when it timed out)
     lag_seconds: float = 0.0              # how late the last read started after its scheduled time
+    last_reading: float | None = None     # wall clock of its last judged reading (None: never judged)
 
 
 @dataclass
@@ -168,8 +178,9 @@ class Snapshot:
     backends: tuple[BackendView, ...] = ()
     proxies: tuple[ProxyView, ...] = ()
     cycles: int = 0                 # whole intervals since the loop started
-    lag_seconds: float = 0.0        # the largest schedule lag among the backends' last reads
+    lag_seconds: float = 0.0        # the largest schedule lag: last reads, and reads still waiting for a worker
     at: float = 0.0                 # wall clock
+    interval: float = 0.0           # seconds between two readings of one backend (the setting)
 
 
 def phase_of(name: str, interval: float) -> float:
@@ -199,7 +210,9 @@ class Fleet:
         self.monotonic = monotonic          # schedules, deadlines, the verdict's `now`
         self.api_key = api_key
         self.interval = max(settings.interval, 0.01)
-        self._reads = ThreadPoolExecutor(max_workers=READ_WORKERS, thread_name_prefix="read")
+        per_endpoint = max(1, settings.max_reads_per_endpoint)
+        self._steady = Lane(READ_WORKERS, per_endpoint, "read")
+        self._suspect = Lane(READ_WORKERS, per_endpoint, "read-suspect")
         self._probes = ThreadPoolExecutor(max_workers=PROBE_WORKERS, thread_name_prefix="probe")
         self._lock = threading.RLock()      # held by the scheduler while it works, and by set_backends
         self._events: queue.SimpleQueue[Slot] = queue.SimpleQueue()   # slots whose job finished
@@ -339,11 +352,22 @@ class Fleet:
             self._publish(slot)
             return
         notify = self._notifier(slot)
-        slot.read = Job(self._reads, observe, slot.target, notify=notify, due=due, clock=self.monotonic)
+        slot.read = Job(self._lane(slot), slot.target.endpoint, observe, slot.target, notify=notify, due=due,
+                        clock=self.monotonic)
         slot.judged = False
         if slot.last_outcome == READ_TIMEOUT and self._timeout_needs_health(slot):
             self._ask_health(slot)              # timed out last time: ask /health alongside
         self._at(slot.read.submitted + self.settings.read_timeout + SLACK, slot)
+
+    def _lane(self, slot: BackendSlot) -> Lane:
+        """Steady when the last judged read answered within half the read timeout; suspect otherwise (a
+        timeout, a slow answer, or never read): a misbehaving backend waits behind its own kind."""
+        if slot.last_outcome in ("", READ_TIMEOUT) or slot.read_seconds > self.settings.read_timeout / 2:
+            return self._suspect
+        return self._steady
+
+    def _proxy_lane(self, p: ProxySlot) -> Lane:
+        return self._steady if p.up else self._suspect
 
     def _notifier(self, slot: Slot) -> Callable[[], None]:
         return lambda: self._events.put(slot)
@@ -406,7 +430,8 @@ class Fleet:
         h = slot.health
         stale = h is not None and h.done() and slot.read is not None and h.submitted < slot.read.submitted
         if h is None or stale:
-            slot.health = Job(self._reads, health_ok, slot.health_target, notify=self._notifier(slot),
+            slot.health = Job(self._suspect, slot.health_target.endpoint, health_ok, slot.health_target,
+                              notify=self._notifier(slot),
                               clock=self.monotonic)
         assert slot.health is not None
         return slot.health
@@ -477,7 +502,8 @@ class Fleet:
                 p.up, p.judged = False, True   # no answer within the read timeout
         if self._started is not None and p.next_due <= now:
             if p.check is None:
-                p.check = Job(self._reads, proxy_up, p.target, notify=self._notifier(p), due=p.next_due,
+                p.check = Job(self._proxy_lane(p), p.target.endpoint, proxy_up, p.target,
+                              notify=self._notifier(p), due=p.next_due,
                               clock=self.monotonic)
                 p.judged = False
                 self._at(now + self.settings.read_timeout + SLACK, p)
@@ -502,7 +528,8 @@ class Fleet:
                 self._start_read(slot, due)
             for p in proxies:
                 if p.check is None:
-                    p.check = Job(self._reads, proxy_up, p.target, notify=self._notifier(p), due=due,
+                    p.check = Job(self._proxy_lane(p), p.target.endpoint, proxy_up, p.target,
+                                  notify=self._notifier(p), due=due,
                                  clock=self.monotonic)
                     p.judged = False
                     self._at(started + self.settings.read_timeout + SLACK, p)
@@ -518,7 +545,8 @@ class Fleet:
     def close(self) -> None:
         with self._lock:                      # the scheduler is between two steps: it starts nothing more
             self._closed = True
-        self._reads.shutdown(wait=False, cancel_futures=True)
+        self._steady.shutdown()
+        self._suspect.shutdown()
         self._probes.shutdown(wait=False, cancel_futures=True)
 
     # ---- what the service shows ------------------------------------------------------------
@@ -544,14 +572,18 @@ class Fleet:
             reads_skipped=slot.reads_skipped,
             read_seconds=slot.read_seconds,
             lag_seconds=slot.lag_seconds,
+            last_reading=None if slot.judged_at == float("-inf") else slot.judged_at + to_wall,
         )
 
     def snapshot(self) -> Snapshot:
         with self._lock:
+            now = self.monotonic()
             backends = tuple(s.view for s in self._slots.values() if s.view is not None)
             proxies = tuple(ProxyView(p.proxy.name, p.proxy.url, p.up) for p in self._proxies.values())
             started = self._started
-        now = self.monotonic()
+            # a read still waiting for a worker is late by now - its scheduled time: lag it already has
+            waiting = max((now - s.read.due for s in self._slots.values()
+                           if s.read is not None and s.read.started is None and s.read.due), default=0.0)
         cycles = 0 if started is None else int((now - started) / self.interval)
-        lag = max((b.lag_seconds for b in backends), default=0.0)
-        return Snapshot(backends, proxies, cycles, lag, self.clock())
+        lag = max(max((b.lag_seconds for b in backends), default=0.0), waiting)
+        return Snapshot(backends, proxies, cycles, lag, self.clock(), self.settings.interval)

@@ -73,6 +73,7 @@ class ExporterSettings:
     probe_every: float = 0.0        # min seconds between probes of one backend; 0 = every interval
     probe_model: str = ""           # model for the probe; default: first id of /v1/models
     api_key_file: str = ""          # file whose stripped content is sent as `Authorization: Bearer` on /v1/*
+    max_reads_per_endpoint: int = 16  # reads and /health checks one host:port may have in flight (per lane)
 
 
 @dataclass(frozen=True)
@@ -302,11 +303,17 @@ def parse_config(data: Any, source: str = "") -> Config:
     return Config(
         backends=tuple(backends),
         proxies=tuple(proxies),
-        exporter=_section(ExporterSettings, data.get("exporter"), "exporter"),
+        exporter=_check_exporter(_section(ExporterSettings, data.get("exporter"), "exporter")),
         remediator=remediator,
         discovery=parse_discovery(data.get("discovery")),
         source=source,
     )
+
+
+def _check_exporter(e: ExporterSettings) -> ExporterSettings:
+    if e.max_reads_per_endpoint < 1:
+        raise ConfigError("exporter.max_reads_per_endpoint: must be at least 1")
+    return e
 
 
 def _check_remediator(r: RemediatorSettings) -> None:

@@ -103,6 +103,9 @@ FLAG_HELP = {
                        "their condition clears, against flapping; 0s = off (Prometheus < 2.42 needs 0s)",
     "severity": "ALERT=LEVEL: another severity label for one alert (repeatable)",
     "extra_labels": "KEY=VALUE: a label added to every alert (repeatable), e.g. team=ml-platform",
+    "not_judged_intervals": "LLMHealthBackendNotJudged: a backend's last judged reading older than this many "
+                            "reading intervals (the exporter's llm_health_reading_interval_seconds)",
+    "not_judged_for": "LLMHealthBackendNotJudged: ... for this long",
     "group_labels": "comma-separated labels kept in every aggregation next to `backend` (e.g. cluster,namespace): "
                     "one backend name may exist once per group",
 }
@@ -174,6 +177,8 @@ class RuleSettings:
     webhook_window: str | None = None  # LLMHealthWebhookDeliveryFailing's increase() window (5m)
     webhook_failing_for: str = "10m"
     watchdog: bool = False            # True: the always-firing LLMHealthWatchdog (for a dead man's switch)
+    not_judged_intervals: int = 4     # LLMHealthBackendNotJudged: last reading older than this many intervals
+    not_judged_for: str = "1m"
     # Target labels that tell backends of the same name apart (cluster, namespace, ...): rendered into
     # every `by (...)`/`on (...)` of the rules and the dashboards, and a dashboard variable each.
     group_labels: tuple[str, ...] = ()
@@ -220,6 +225,8 @@ class RuleSettings:
             raise ConfigError("--restart-loop-threshold: must be >= 1")
         if s.min_backends_up < 1:
             raise ConfigError("--min-backends-up: must be >= 1")
+        if s.not_judged_intervals < 2:
+            raise ConfigError("--not-judged-intervals: must be >= 2 (one late reading is normal)")
         return s
 
     def _with_windows(self) -> RuleSettings:

@@ -306,15 +306,15 @@ def test_a_read_finishing_after_the_cycle_gave_up_is_never_used_later(fake) -> N
     try:
         slot = fleet.backends[0]
         fleet.read_all(due=0.0)  # the idle page is still dripping at the read's deadline
-        assert slot.read is not None and not slot.read.done()
+        # the exchange ended by its own total deadline: the dripped page is never read, late or not
+        assert slot.read is None or slot.read.done()
         assert slot.readings["timeout"] == 1 and slot.probes_sent == 0
         f.release.set()
-        wait_until(slot.read.done, timeout=5, what="the late read completes")
-        assert f.metrics_done == 1
         f.drip = False
         f.set("0", running=2, gen=150)  # busy by the next cycle
+        before = f.metrics_done
         fleet.read_all(due=1.0)
-        assert f.metrics_done == 2  # a new read was made...
+        assert f.metrics_done >= before + 1  # a new read was made (the dripped one may have ended too)
         assert slot.readings["ok"] == 1 and slot.readings["timeout"] == 1  # ...and the late one not counted
         assert slot.state.in_flight == 2 and slot.state.verdict != Verdict.IDLE
         assert slot.probes_sent == 0 and slot.probe is None

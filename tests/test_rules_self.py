@@ -110,8 +110,22 @@ def discovery_stale() -> Scenario:
     return s
 
 
+def backend_not_judged() -> Scenario:
+    s = Scenario("the exporter judges a and c all along; its readings of b stop at 10m (readers taken)")
+    ex = {"job": "llm-health-exporter", "instance": "ex-1:9410"}
+    s.add(series("llm_health_reading_interval_seconds", ex, f"15x{N}"))
+    s.add(series("llm_health_last_reading_timestamp_seconds", {**ex, "backend": "a"}, f"0+15x{N}"))
+    s.add(series("llm_health_last_reading_timestamp_seconds", {**ex, "backend": "b"}, f"0+15x40 600x{N}"))
+    # c is judged a little late every time (3 intervals behind): late, but not "not judged"
+    s.add(series("llm_health_last_reading_timestamp_seconds", {**ex, "backend": "c"}, f"0x3 0+15x{N}"))
+    s.silent("11m", "LLMHealthBackendNotJudged")       # 60 s old: 4 intervals, not more
+    s.silent("12m", "LLMHealthBackendNotJudged")       # older, but not yet for 1m
+    s.expect("13m", "LLMHealthBackendNotJudged", {**ex, "backend": "b", "$value": 180})
+    return s
+
+
 SCENARIOS = [remediator_down, remediator_absent, remediator_unhealthy, breaker, needs_ack, restarts_failing,
-             webhook_failing, discovery_stale]
+             webhook_failing, discovery_stale, backend_not_judged]
 
 
 def document(rule_files: list[Path], written_as: list[str] | None = None,
