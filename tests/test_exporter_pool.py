@@ -6,8 +6,8 @@ import threading
 from concurrent.futures import CancelledError, Future
 
 import pytest
-
 from llm_health.exporter.pool import Lane
+
 from llm_health.procs import wait_until
 
 
