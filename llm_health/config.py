@@ -136,7 +136,8 @@ class RemediatorSettings:
     haproxy_proxy: str = "vllm"          # the HAProxy backend (proxy) whose servers are our backends
     poll_interval: float = 1.0           # how often the authority looks at each open incident
     max_concurrent_incidents: int = 16   # incidents worked on at once (worker threads: verify, drain, action)
-    max_concurrent_restarts: int = 8     # restarts in progress (draining/restarting/warming) fleet-wide
+    max_concurrent_restarts: int = 8     # restarts taking capacity at once (draining, restarting, warming) fleet-wide
+    restart_slot_warmup: float = 60.0    # a warm-up holds its restart slot this long at most (not back by then: freed)
     health_stale_after: float = 300.0    # /healthz fails when the authority loop has not finished a pass this long
     backoff: Backoff = field(default_factory=Backoff)
     budget: Budget = field(default_factory=Budget)

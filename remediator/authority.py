@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import requests
+from llm_health.exporter.backend import HttpFailure, Target
 from llm_health.remediator import action as act
 from llm_health.remediator import clock as clocks_mod
 from llm_health.remediator import fleet, inflight, lifecycle, policy
@@ -60,10 +60,8 @@ log = logging.getLogger("llm_health.remediator")
 
 LEASE = "authority"
 S = LifecycleState
-LIFECYCLES = "\x00lifecycles"  # the scheduler key of backends outside any restart (never a backend name)
 ERROR_LOOK_MIN = 30.0          # an ERROR backend gets a full warm-up check at most this often ...
 ERROR_LOOK_POLLS = 6           # ... or every warmup_poll * this, whichever is longer
-LOOK_BUDGET = 10.0             # seconds per pass for ERROR backends' checks (the rest: next pass)
 
 
 def install_probe_counter() -> None:
@@ -138,23 +136,30 @@ def default_verifier(config: Config) -> Verifier:
 
 def default_answer_check(config: Config) -> WarmupCheck:
     """/health 200 and /v1/models 200 listing the configured model; no generation request. Used for a
-    backend seen for the first time (start-up: INITIALIZING -> READY)."""
+    backend seen for the first time (start-up: INITIALIZING -> READY). Each request has a total
+    deadline (read_timeout): a server that drips its answer costs at most that."""
     timeout = config.exporter.read_timeout
 
     def check(backend: Backend) -> tuple[bool, str]:
+        target = Target(backend.url, timeout)
         try:
-            health = requests.get(f"{backend.url}/health", timeout=timeout)
-            if health.status_code != 200:
-                return False, f"/health answered {health.status_code}"
-            models = requests.get(f"{backend.url}/v1/models", timeout=timeout)
-            if models.status_code != 200:
-                return False, f"/v1/models answered {models.status_code}"
+            health = target.get("/health")
+            if health.status != 200:
+                return False, f"/health answered {health.status}"
+            models = target.get("/v1/models")
+            if models.status != 200:
+                return False, f"/v1/models answered {models.status}"
             if backend.model:
-                ids = [m.get("id") for m in models.json().get("data", []) if isinstance(m, dict)]
+                data = models.json().get("data", [])
+                ids = [m.get("id") for m in data if isinstance(m, dict)] if isinstance(data, list) else []
                 if backend.model not in ids:
                     return False, f"/v1/models does not list {backend.model!r} yet"
-        except (requests.RequestException, ValueError, AttributeError) as exc:
-            return False, f"not answering: {exc.__class__.__name__}"
+        except HttpFailure as exc:
+            return False, f"not answering: {exc.kind}: {exc.detail}"
+        except (ValueError, AttributeError) as exc:
+            return False, f"/v1/models unreadable: {exc.__class__.__name__}"
+        finally:
+            target.close()
         return True, "answers /health and /v1/models"
 
     return check
@@ -323,24 +328,26 @@ class Authority:
 
     # -- scheduling: what is due, and one look at one key -------------------------------------------
     def _due_keys(self) -> list[str]:
-        """The resync: every backend with an active incident, plus the lifecycle housekeeping."""
+        """The resync: every backend with an active incident, and every backend outside a restart whose
+        lifecycle needs a look now (first seen, or in ERROR). One key per backend: each is looked at by
+        one worker, so one slow or hostile backend holds one worker, never the others' looks."""
         if not self._holding.is_set():
             self.last_pass = time.monotonic()
             return []
         self._recover_if_needed()
-        keys = [LIFECYCLES, *(inc["backend"] for inc in self.store.active_incidents())]
+        incidents = [inc["backend"] for inc in self.store.active_incidents()]
+        busy = set(incidents)
+        keys = incidents + [name for name in self.lifecycle_due() if name not in busy]
         self.last_pass = time.monotonic()
         return keys
 
     def work(self, key: str) -> float | None:
-        """One look at one key; seconds until it wants another look (None: at the next resync)."""
+        """One look at one backend; seconds until it wants another look (None: at the next resync)."""
         if self._stop.is_set() or not self._holding.is_set():
-            return None
-        if key == LIFECYCLES:
-            self.look_after_lifecycles()
             return None
         inc = Store.active_incident(self.store.conn(), key)
         if inc is None:
+            self.look_after_lifecycle(key)
             return None
         t = self.clocks.mono()
         due = float(inc["next_check_at"])
@@ -365,7 +372,7 @@ class Authority:
                 return
             if float(inc["next_check_at"]) <= self.clocks.mono():
                 self.procedure.look(inc)
-        self.look_after_lifecycles((S.ERROR,))          # full warm-up checks: after the incidents, rationed
+        self.look_after_lifecycles((S.ERROR,))          # full warm-up checks, after the incidents
         self.last_pass = time.monotonic()
 
     # -- after taking the lease: what a previous holder left unfinished ------------------------------
@@ -425,14 +432,11 @@ class Authority:
             self.procedure.unsilence_safely(backend)      # ERROR: its alerts must reach people again
 
     # -- lifecycle outside a restart ----------------------------------------------------------------
-    def look_after_lifecycles(self, states: tuple[LifecycleState, ...] = (S.INITIALIZING, S.ERROR)) -> None:
-        """Backends no restart of ours is carrying: a backend seen for the first time becomes READY once
-        it answers /health and /v1/models (or ERROR after warmup_timeout); an ERROR backend whose
-        incident was acknowledged becomes READY again once it is warm (full warm-up check, which may
-        send a probe: at most every max(ERROR_LOOK_MIN, warmup_poll * ERROR_LOOK_POLLS) seconds per
-        backend, and only LOOK_BUDGET seconds of them per pass; the others wait for the next pass)."""
+    def lifecycle_due(self, states: tuple[LifecycleState, ...] = (S.INITIALIZING, S.ERROR)) -> list[str]:
+        """Backends no restart of ours is carrying whose lifecycle wants a look now, the longest waiting
+        first: a backend seen for the first time (INITIALIZING, every `warmup_poll`), an ERROR backend
+        without an active incident (at most every max(ERROR_LOOK_MIN, warmup_poll * ERROR_LOOK_POLLS))."""
         now, t = self.clocks.wall(), self.clocks.mono()
-        todo: list[tuple[Backend, LifecycleState, float]] = []
         c = self.store.conn()
         rows = fleet.all_rows(c)
         missing = [b.name for b in self.config.backends if b.name not in rows]
@@ -442,48 +446,70 @@ class Authority:
                     fleet.ensure(tx, name, now)
             rows = fleet.all_rows(c)
         active = {i["backend"]: i for i in self.store.active_incidents()}
+        due: list[str] = []
         for b in self.config.backends:
-            r = rows[b.name]
+            r = rows.get(b.name)
+            if r is None or fleet.owned(r):
+                continue
             st = LifecycleState(r["state"])
             inc = active.get(b.name)
-            if fleet.owned(r) or (inc is not None and inc["state"] in RESTART_STATES):
+            if st not in states or (inc is not None and inc["state"] in RESTART_STATES):
                 continue
-            if st not in states:
-                continue
-            if st == S.INITIALIZING or (st == S.ERROR and inc is None):
-                if self._next_look.get(b.name, float("-inf")) <= t:
-                    todo.append((b, st, float(r["since"])))
-        todo.sort(key=lambda item: self._next_look.get(item[0].name, float("-inf")))   # the longest waiting first
-        started = time.monotonic()
-        for b, st, since in todo:
+            if (st == S.INITIALIZING or (st == S.ERROR and inc is None)) and \
+                    self._next_look.get(b.name, float("-inf")) <= t:
+                due.append(b.name)
+        return sorted(due, key=lambda name: self._next_look.get(name, float("-inf")))
+
+    def look_after_lifecycles(self, states: tuple[LifecycleState, ...] = (S.INITIALIZING, S.ERROR)) -> None:
+        """Every due lifecycle look, one after another (tick(); the scheduler does them concurrently)."""
+        for name in self.lifecycle_due(states):
             if self._stop.is_set():
                 return
-            if st == S.ERROR and time.monotonic() - started > LOOK_BUDGET:
-                return                                     # the rest next pass (oldest first)
-            pause = self.r.warmup_poll if st == S.INITIALIZING else max(ERROR_LOOK_MIN,
-                                                                         self.r.warmup_poll * ERROR_LOOK_POLLS)
-            try:
+            self.look_after_lifecycle(name, states)
+
+    def look_after_lifecycle(self, name: str,
+                             states: tuple[LifecycleState, ...] = (S.INITIALIZING, S.ERROR)) -> None:
+        """One backend outside any restart: seen for the first time, it becomes READY once it answers
+        /health and /v1/models (or ERROR after warmup_timeout); in ERROR with its incident acknowledged,
+        READY again once it is warm (full warm-up check, which may send a probe). Every check has a
+        total deadline, and what it found is written only if nothing else took the backend meanwhile."""
+        b = self.config.backend(name)
+        if b is None:
+            return
+        c = self.store.conn()
+        r = fleet.row(c, name)
+        inc = Store.active_incident(c, name)
+        if r is None or fleet.owned(r) or (inc is not None and inc["state"] in RESTART_STATES):
+            return
+        st = LifecycleState(r["state"])
+        if st not in states or (st == S.ERROR and inc is not None) or \
+                self._next_look.get(name, float("-inf")) > self.clocks.mono():
+            return
+        since = float(r["since"])
+        pause = self.r.warmup_poll if st == S.INITIALIZING else max(ERROR_LOOK_MIN,
+                                                                     self.r.warmup_poll * ERROR_LOOK_POLLS)
+        try:
+            if st == S.ERROR:
+                ready, why = self.procedure.probing(b, WARMUP, self.procedure.checks.warmup_check)
+            else:
+                ready, why = self.procedure.checks.answer_check(b)
+        except Exception as exc:  # noqa: BLE001 - one broken backend never starves the others
+            log.exception("lifecycle check of %s failed", name)
+            ready, why = False, f"check raised {exc.__class__.__name__}: {exc}"[:300]
+        now, t = self.clocks.wall(), self.clocks.mono()
+        self._next_look[name] = t + pause
+        with self.store.tx() as c:
+            r = fleet.row(c, name)
+            if r is None or r["state"] != st.value or fleet.owned(r):
+                return
+            if ready:
                 if st == S.ERROR:
-                    ready, why = self.procedure.probing(b, WARMUP, self.procedure.checks.warmup_check)
-                else:
-                    ready, why = self.procedure.checks.answer_check(b)
-            except Exception as exc:  # noqa: BLE001 - one broken backend never starves the others
-                log.exception("lifecycle check of %s failed", b.name)
-                ready, why = False, f"check raised {exc.__class__.__name__}: {exc}"[:300]
-            now, t = self.clocks.wall(), self.clocks.mono()
-            self._next_look[b.name] = t + pause
-            with self.store.tx() as c:
-                r = fleet.row(c, b.name)
-                if r is None or r["state"] != st.value or fleet.owned(r):
-                    continue
-                if ready:
-                    if st == S.ERROR:
-                        fleet.move(c, b.name, S.INITIALIZING, now, f"out of ERROR: {why}")
-                    fleet.move(c, b.name, S.READY, now, why)
-                elif st == S.INITIALIZING and lifecycle.warmup_expired(since, now, self.r.warmup_timeout):
-                    fleet.move(c, b.name, S.ERROR, now, f"not answering {self.r.warmup_timeout:g}s after it "
-                               f"was first seen: {why}")
-                    self.procedure.escalate(c, b.name, None, now, f"{b.name} never became ready: {why}")
+                    fleet.move(c, name, S.INITIALIZING, now, f"out of ERROR: {why}")
+                fleet.move(c, name, S.READY, now, why)
+            elif st == S.INITIALIZING and lifecycle.warmup_expired(since, now, self.r.warmup_timeout):
+                fleet.move(c, name, S.ERROR, now, f"not answering {self.r.warmup_timeout:g}s after it "
+                           f"was first seen: {why}")
+                self.procedure.escalate(c, name, None, now, f"{name} never became ready: {why}")
 
 
 def state_path(config: Config) -> Path:

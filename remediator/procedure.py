@@ -180,7 +180,7 @@ class Procedure:
             since = self.record_verification(c, incident_id, verification, now, t)
             d = policy.decide(self.facts(c, backend, now, since), verification, self.settings)
             if d.kind == policy.RESTART:
-                d = (self.host_gate(c, backend) or self.concurrency_gate(c, incident_id)
+                d = (self.host_gate(c, backend) or self.concurrency_gate(c, incident_id, verification)
                      or self.floor_gate(c, backend, verification, now) or d)
             if d.kind == policy.RESTART:
                 if not self.still_holder(c):
@@ -229,9 +229,14 @@ class Procedure:
         return None if ok else policy.Decision(DEFERRED_HOST, f"per-host mutex: {why}; waiting until it is "
                                                "READY or ERROR")
 
-    def concurrency_gate(self, c: Any, incident_id: int) -> policy.Decision | None:
+    def concurrency_gate(self, c: Any, incident_id: int, verification: Any = None) -> policy.Decision | None:
+        """At most max_concurrent_restarts restarts take capacity at once (store.restarts_in_progress). A
+        backend verified down serves nothing: its restart takes no slot and waits for none."""
+        if str(getattr(verification, "outcome", "")) == "down":
+            return None
         limit = max(1, self.r.max_concurrent_restarts)
-        busy = Store.restarts_in_progress(c, except_incident=incident_id)
+        warming_until = self.clocks.mono() + self.r.warmup_timeout - self.r.restart_slot_warmup
+        busy = Store.restarts_in_progress(c, except_incident=incident_id, warming_until=warming_until)
         if busy < limit:
             return None
         return policy.Decision(DEFERRED_CONCURRENCY, f"{busy} restarts already in progress "
@@ -548,23 +553,16 @@ class Procedure:
 
     # == step: warm up ==============================================================================
     def watch_warmup(self, incident_id: int, backend: Backend, deadline: float) -> None:
-        now, t = self.clocks.wall(), self.clocks.mono()
-        if t > deadline:
-            self.unsilence_safely(backend.name)
-            with self.store.tx() as c:
-                if Store.incident_in(c, incident_id, WARMING) is None:
-                    return
-                why = f"not warm {self.r.warmup_timeout:g}s after the restart"
-                fleet.move(c, backend.name, S.ERROR, now, f"warm-up timeout: {why}", incident_id)
-                Store.set_state(c, incident_id, now, NEEDS_ACK, last_decision="warmup_timeout")
-                Store.event(c, now, "warmup_timeout", backend.name, incident_id,
-                            reason=f"{why}; needs a person, not restarted again")
-                self.escalate(c, backend.name, incident_id, now, f"warm-up timeout: {why}")
+        if self.clocks.mono() > deadline:
+            self.warmup_timed_out(incident_id, backend, "")
             return
         ready, why = self.probing(backend, WARMUP, self.checks.warmup_check)
         if ready:
             self.unsilence_safely(backend.name)
         now, t = self.clocks.wall(), self.clocks.mono()
+        if not ready and t > deadline:       # the check itself ran past the deadline: time out now
+            self.warmup_timed_out(incident_id, backend, why)
+            return
         with self.store.tx() as c:
             if Store.incident_in(c, incident_id, WARMING) is None:
                 return
@@ -576,6 +574,19 @@ class Procedure:
             else:
                 c.execute("UPDATE incidents SET next_check_at = ?, last_note = ? WHERE id = ?",
                           (t + self.r.warmup_poll, why[:200], incident_id))
+
+    def warmup_timed_out(self, incident_id: int, backend: Backend, last: str) -> None:
+        self.unsilence_safely(backend.name)
+        now = self.clocks.wall()
+        with self.store.tx() as c:
+            if Store.incident_in(c, incident_id, WARMING) is None:
+                return
+            why = f"not warm {self.r.warmup_timeout:g}s after the restart" + (f" (last check: {last})" if last else "")
+            fleet.move(c, backend.name, S.ERROR, now, f"warm-up timeout: {why}", incident_id)
+            Store.set_state(c, incident_id, now, NEEDS_ACK, last_decision="warmup_timeout")
+            Store.event(c, now, "warmup_timeout", backend.name, incident_id,
+                        reason=f"{why}; needs a person, not restarted again")
+            self.escalate(c, backend.name, incident_id, now, f"warm-up timeout: {why}")
 
     def watch_recovery(self, incident_id: int, backend: Backend) -> None:
         """An incident with an unknown outcome closes by itself once the backend answers again."""

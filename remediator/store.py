@@ -490,9 +490,16 @@ class Store:
                      for r in rows)
 
     @staticmethod
-    def restarts_in_progress(c: sqlite3.Connection, except_incident: int | None = None) -> int:
-        """Incidents whose restart is under way (draining, restarting, warming up), fleet-wide; read inside
-        the claim's transaction, so the concurrency bound holds across threads and processes."""
-        marks = ",".join("?" * len(RESTART_STATES))
-        return int(c.execute(f"SELECT count(*) FROM incidents WHERE state IN ({marks}) AND id != ?",
-                             (*RESTART_STATES, -1 if except_incident is None else except_incident)).fetchone()[0])
+    def restarts_in_progress(c: sqlite3.Connection, except_incident: int | None = None,
+                             warming_until: float = float("inf")) -> int:
+        """Restarts holding a slot of the concurrency bound, fleet-wide; read inside the claim's transaction,
+        so the bound holds across threads and processes. A slot is held by a drain, by a running restart
+        action, and by a warm-up whose deadline (`warm_deadline`, monotonic) is after `warming_until`,
+        i.e. for its first part only; never by the restart of a backend verified `down` (it served nothing,
+        so restarting it takes no capacity away; the breaker and the host mutex still bound it)."""
+        return int(c.execute(
+            "SELECT count(*) FROM incidents WHERE id != ? AND ("
+            " state = ? OR (state = ? AND verified_outcome != 'down')"
+            " OR (state = ? AND verified_outcome != 'down' AND coalesce(warm_deadline, 0) > ?))",
+            (-1 if except_incident is None else except_incident, DRAINING, RESTARTING, WARMING, warming_until),
+        ).fetchone()[0])

@@ -147,3 +147,71 @@ def test_300_dripping_backends_never_take_a_healthy_ones_readers(
     assert all(verdicts[n]["verdict"] in ("unknown", "down") for n in judged)
     # the drippers' lane is short of workers and the lag says so (it stayed near 0 before)
     assert max(lags) > interval / 2, f"schedule lag at most {max(lags):.3f} s while 300 drippers wait for workers"
+
+
+TOKEN = "hostile-token"
+
+
+def _remediator(tmp_path: Path, backends: dict[str, str], **settings: object) -> tuple[str, ManagedProcess]:
+    (tmp_path / "token").write_text(TOKEN)
+    cfg = {
+        "backends": [{"name": n, "url": u, "restart": ["true"]} for n, u in backends.items()],
+        "exporter": {"read_timeout": 1.0, "probe_timeout": 2.0},
+        "remediator": {"state": "state.db", "token_file": "token", "verify_readings": 2, "verify_interval": 0.5,
+                       "poll_interval": 0.2, "warmup_poll": 0.5, "unresponsive_after": 3,
+                       "backoff": {"initial": 0, "factor": 2, "cap": 0, "stable_after": 3600}, **settings},
+    }
+    path = tmp_path / "llm-health.yml"
+    import yaml
+    path.write_text(yaml.safe_dump(cfg))
+    port = free_port()
+    proc = ManagedProcess(llm_health("remediator", "--config", path, "--listen", f"127.0.0.1:{port}",
+                                     "--workers", 1), name="remediator", log_dir=tmp_path, cwd=tmp_path)
+    base = f"http://127.0.0.1:{port}"
+    proc.wait_http(base + "/healthz", timeout=30)
+    return base, proc
+
+
+def _lifecycle(base: str) -> dict[str, str]:
+    docs = requests.get(base + "/api/backends", timeout=10).json()["backends"]
+    return {d["backend"]: d["lifecycle"]["state"] for d in docs}
+
+
+def _kinds(base: str, backend: str) -> list[str]:
+    events = requests.get(base + "/api/events", params={"backend": backend, "limit": 1000}, timeout=10).json()
+    return [e["kind"] for e in events["events"]]
+
+
+def test_a_dripping_backend_never_holds_the_remediator(tmp_path: Path, healthy: Healthy,
+                                                      drippers: Callable[..., DripServer]) -> None:
+    """The finding: the one housekeeping thread blocked on a header-dripping backend: a healthy neighbour
+    stayed INITIALIZING for over 80 s, an incident on the dripper never got a decision, and its
+    warmup_timeout never fired."""
+    drip = drippers(1, "headers")
+    other = Healthy()
+    try:
+        base, proc = _remediator(tmp_path, {"drip": drip.urls[0], "n1": healthy.url, "n2": other.url},
+                                 warmup_timeout=8)
+        try:
+            started = time.monotonic()
+            wait_until(lambda: {_lifecycle(base)[n] for n in ("n1", "n2")} == {"ready"}, timeout=15,
+                       what="both healthy neighbours READY")
+            assert time.monotonic() - started < 15
+            body = {"version": "4", "status": "firing", "receiver": "llm-health", "groupKey": "{}:{}",
+                    "alerts": [{"status": "firing", "labels": {"alertname": "LLMBackendStalled", "backend": "drip",
+                                                               "remediation": "restart", "severity": "critical"},
+                                "annotations": {}, "startsAt": "2026-12-01T00:00:00Z", "fingerprint": "f1"}]}
+            r = requests.post(base + "/webhook", json=body, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
+            assert r.status_code == 202, r.text
+            decided = {"deferred_unknown", "restarting", "not_configured"}
+            wait_until(lambda: decided & set(_kinds(base, "drip")), timeout=30, what="a decision on the dripper")
+            # verified unresponsive for unresponsive_after, restarted (true exits 0), never warm: timed out
+            wait_until(lambda: "warmup_timeout" in _kinds(base, "drip") or
+                       "never became ready" in str(requests.get(base + "/api/events", params={"backend": "drip"},
+                                                                timeout=10).json()),
+                       timeout=60, what="the dripper's warm-up timed out")
+            assert {_lifecycle(base)[n] for n in ("n1", "n2")} == {"ready"}
+        finally:
+            proc.stop()
+    finally:
+        other.server.stop()

@@ -27,7 +27,7 @@ from llm_health.remediator.lifecycle import RESTARTING as OUT_OF_SERVICE
 from llm_health.remediator.store import Store
 from test_remediator_helpers import alert, payload
 
-from llm_health.config import parse_config
+from llm_health.config import RemediatorSettings, parse_config
 from llm_health.procs import wait_until
 
 TOKEN = "concurrency-token"
@@ -69,7 +69,8 @@ class Fleet:
 
 @contextmanager
 def running_fleet(tmp_path: Path, n: int, *, hosts: list[str] | None = None, verify_seconds: float,
-                  action_seconds: float, outcome: str, **remediator: Any) -> Iterator[Fleet]:
+                  action_seconds: float, outcome: str, restart_fixes: bool = True,
+                  **remediator: Any) -> Iterator[Fleet]:
     names = tuple(f"gpu-{i:02d}" for i in range(n))
     (tmp_path / "token").write_text(TOKEN)
     settings = {"state": "state.db", "token_file": "token", "verify_interval": 0.2, "poll_interval": 0.1,
@@ -98,7 +99,8 @@ def running_fleet(tmp_path: Path, n: int, *, hosts: list[str] | None = None, ver
         with lock:
             world.starts.setdefault(name, []).append(time.monotonic())
         time.sleep(action_seconds)
-        outcomes[name] = "progress"                  # the restart fixed it
+        if restart_fixes:
+            outcomes[name] = "progress"              # the restart fixed it
         with lock:
             world.ends.setdefault(name, []).append(time.monotonic())
         return action.ActionResult(action.OK, 0, "restarted")
@@ -173,3 +175,37 @@ def test_breaker_is_never_exceeded_when_incidents_race(tmp_path: Path) -> None:
         assert actions == 3 and sum(len(v) for v in f.starts.values()) == 3
         assert breaker_open
         assert len(f.store.events(kind="breaker_open")) == 1
+
+
+DEFAULTS = RemediatorSettings()
+
+
+def test_a_hundred_refused_backends_all_get_their_first_restart_within_a_few_verify_windows(tmp_path: Path) -> None:
+    """A rack failure: 100 backends refuse connections and do not come back after their restart. The
+    warm-up held a restart slot for up to warmup_timeout, so 8 restarted, the rest waited 900 s per wave
+    (about 3 hours for the last). A backend verified down serves nothing: its restart takes no slot."""
+    verify = 1.0
+    with running_fleet(tmp_path, 100, verify_seconds=verify, action_seconds=0.1, outcome="down",
+                       restart_fixes=False, max_concurrent_restarts=DEFAULTS.max_concurrent_restarts,
+                       max_concurrent_incidents=DEFAULTS.max_concurrent_incidents,
+                       restart_slot_warmup=DEFAULTS.restart_slot_warmup, warmup_timeout=DEFAULTS.warmup_timeout) as f:
+        alerted = f.alert_all(f.names)
+        # 100 verifications on 16 workers are 7 rounds of one verification each; a few more for the rest
+        bound = 7 * verify + 20
+        wait_until(lambda: len(f.starts) == 100, timeout=bound, interval=0.2, what="100 first restarts")
+        assert max(f.starts[n][0] for n in f.names) - alerted < bound
+        assert all(len(f.starts[n]) == 1 for n in f.names)          # one restart each, none repeated
+
+
+def test_a_warm_up_that_does_not_come_back_frees_its_slot_after_restart_slot_warmup(tmp_path: Path) -> None:
+    """20 serving backends stall at once and none comes back after its restart: 8 at a time take capacity,
+    and each frees its slot restart_slot_warmup after its action, not at warmup_timeout."""
+    with running_fleet(tmp_path, 20, verify_seconds=0.3, action_seconds=0.2, outcome="no_progress",
+                       restart_fixes=False, max_concurrent_restarts=8, restart_slot_warmup=2.0,
+                       warmup_timeout=120) as f:
+        alerted = f.alert_all(f.names)
+        wait_until(lambda: len(f.starts) == 20, timeout=60, interval=0.2, what="20 first restarts")
+        starts = sorted(f.starts[n][0] - alerted for n in f.names)
+        assert starts[-1] < 40, starts                                 # 3 waves of ~2 s, never 120 s
+        assert starts[8] - starts[0] >= 1.5, starts                    # the 9th waited for a slot to free
+        assert any("deferred_concurrency" in f.kinds(n) for n in f.names)
