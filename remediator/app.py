@@ -272,7 +272,7 @@ def backends_view() -> list[dict[str, Any]]:
         allowed = policy.next_allowed(times, now, r.backoff)
         markers = list(Store.api_markers(conn, b.name))
         if busy_dir is not None:
-            markers += file_markers(busy_dir, b.name, r.busy_file_ttl, r.marker_max_ttl)
+            markers += file_markers(busy_dir, b.name, r.busy_file_ttl, r.marker_max_ttl, now=now)
         out.append({
             "backend": b.name,
             "url": redact(b.url),
