@@ -35,6 +35,7 @@ from typing import Any, overload
 from urllib.parse import urlencode, urlparse
 
 from llm_health.config import NAME_RE, Backend, ConfigError, DiscoverySettings
+from llm_health.redact import redact
 from llm_health.urlauth import split_credentials
 
 log = logging.getLogger("llm_health.discovery")
@@ -517,8 +518,9 @@ class LiveBackends(Sequence[Backend]):
 
 
 def status_document(status: Status) -> dict[str, Any]:
-    return {"enabled": status.enabled, "last_success": status.last_success, "stale": status.stale,
-            "refreshes": status.refreshes, "errors": status.errors, "last_error": status.last_error,
-            "targets": status.targets, "backends": status.backends,
-            "refusals": [r.__dict__ for r in status.refusals]}
+    """Discovery's status as shown (exporter /verdicts, remediator /api/discovery): URLs redacted."""
+    return redact({"enabled": status.enabled, "last_success": status.last_success, "stale": status.stale,
+                   "refreshes": status.refreshes, "errors": status.errors, "last_error": status.last_error,
+                   "targets": status.targets, "backends": status.backends,
+                   "refusals": [r.__dict__ for r in status.refusals]})
 

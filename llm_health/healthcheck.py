@@ -16,6 +16,7 @@ import urllib.request
 from urllib.parse import urlparse
 
 from llm_health.config import ConfigError
+from llm_health.redact import redact
 from llm_health.urlauth import split_credentials
 
 ENV = "LLM_HEALTH_HEALTHCHECK_URL"
@@ -42,9 +43,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     url = args.url or os.environ.get(ENV) or DEFAULT_URL
     if urlparse(url).scheme not in ("http", "https") or not urlparse(url).hostname:
-        raise ConfigError(f"{url!r} is not an http(s) URL")
+        raise ConfigError(f"{redact(url)!r} is not an http(s) URL")
     if args.timeout <= 0:
         raise ConfigError("--timeout: must be > 0")
     ok, detail = check(url, args.timeout)
-    print(f"{url}: {detail}", file=sys.stdout if ok else sys.stderr)
+    print(redact(f"{url}: {detail}"), file=sys.stdout if ok else sys.stderr)
     return 0 if ok else 1

@@ -11,7 +11,6 @@ import hmac
 import ipaddress
 import json
 import logging
-import re
 import secrets
 import stat
 import time
@@ -36,11 +35,11 @@ from werkzeug.exceptions import HTTPException
 from llm_health.config import Config, ConfigError
 from llm_health.discovery import Discovery, status_document
 from llm_health.discovery_collector import DiscoveryCollector
+from llm_health.redact import redact
 
 log = logging.getLogger(__name__)
 MAX_JSON_DEPTH = 32
 MUTATING = ("POST", "PUT", "PATCH", "DELETE")
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@\"'<>]+@")
 HIDDEN_OUTPUT = "[hidden: send the bearer token to see action output]"
 
 
@@ -171,17 +170,6 @@ def _json_body() -> Any:
     except UnicodeEncodeError:
         raise _BodyError(400, "body contains a lone surrogate (\\ud800-\\udfff escape): not valid Unicode") from None
     return data
-
-
-def redact(value: Any) -> Any:
-    """Credentials (user:pass@) in any URL inside `value` replaced by ***@."""
-    if isinstance(value, str):
-        return _USERINFO.sub(r"\1***@", value)
-    if isinstance(value, dict):
-        return {k: redact(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [redact(v) for v in value]
-    return value
 
 
 def public_event(event: dict[str, Any], authenticated: bool) -> dict[str, Any]:
