@@ -33,10 +33,12 @@ from prometheus_client.exposition import generate_latest
 
 from llm_health.discovery import Discovery, status_document
 from llm_health.discovery_collector import DiscoveryCollector
+from llm_health.redact import redact
 
 
 def verdicts_document(snap: Snapshot) -> dict[str, Any]:
-    return {
+    """The /verdicts answer (unauthenticated: credentials in URLs redacted, llm_health.redact)."""
+    return redact({
         "backends": [
             {
                 "backend": b.name,
@@ -62,7 +64,7 @@ def verdicts_document(snap: Snapshot) -> dict[str, Any]:
         "cycles": snap.cycles,
         "lag_seconds": round(snap.lag_seconds, 4),
         "at": snap.at,
-    }
+    })
 
 
 class ExporterServer:

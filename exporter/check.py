@@ -57,6 +57,7 @@ from llm_health.exporter.verdict import (
 )
 
 from llm_health.config import ConfigError, _check_url
+from llm_health.redact import redact
 
 PROGRESS = "progress"
 IDLE_OK = "idle_ok"
@@ -309,6 +310,6 @@ def run(args: argparse.Namespace) -> int:
     code = EXIT_CODES[verdict]
     label = {0: "OK", 1: "UNKNOWN", 2: "CRITICAL"}[code]
     shown = result.outcome if result.outcome == UNRESPONSIVE else verdict.value
-    print(f"{label}: {shown} - {result.reason}")
+    print(redact(f"{label}: {shown} - {result.reason}"))
     sys.stdout.flush()
     return code

@@ -10,7 +10,6 @@ Flags override the file's `exporter:` settings; --backend/--proxy add to its lis
 from __future__ import annotations
 
 import argparse
-import logging
 import resource
 import signal
 import sys
@@ -32,6 +31,7 @@ from llm_health.config import (
     parse_named_url,
 )
 from llm_health.discovery import Discovery, LiveBackends
+from llm_health.redact import configure_logging, redact
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -150,7 +150,7 @@ def watch_discovered(config: Config, fleet: Fleet) -> Discovery | None:
 def run(args: argparse.Namespace) -> int:
     config = build_config(args)
     # verdict changes (other than idle <-> busy) and discovery events, one line each, on stderr
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    configure_logging("%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)   # URLs redacted
     raise_fd_limit(fds_wanted(len(config.backends), len(config.proxies)))
     host, port = parse_listen(config.exporter.listen)
     api_key = load_api_key(config.exporter.api_key_file, "exporter.api_key_file")
@@ -166,8 +166,8 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, stop)
     found = f" + discovery from {config.discovery.prometheus_url} ({config.discovery.selector})" \
         if discovery is not None else ""
-    print(f"llm-health exporter: {len(config.backends)} backend(s){found}, {len(config.proxies)} proxy(ies), "
-          f"interval {config.exporter.interval:g} s, stall after {config.exporter.stall_after:g} s, "
-          f"listening on http://{host}:{port}", file=sys.stderr, flush=True)
+    print(redact(f"llm-health exporter: {len(config.backends)} backend(s){found}, {len(config.proxies)} "
+                 f"proxy(ies), interval {config.exporter.interval:g} s, stall after "
+                 f"{config.exporter.stall_after:g} s, listening on http://{host}:{port}"), file=sys.stderr, flush=True)
     server.serve_forever()
     return 0

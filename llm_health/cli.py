@@ -14,6 +14,7 @@ import sys
 from llm_health import __version__
 from llm_health.assets import AssetError
 from llm_health.config import ConfigError
+from llm_health.redact import redact
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("llm_health.simulator.cli", "run a simulated vLLM server (fire drills, tests)"),
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except (ConfigError, AssetError) as exc:
-        print(f"llm-health {args.command}: {exc}", file=sys.stderr)
+        print(redact(f"llm-health {args.command}: {exc}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -35,6 +35,8 @@ from typing import Any, overload
 from urllib.parse import urlencode, urlparse
 
 from llm_health.config import NAME_RE, Backend, ConfigError, DiscoverySettings
+from llm_health.redact import redact
+from llm_health.urlauth import split_credentials
 
 log = logging.getLogger("llm_health.discovery")
 
@@ -313,8 +315,9 @@ def parse_answer(body: bytes) -> list[Any]:
 
 
 def fetch_targets(prometheus_url: str, timeout: float) -> list[Any]:
-    url = prometheus_url.rstrip("/") + "/api/v1/targets?" + urlencode({"state": "active"})
-    req = urllib.request.Request(url, headers={"Accept": "application/json", "User-Agent": "llm-health"})
+    base, auth = split_credentials(prometheus_url)   # user:password@ goes as Basic auth, never to DNS
+    url = base.rstrip("/") + "/api/v1/targets?" + urlencode({"state": "active"})
+    req = urllib.request.Request(url, headers={"Accept": "application/json", "User-Agent": "llm-health", **auth})
     with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - http(s) checked in config
         body = resp.read(MAX_ANSWER_BYTES + 1)
     if len(body) > MAX_ANSWER_BYTES:
@@ -515,8 +518,9 @@ class LiveBackends(Sequence[Backend]):
 
 
 def status_document(status: Status) -> dict[str, Any]:
-    return {"enabled": status.enabled, "last_success": status.last_success, "stale": status.stale,
-            "refreshes": status.refreshes, "errors": status.errors, "last_error": status.last_error,
-            "targets": status.targets, "backends": status.backends,
-            "refusals": [r.__dict__ for r in status.refusals]}
+    """Discovery's status as shown (exporter /verdicts, remediator /api/discovery): URLs redacted."""
+    return redact({"enabled": status.enabled, "last_success": status.last_success, "stale": status.stale,
+                   "refreshes": status.refreshes, "errors": status.errors, "last_error": status.last_error,
+                   "targets": status.targets, "backends": status.backends,
+                   "refusals": [r.__dict__ for r in status.refusals]})
 

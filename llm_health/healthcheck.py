@@ -16,14 +16,18 @@ import urllib.request
 from urllib.parse import urlparse
 
 from llm_health.config import ConfigError
+from llm_health.redact import redact
+from llm_health.urlauth import split_credentials
 
 ENV = "LLM_HEALTH_HEALTHCHECK_URL"
 DEFAULT_URL = "http://127.0.0.1:9411/healthz"
 
 
 def check(url: str, timeout: float) -> tuple[bool, str]:
+    base, auth = split_credentials(url)             # user:password@ goes as Basic auth, never to DNS
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - http(s) only, checked
+        request = urllib.request.Request(base, headers=auth)
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - http(s) only, checked
             return 200 <= response.status < 300, f"HTTP {response.status}"
     except urllib.error.HTTPError as exc:
         return False, f"HTTP {exc.code}"
@@ -39,9 +43,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     url = args.url or os.environ.get(ENV) or DEFAULT_URL
     if urlparse(url).scheme not in ("http", "https") or not urlparse(url).hostname:
-        raise ConfigError(f"{url!r} is not an http(s) URL")
+        raise ConfigError(f"{redact(url)!r} is not an http(s) URL")
     if args.timeout <= 0:
         raise ConfigError("--timeout: must be > 0")
     ok, detail = check(url, args.timeout)
-    print(f"{url}: {detail}", file=sys.stdout if ok else sys.stderr)
+    print(redact(f"{url}: {detail}"), file=sys.stdout if ok else sys.stderr)
     return 0 if ok else 1

@@ -13,6 +13,12 @@ survives a crash of ours):
   (waitpid, never its pipes), and writes `<key>.status` (JSON: result, exit code) atomically. On
   `timeout` it kills the argv's process group and records `timeout` (outcome unknown). A child the
   argv left running on purpose is never killed once the argv has exited.
+* The status survives a full disk: before the argv starts, the wrapper writes `<key>.status` with a
+  placeholder (`running`) of STATUS_SIZE bytes, so its blocks are allocated while there is room. The
+  result replaces it atomically (a new file, renamed); when that fails (no block for the new file),
+  the result overwrites the placeholder's own bytes in place, which needs no new block. Without it, a
+  restart that exited 0 while the disk was full was recorded `interrupted`. (A copy-on-write file
+  system, btrfs or ZFS, may need new blocks even for that; ext4, XFS and tmpfs do not.)
 * Output goes to `<key>.out`, a FILE, not a pipe: a background child that inherits it holds nobody.
 * The wrapper is in its own session: when the authority dies (kill -9, a reload), it carries on,
   enforces the timeout and writes the status, which the next authority collects (`collect`) instead
@@ -22,6 +28,7 @@ survives a crash of ours):
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import signal
@@ -33,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 OUTPUT_LIMIT = 4000
+STATUS_SIZE = 512      # bytes of every status file, placeholder and result alike (JSON padded with spaces)
+RUNNING = "running"    # the placeholder's result: no outcome yet
 WAIT_GRACE = 10.0      # the wrapper enforces the timeout; we give up on the wrapper only this much later
 
 OK = "ok"
@@ -85,11 +94,28 @@ def _truncate(data: bytes) -> str:
 
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)        # what it took is given back (a full disk)
+        raise
+
+
+def _overwrite_in_place(path: Path, data: bytes) -> None:
+    """Write `data` over the bytes an existing file of exactly that size already has: no new block."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        if os.fstat(fd).st_size != len(data):
+            raise OSError(errno.EINVAL, f"{path} is not a pre-allocated status file of {len(data)} bytes")
+        if os.pwrite(fd, data, 0) != len(data):
+            raise OSError(errno.EIO, f"short write to {path}")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _read_output(files: ActionFiles) -> str:
@@ -118,26 +144,39 @@ def _alive_wrapper(pid: int, files: ActionFiles) -> bool:
     return str(files.status).encode() in cmdline.split(b"\0")     # one whole argument, not a substring
 
 
+def _read_status(files: ActionFiles) -> tuple[ActionResult | None, str]:
+    """(the result in the status file, '') or (None, '') while there is none (no file, the placeholder)
+    or (None, why) when it cannot be read (a result being written in place is read half-way too)."""
+    try:
+        status = json.loads(files.status.read_text())
+        if status["result"] == RUNNING:
+            return None, ""
+        code = status.get("exit_code")
+        return ActionResult(str(status["result"]), int(code) if code is not None else None,
+                            _read_output(files) + str(status.get("note", ""))), ""
+    except FileNotFoundError:
+        return None, ""
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return None, repr(exc)
+
+
 def collect(files: ActionFiles) -> ActionResult | None:
     """The outcome of an action started by (possibly) another process: its result when the wrapper has
     written it; None while the wrapper still runs; UNKNOWN when it is gone without writing one."""
-    try:
-        status = json.loads(files.status.read_text())
-        code = status.get("exit_code")
-        return ActionResult(str(status["result"]), int(code) if code is not None else None,
-                            _read_output(files) + str(status.get("note", "")))
-    except FileNotFoundError:
-        pass
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        return ActionResult(UNKNOWN, None, f"unreadable status {files.status}: {exc!r}")
+    result, _ = _read_status(files)
+    if result is not None:
+        return result
     try:
         pid = int(files.pid.read_text().strip())
     except (OSError, ValueError):
         pid = 0
     if pid and _alive_wrapper(pid, files):
         return None
-    if files.status.exists():             # it finished between our two reads
-        return collect(files)
+    result, problem = _read_status(files)      # it finished between our two reads
+    if result is not None:
+        return result
+    if problem:
+        return ActionResult(UNKNOWN, None, f"unreadable status {files.status}: {problem}")
     return ActionResult(UNKNOWN, None, _read_output(files) + "\n[the action's wrapper is gone without an exit status]")
 
 
@@ -182,8 +221,30 @@ def _kill_group(pgid: int) -> None:
 
 
 # -- the wrapper (runs in its own session; outlives the authority) -------------------------------------
+def _padded(doc: dict[str, object]) -> str:
+    text = json.dumps(doc)
+    if len(text.encode()) > STATUS_SIZE:                # only a note can be long: the result must fit
+        text = json.dumps({**doc, "note": "[note too long for the status file]"})
+    return text + " " * (STATUS_SIZE - len(text.encode()))
+
+
+def _placeholder(path: Path) -> None:
+    """The status file's blocks, taken while there is room (a full disk later cannot lose the result)."""
+    try:
+        _write_atomic(path, _padded({"result": RUNNING, "exit_code": None, "note": ""}))
+    except OSError:
+        pass                              # no room now: the result is written the ordinary way, if it can be
+
+
 def _status(path: Path, result: str, code: int | None, note: str = "") -> None:
-    _write_atomic(path, json.dumps({"result": result, "exit_code": code, "note": note}))
+    text = _padded({"result": result, "exit_code": code, "note": note})
+    try:
+        _write_atomic(path, text)
+    except OSError as exc:                # a full disk: no block for a new file. The placeholder has its own
+        try:
+            _overwrite_in_place(path, text.encode())
+        except OSError:
+            raise exc from None
 
 
 def main(args: Sequence[str] | None = None) -> int:
@@ -195,6 +256,7 @@ def main(args: Sequence[str] | None = None) -> int:
     ns = p.parse_args(args)
     argv = ns.argv[1:] if ns.argv[:1] == ["--"] else ns.argv
     _write_atomic(ns.pid_file, str(os.getpid()))
+    _placeholder(ns.status)               # after the pid: a placeholder always has a pid file beside it
     if not argv:
         _status(ns.status, FAILED, None, "no argv")
         return 2

@@ -11,7 +11,6 @@ import hmac
 import ipaddress
 import json
 import logging
-import re
 import secrets
 import stat
 import time
@@ -36,11 +35,11 @@ from werkzeug.exceptions import HTTPException
 from llm_health.config import Config, ConfigError
 from llm_health.discovery import Discovery, status_document
 from llm_health.discovery_collector import DiscoveryCollector
+from llm_health.redact import redact
 
 log = logging.getLogger(__name__)
 MAX_JSON_DEPTH = 32
 MUTATING = ("POST", "PUT", "PATCH", "DELETE")
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@\"'<>]+@")
 HIDDEN_OUTPUT = "[hidden: send the bearer token to see action output]"
 
 
@@ -173,17 +172,6 @@ def _json_body() -> Any:
     return data
 
 
-def redact(value: Any) -> Any:
-    """Credentials (user:pass@) in any URL inside `value` replaced by ***@."""
-    if isinstance(value, str):
-        return _USERINFO.sub(r"\1***@", value)
-    if isinstance(value, dict):
-        return {k: redact(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [redact(v) for v in value]
-    return value
-
-
 def public_event(event: dict[str, Any], authenticated: bool) -> dict[str, Any]:
     out = redact(event)
     detail = out.get("detail")
@@ -272,7 +260,7 @@ def backends_view() -> list[dict[str, Any]]:
         allowed = policy.next_allowed(times, now, r.backoff)
         markers = list(Store.api_markers(conn, b.name))
         if busy_dir is not None:
-            markers += file_markers(busy_dir, b.name, r.busy_file_ttl, r.marker_max_ttl)
+            markers += file_markers(busy_dir, b.name, r.busy_file_ttl, r.marker_max_ttl, now=now)
         out.append({
             "backend": b.name,
             "url": redact(b.url),

@@ -11,11 +11,19 @@ re-created (the remediator refuses, the marker folder is gone and cannot be writ
 stops loudly: it says so, terminates the job (SIGTERM) and exits 3. A job never keeps running
 unprotected without a word. A refresh that merely cannot reach the remediator is retried while the
 marker is still valid (its expiry has not passed since the last successful refresh).
+
+The job dies with its wrapper: it is started with PR_SET_PDEATHSIG (Linux), so when the wrapper itself
+is killed (kill -9, the OOM killer), the job gets SIGTERM at once, while its marker, no longer refreshed,
+still holds for the rest of its ttl. SIGTERM, the signal the wrapper also stops a job with, lets a job
+checkpoint and exit; a job that ignores it keeps running without protection once the marker expires.
+Without the wrapper nobody would refresh the marker, and a job outliving it would run unprotected,
+silently. (To stop a job, signal the wrapper: SIGTERM, SIGINT and SIGHUP are passed on to the job.)
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import getpass
 import os
 import signal
@@ -24,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Protocol
@@ -34,6 +43,8 @@ from llm_health.remediator.marker import write_marker_file
 from llm_health.config import NAME_RE, ConfigError, load_config
 
 LOST_EXIT = 3
+PR_SET_PDEATHSIG = 1          # <linux/prctl.h>
+JOB_DEATH_SIGNAL = signal.SIGTERM
 
 
 class MarkerLost(Exception):
@@ -144,6 +155,26 @@ def open_marker(args: argparse.Namespace, owner: str) -> MarkerHandle:
         raise ConfigError(f"cannot write a marker in {busy_dir}: {exc.strerror}") from exc
 
 
+def die_with_this_process(sig: int = JOB_DEATH_SIGNAL) -> Callable[[], None] | None:
+    """A preexec_fn that makes the child get `sig` when this process dies (Linux PR_SET_PDEATHSIG); None
+    elsewhere. libc is looked up here, before the fork: the child only calls prctl and getppid. The
+    death signal is tied to the thread that forks: call Popen from the main thread."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    parent = os.getpid()
+
+    def preexec() -> None:
+        if prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+        if os.getppid() != parent:        # the parent died before prctl took effect: no signal would come
+            os.kill(os.getpid(), sig)
+
+    return preexec
+
+
 def run(args: argparse.Namespace) -> int:
     command = list(args.job)
     if command and command[0] == "--":
@@ -190,15 +221,15 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr, flush=True)
 
     thread = threading.Thread(target=refresher, daemon=True)
-    thread.start()
     try:
         try:
-            job = subprocess.Popen(command)
-        except OSError as exc:
-            print(f"llm-health busy: cannot run {command[0]!r}: {exc.strerror}", file=sys.stderr)
+            # forked before the refresher thread starts: a preexec_fn is only safe in a process of one thread
+            job = subprocess.Popen(command, preexec_fn=die_with_this_process())
+        except (OSError, subprocess.SubprocessError) as exc:
+            print(f"llm-health busy: cannot run {command[0]!r}: {getattr(exc, 'strerror', None) or exc}",
+                  file=sys.stderr)
             return 127
-        if lost.is_set():
-            job.terminate()
+        thread.start()
 
         def forward(signum: int, _frame: FrameType | None) -> None:
             job.send_signal(signum)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 import sys
 from typing import Any
 
@@ -19,6 +18,7 @@ from llm_health.remediator.serving import GuardedThreadWorker
 from llm_health.remediator.store import StateError, Store
 
 from llm_health.config import Config, ConfigError, load_config
+from llm_health.redact import configure_logging
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -71,7 +71,7 @@ class RemediatorServer(BaseApplication):  # type: ignore[misc]
         self.cfg.set("proc_name", "llm-health-remediator")
 
     def load(self) -> Any:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(levelname)s %(message)s")
+        configure_logging("%(asctime)s %(process)d %(levelname)s %(message)s")   # URLs redacted
         return create_app(self.llm_config, expect_state=self.state_identity)
 
 

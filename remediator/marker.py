@@ -5,8 +5,12 @@ One naming rule, exact: a job marks backend `gpu-a` busy by creating `<busy_dir>
 (config.NAME_RE), so a file belongs to exactly one backend: `gpu.a` is backend `gpu.a`'s marker,
 never `gpu`'s; hidden files (`.gpu-a...`, e.g. our own temporary files) are never markers.
 Expiry = the file's mtime + a TTL: the number in the file (`600` or `ttl=600`), else
-`busy_file_ttl`; either is capped at `marker_max_ttl`. Refresh by touching the file. An
-unreadable `busy_dir` is treated as "busy" (fail closed), never as "no markers".
+`busy_file_ttl`; either is capped at `marker_max_ttl`. Refresh by touching the file. An mtime
+later than the file's ctime (`touch -d 2035-01-01`, a writer's skewed clock) is not believed: the
+kernel sets the ctime to its own clock whenever the mtime is set, so the marker counts from then,
+and never from later than now. (Counting a future mtime as "now" at each look would renew such a
+marker at every look, for as long as its mtime stays ahead.) An unreadable `busy_dir` is treated
+as "busy" (fail closed), never as "no markers".
 """
 
 from __future__ import annotations
@@ -67,8 +71,10 @@ def _ttl(path: Path, default: float, cap: float) -> float:
 
 
 def file_markers(busy_dir: Path, backend: str, default_ttl: float,
-                 max_ttl: float = float("inf")) -> tuple[Marker, ...]:
-    """All marker files for `backend` (expired ones included; the policy ignores those)."""
+                 max_ttl: float = float("inf"), *, now: float) -> tuple[Marker, ...]:
+    """All marker files for `backend` (expired ones included; the policy ignores those), as seen at `now`
+    (wall time): each expires at min(mtime, ctime, now) + its TTL, never later than now + max_ttl and
+    never later than max_ttl after the file last changed."""
     if not busy_dir.exists():
         return ()
     try:
@@ -82,11 +88,12 @@ def file_markers(busy_dir: Path, backend: str, default_ttl: float,
             continue
         path = busy_dir / name
         try:
-            mtime = path.stat().st_mtime
+            st = path.stat()
         except OSError:
             continue  # removed while we looked
+        touched = min(st.st_mtime, st.st_ctime, now)
         out.append(Marker(id=f"file:{name}", backend=backend, owner=f"file {path}",
-                          expires_at=mtime + _ttl(path, default_ttl, max_ttl)))
+                          expires_at=touched + _ttl(path, default_ttl, max_ttl)))
     return tuple(out)
 
 

@@ -200,7 +200,8 @@ class Procedure:
         dry = self.r.dry_run
         markers = Store.api_markers(c, backend.name)
         if self.busy_dir is not None:
-            markers += file_markers(self.busy_dir, backend.name, self.r.busy_file_ttl, self.r.marker_max_ttl)
+            markers += file_markers(self.busy_dir, backend.name, self.r.busy_file_ttl, self.r.marker_max_ttl,
+                                    now=now)
         return policy.Facts(
             now=now, backend=backend.name,
             restarts=Store.restart_times(c, backend.name, include_dry_run=dry),

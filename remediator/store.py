@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from llm_health.remediator import state_traces
 from llm_health.remediator.policy import Marker
 
 # incident states
@@ -291,6 +292,10 @@ class Store:
 
     def init(self) -> None:
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        if self.identity is None and not os.path.lexists(self.path):
+            found = state_traces.traces(Path(self.path))
+            if found:     # it existed and is gone: never replaced by an empty one without a word
+                raise StateError(state_traces.missing_state_message(Path(self.path), found))
         try:
             with self.tx() as c:
                 for stmt in SCHEMA.split(";"):
@@ -304,8 +309,13 @@ class Store:
             raise StateError(f"state {self.path} is not usable: {exc}") from exc
         problem = self.integrity_problem()
         if problem:
-            raise StateError(f"state {self.path} fails its integrity check: {problem} (restore a backup or "
-                             "move the file away; the remediator does not start on a damaged state)")
+            raise StateError(f"state {self.path} fails its integrity check: {problem} (restore a backup, or "
+                             f"move the file away together with {state_traces.id_file(Path(self.path))} to start "
+                             "over; the remediator does not start on a damaged state)")
+        try:
+            state_traces.write_id(Path(self.path))
+        except OSError as exc:
+            raise StateError(f"cannot write {state_traces.id_file(Path(self.path))}: {exc}") from exc
 
     # -- health -----------------------------------------------------------------------------------------
     def integrity_problem(self) -> str:

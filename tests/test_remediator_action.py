@@ -8,6 +8,7 @@ authority that did not live to see the end can still collect it.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -170,3 +171,63 @@ def test_a_recycled_pid_whose_command_line_only_contains_the_path_is_not_the_wra
     finally:
         proc.kill()
         proc.wait()
+
+
+FILL_THE_DISK = """
+import errno, sys
+with open(sys.argv[1], "wb", buffering=0) as f:
+    try:
+        while True:
+            f.write(b"x" * 4096)
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+sys.exit(int(sys.argv[2]))
+"""
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs of the test's own: a real ENOSPC, nobody else's disk filled."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CAP_SYS_ADMIN)")
+    mnt = tmp_path / "small-disk"
+    mnt.mkdir()
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mnt)],
+                           capture_output=True, text=True, timeout=30)
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        if subprocess.run(["umount", str(mnt)], capture_output=True, timeout=30).returncode != 0:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
+
+
+@pytest.mark.parametrize("code", [0, 3])
+@pytest.mark.timeout(60)
+def test_the_exit_status_survives_a_full_disk(small_disk: Path, code: int) -> None:
+    """The restart fills the disk the action folder is on, then exits: its exit status is still recorded
+    (it used to be lost: no room for the status file, so the authority called the restart `interrupted`)."""
+    folder = small_disk / "state.db.actions"
+    filler = small_disk / "filler"
+    r = action.run_action([sys.executable, "-c", FILL_THE_DISK, str(filler), str(code)], timeout=30,
+                          folder=folder, key="5")
+    assert os.statvfs(small_disk).f_bavail == 0 and filler.stat().st_size > 0      # it really was full
+    with pytest.raises(OSError, match="No space left"):
+        (small_disk / "one-more").write_bytes(b"x" * 4096)
+    assert (r.result, r.exit_code) == ((action.OK, 0) if code == 0 else (action.FAILED, 3)), r
+    files = action.ActionFiles(folder, "5")
+    assert json.loads(files.status.read_text())["exit_code"] == code            # a later authority collects it
+    assert files.status.stat().st_size == action.STATUS_SIZE and not (folder / "5.status.tmp").exists()
+    assert action.collect(files) == r
+
+
+def test_a_placeholder_left_by_a_dead_wrapper_is_unknown(tmp_path: Path) -> None:
+    """The placeholder the wrapper writes first is no result: running while the wrapper lives, UNKNOWN after."""
+    files = action.ActionFiles(tmp_path, "8")
+    action._placeholder(files.status)
+    assert files.status.stat().st_size == action.STATUS_SIZE
+    files.pid.write_text("999999999")
+    r = action.collect(files)
+    assert r is not None and r.result == action.UNKNOWN and "without an exit status" in r.output

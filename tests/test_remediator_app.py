@@ -7,6 +7,7 @@ store, the webhook, the API and the authority are the real ones.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -263,6 +264,22 @@ def test_file_marker_defers_and_expired_file_is_ignored(w: World, tmp_path: Path
     marker.write_text("ttl=600\n")
     os.utime(marker, (w.clock.t, w.clock.t))
     (busy / "gpu-ab").write_text("")                  # another name: not a marker for gpu-a
+    w.post(payload(alert()))
+    w.run()
+    assert w.calls == [] and w.kinds("gpu-a")[-1] == "deferred_marker"
+    w.clock.advance(601)
+    w.run()
+    assert w.calls == [("restart-a", "--now")]
+
+
+def test_file_marker_with_a_future_mtime_holds_for_its_ttl_only(w: World, tmp_path: Path) -> None:
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    marker = busy / "gpu-a@skewed"
+    marker.write_text("ttl=600\n")
+    w.clock.t = time.time()                           # the kernel's ctime of the file is real time
+    future = w.clock.t + 3650 * 86400                 # seen in the field: a marker valid for ten years
+    os.utime(marker, (future, future))
     w.post(payload(alert()))
     w.run()
     assert w.calls == [] and w.kinds("gpu-a")[-1] == "deferred_marker"

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
@@ -52,3 +55,36 @@ def test_refuses_when_the_marker_cannot_be_set(tmp_path: Path) -> None:
         assert done.returncode == 2, done.stderr
         assert "llm-health busy:" in done.stderr
     assert not ran.exists()                                                          # never ran unprotected
+
+
+def _running(pid: int) -> bool:
+    """pid is a live process (a zombie waiting for init to reap it has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
+@pytest.mark.parametrize("ttl", ["600", "0.6"], ids=["long-ttl", "short-ttl"])
+def test_the_job_dies_with_a_killed_wrapper(tmp_path: Path, ttl: str) -> None:
+    """kill -9 of the wrapper: nobody refreshes the marker any more, so the job must not outlive it. The
+    job gets SIGTERM at once (PR_SET_PDEATHSIG), whatever its marker's remaining lifetime."""
+    config = write_config(tmp_path)
+    pid_file = tmp_path / "job.pid"
+    proc = ManagedProcess(llm_health("busy", "--backend", "gpu-a", "--ttl", ttl, "--config", config, "--",
+                                     "sh", "-c", f"echo $$ > {pid_file}; exec sleep 300"),
+                          name="busy", log_dir=tmp_path)
+    job = 0
+    try:
+        wait_until(lambda: list((tmp_path / "busy").glob("gpu-a@*")), what="marker file")
+        job = int(wait_until(lambda: pid_file.read_text().strip(), what="the job's pid"))
+        wait_until(lambda: Path(f"/proc/{job}/cmdline").read_bytes().startswith(b"sleep\0"), what="the job's exec")
+        assert _running(job)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.proc.wait(timeout=10)
+        wait_until(lambda: not _running(job), timeout=10, what="the job ending with its wrapper")
+    finally:
+        proc.stop()
+        if job and _running(job):
+            os.kill(job, signal.SIGKILL)

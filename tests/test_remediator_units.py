@@ -73,7 +73,7 @@ def test_missing_fingerprint_is_derived_from_labels() -> None:
 
 def test_marker_files(tmp_path: Path) -> None:
     busy = tmp_path / "busy"
-    assert file_markers(busy, "gpu-a", 100) == ()                # no folder: no markers
+    assert file_markers(busy, "gpu-a", 100, now=time.time()) == ()   # no folder: no markers
     busy.mkdir()
     (busy / "gpu-a").write_text("")                               # bare name, default ttl
     (busy / "gpu-a@job1").write_text("ttl=30\n")
@@ -84,21 +84,49 @@ def test_marker_files(tmp_path: Path) -> None:
     now = time.time()
     for p in busy.iterdir():
         os.utime(p, (now, now))
-    markers = {m.id: m for m in file_markers(busy, "gpu-a", 100)}
+    markers = {m.id: m for m in file_markers(busy, "gpu-a", 100, now=time.time())}
     assert set(markers) == {"file:gpu-a", "file:gpu-a@job1", "file:gpu-a@job2"}
     assert markers["file:gpu-a"].expires_at == pytest.approx(now + 100, abs=1)
     assert markers["file:gpu-a@job1"].expires_at == pytest.approx(now + 30, abs=1)
     assert markers["file:gpu-a@job2"].expires_at == pytest.approx(now + 45, abs=1)
     path = write_marker_file(busy, "gpu-b", 12, "tag")
     assert path.name == "gpu-b@tag"
-    (m,) = file_markers(busy, "gpu-b", 100)
+    (m,) = file_markers(busy, "gpu-b", 100, now=time.time())
     assert m.valid(time.time()) and m.expires_at == pytest.approx(time.time() + 12, abs=2)
+
+
+def test_a_marker_file_from_the_future_holds_for_its_ttl_only(tmp_path: Path) -> None:
+    """An mtime in the future (`touch -d 2035-01-01`, a writer's skewed clock; a 3650-day marker was seen)
+    is not believed: the marker expires its (capped) TTL after it was set, and stays expired at a later
+    look, though its mtime is still ahead."""
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    before = time.time()
+    future = before + 3650 * 86400
+    for name, text in (("gpu-a@default", ""), ("gpu-a@ttl", "ttl=30\n"), ("gpu-a@huge", "ttl=99999999\n")):
+        (busy / name).write_text(text)
+        os.utime(busy / name, (future, future))
+    (busy / "gpu-a@past").write_text("ttl=30\n")
+    os.utime(busy / "gpu-a@past", (before - 10, before - 10))                # a past mtime is kept as it is
+    after = time.time()
+    now = after + 5
+    markers = {m.id: m.expires_at for m in file_markers(busy, "gpu-a", 100, 3600, now=now)}
+    assert set(markers) == {"file:gpu-a@default", "file:gpu-a@ttl", "file:gpu-a@huge", "file:gpu-a@past"}
+    for name, ttl in (("default", 100), ("ttl", 30), ("huge", 3600)):
+        assert before - 1 + ttl <= markers[f"file:gpu-a@{name}"] <= after + 1 + ttl, name
+    assert markers["file:gpu-a@past"] == pytest.approx(before + 20)
+    # looked at again once the TTLs have run out: expired, every one, though the mtimes are still ahead
+    later = after + 3601
+    assert [m.id for m in file_markers(busy, "gpu-a", 100, 3600, now=later) if m.valid(later)] == []
+    # and a remediator whose clock is behind the file's (NFS, skew) counts from its own now, not later
+    behind = {m.id: m.expires_at for m in file_markers(busy, "gpu-a", 100, 3600, now=before - 1000)}
+    assert behind["file:gpu-a@default"] == before - 1000 + 100
 
 
 def test_unusable_busy_dir_fails_closed(tmp_path: Path) -> None:
     busy = tmp_path / "busy"
     busy.write_text("a file where a folder should be")
-    (m,) = file_markers(busy, "gpu-a", 100)
+    (m,) = file_markers(busy, "gpu-a", 100, now=time.time())
     assert m.valid(time.time()) and "unreadable busy_dir" in m.owner
 
 
@@ -147,7 +175,8 @@ def test_marker_files_that_never_end_do_not_block_the_claim(tmp_path: Path) -> N
     os.mkfifo(busy / "gpu-a@fifo")                  # opening it for reading blocks until a writer comes
     (busy / "gpu-a@zero").symlink_to("/dev/zero")   # reading it never reaches end-of-file
     out: list[object] = []
-    t = threading.Thread(target=lambda: out.append(file_markers(busy, "gpu-a", 100)), daemon=True)
+    t = threading.Thread(target=lambda: out.append(file_markers(busy, "gpu-a", 100, now=time.time())),
+                         daemon=True)
     t.start()
     t.join(timeout=10)
     if t.is_alive():                                # unblock the reader so the test process can end

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -225,8 +226,8 @@ def test_f7_marker_names_match_exactly(tmp_path: Path) -> None:
     busy.mkdir()
     (busy / "gpu.a").write_text("")
     (busy / ".gpu").write_text("")
-    assert file_markers(busy, "gpu", 100) == ()                     # gpu.a is backend gpu.a's, .gpu is hidden
-    assert [m.id for m in file_markers(busy, "gpu.a", 100)] == ["file:gpu.a"]
+    assert file_markers(busy, "gpu", 100, now=time.time()) == ()     # gpu.a is backend gpu.a's, .gpu is hidden
+    assert [m.id for m in file_markers(busy, "gpu.a", 100, now=time.time())] == ["file:gpu.a"]
     with pytest.raises(ConfigError, match="name"):
         parse_config({"backends": [{"name": ".gpu", "url": "http://127.0.0.1:1"}]})
 
@@ -235,7 +236,7 @@ def test_f7_every_marker_has_a_ttl_cap(w: World, tmp_path: Path) -> None:
     busy = tmp_path / "busy"
     busy.mkdir(exist_ok=True)
     (busy / "gpu-a").write_text("ttl=99999999999\n")
-    (m,) = file_markers(busy, "gpu-a", 3600, 86400)
+    (m,) = file_markers(busy, "gpu-a", 3600, 86400, now=time.time())
     assert m.expires_at <= os.stat(busy / "gpu-a").st_mtime + 86400
     r = w.client.post("/api/busy", json={"backend": "gpu-a", "owner": "me", "ttl_seconds": 7 * 86400}, headers=AUTH)
     assert r.status_code == 400 and "marker_max_ttl" in r.get_json()["error"]

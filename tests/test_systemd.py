@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from llm_health.cli import build_parser
 
@@ -77,6 +78,20 @@ def test_remediator_keeps_its_state_in_its_state_directory() -> None:
     service = unit(SYSTEMD / "llm-health-remediator.service")["Service"]
     assert service["StateDirectory"] == ["llm-health"] and service["WorkingDirectory"] == ["/var/lib/llm-health"]
     assert "AF_UNIX" in service["RestrictAddressFamilies"][0]  # systemctl -> D-Bus for the restart
+
+
+def test_busy_markers_survive_a_stop_or_restart_of_the_remediator() -> None:
+    """busy_dir is one of the remediator's runtime directories, which systemd deletes (markers and all) on
+    every stop or restart unless RuntimeDirectoryPreserve= keeps them; `restart` alone is not enough (a plain
+    stop for an upgrade would drop them). /run itself is emptied at reboot, with the jobs."""
+    service = unit(SYSTEMD / "llm-health-remediator.service")["Service"]
+    example = yaml.safe_load((ROOT / "deploy" / "llm-health.example.yml").read_text())
+    busy_dir = example["remediator"]["busy_dir"]
+    assert f"remediator.busy_dir: {busy_dir}" in (ROOT / "docs" / "install.md").read_text()
+    runtime = [f"/run/{d}" for d in service["RuntimeDirectory"][0].split()]
+    assert busy_dir in runtime, (busy_dir, runtime)
+    assert service.get("RuntimeDirectoryPreserve") == ["yes"]
+    assert service["RuntimeDirectoryMode"] == ["0770"]                 # group llm-health: the batch jobs
 
 
 @pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze not installed")
