@@ -34,6 +34,8 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import urlencode, urlparse
 
+from llm_health.urlauth import split_credentials
+
 USER_AGENT = "llm-health"
 DEFAULT_MAX_BYTES = 32 * 1024 * 1024     # a /metrics page is ~100 KB; nothing we read is near this
 RESOLVERS = 8                            # name resolutions in flight at once (a hung resolver holds one)
@@ -238,10 +240,12 @@ class Target:
     """One HTTP server (`url` may carry a path prefix); a kept-alive connection, reopened after any failure.
 
     `timeout` is each exchange's total deadline unless a request gives its own. With `api_key`, the key
-    goes as `Authorization: Bearer` on `/v1/*` requests only (vLLM's `--api-key` protects `/v1/*`)."""
+    goes as `Authorization: Bearer` on `/v1/*` requests only (vLLM's `--api-key` protects `/v1/*`).
+    `user:password@` in the URL goes as HTTP Basic auth (the Bearer key wins on `/v1/*`)."""
 
     def __init__(self, url: str, timeout: float, api_key: str = "", user_agent: str = USER_AGENT,
                  max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        url, self._basic = split_credentials(url)   # user:password@ goes as Basic auth, never as a host name
         parsed = urlparse(url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise ValueError("not an http(s) URL with a host")
@@ -273,7 +277,7 @@ class Target:
         timeout = self.timeout if timeout is None else timeout
         started = time.monotonic()
         deadline = started + timeout
-        all_headers = {"User-Agent": self.user_agent, "Accept-Encoding": "identity"}
+        all_headers = {"User-Agent": self.user_agent, "Accept-Encoding": "identity", **self._basic}
         if self.api_key and path.startswith("/v1/"):
             all_headers["Authorization"] = f"Bearer {self.api_key}"
         if headers:

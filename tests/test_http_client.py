@@ -139,3 +139,10 @@ def test_only_http_urls_make_a_target() -> None:
     for bad in ("ftp://x", "http://", "127.0.0.1:8000"):
         with pytest.raises(ValueError):
             Target(bad, 1.0)
+
+
+def test_credentials_in_the_url_go_as_basic_auth_never_as_a_host_name(server: Loopback) -> None:
+    url = server.url.replace("http://", "http://scraper:s%3Acret@")
+    Target(url, 5.0).get("/metrics")
+    fetch("GET", url + "/api/v1/targets", timeout=5.0)
+    assert [auth for _, _, auth, _ in _Handler.seen] == ["Basic c2NyYXBlcjpzOmNyZXQ="] * 2
