@@ -41,6 +41,7 @@ from llm_health.remediator.lifecycle import LifecycleState
 from llm_health.remediator.procedure import (  # noqa: F401 - re-exported names (tests, app)
     DEFERRED_HOST,
     DEFERRED_MIN_READY,
+    SILENCE_TIMEOUT,
     VERIFY,
     WARMUP,
     Checks,
@@ -62,6 +63,7 @@ LEASE = "authority"
 S = LifecycleState
 ERROR_LOOK_MIN = 30.0          # an ERROR backend gets a full warm-up check at most this often ...
 ERROR_LOOK_POLLS = 6           # ... or every warmup_poll * this, whichever is longer
+LOOK_SLACK = 60.0              # seconds a look may need beyond its I/O deadlines (SQLite busy, a loaded CPU)
 
 
 def install_probe_counter() -> None:
@@ -269,6 +271,24 @@ class Authority:
 
     def probing(self, backend: Backend, purpose: str, check: Callable[[Backend], Any]) -> Any:
         return self.procedure.probing(backend, purpose, check)
+
+    def look_bound(self, acting: bool) -> float:
+        """The longest one look at one key may take with these settings, every I/O at its deadline: a
+        verification (readings apart, each read with its cheap checks, two probes), the warm-up's answer
+        check, an in-flight read, four Alertmanager calls, SQLite's busy timeout, and the restart action
+        when it runs in this look. /healthz fails, naming the key, past it."""
+        r, e = self.r, self.config.exporter
+        read = 3 * e.read_timeout                              # /metrics, then /health and /v1/models
+        verify = max(2, r.verify_readings) * (r.verify_interval + read) + 2 * (e.probe_timeout + e.read_timeout)
+        silences = 4 * SILENCE_TIMEOUT if r.alertmanager_url else 0.0
+        look = 2 * e.read_timeout + verify + read + silences + LOOK_SLACK
+        return look + (r.action_timeout if acting else 0.0)
+
+    def stuck_looks(self) -> dict[str, float]:
+        """Keys a worker has had for longer than look_bound(): {key: seconds}."""
+        acting = self.procedure.acting_on()
+        return {key: age for key, age in self.scheduler.queue.processing_for().items()
+                if age > self.look_bound(key in acting)}
 
     # -- threads ------------------------------------------------------------------------------------
     def start(self) -> None:

@@ -5,7 +5,10 @@ Unhealthy (503, with the reasons) when
 * a small committed write fails (disk full, read-only file system, locked or damaged database),
 * `PRAGMA quick_check` fails (cached for `INTEGRITY_EVERY` seconds; it reads every page),
 * the authority loop has not finished a pass for `remediator.health_stale_after` seconds, unless
-  a restart action of this worker is running and still inside `action_timeout` (the loop waits for it).
+  a restart action of this worker is running and still inside `action_timeout` (the loop waits for it),
+* a worker has been on one key (a backend's look) for longer than any look can take with the settings
+  (`Authority.look_bound`: every I/O of a look at its deadline, plus the action when it runs): the
+  answer names the key. The resync thread never blocks, so its pass alone cannot see stuck workers.
 """
 
 from __future__ import annotations
@@ -60,13 +63,27 @@ class Health:
         return (f"the authority loop has not finished a pass for {age:.0f}s "
                 f"(remediator.health_stale_after {r.health_stale_after:g}s): blocked or dead")
 
+    def stuck_problem(self) -> str:
+        """A worker that has had one key for longer than any look can take with these settings."""
+        a = self.authority
+        if a is None:
+            return ""
+        stuck = a.stuck_looks()
+        if not stuck:
+            return ""
+        key, age = max(stuck.items(), key=lambda kv: kv[1])
+        return (f"a worker has been looking at {key!r} for {age:.0f}s, longer than any look can take with "
+                f"these settings ({a.look_bound(key in a.procedure.acting_on()):.0f}s): stuck"
+                + (f" ({len(stuck)} keys stuck)" if len(stuck) > 1 else ""))
+
     def report(self) -> dict[str, Any]:
         problems = []
         why = self.store.check_identity()
         if why:
             problems.append(why)
         else:
-            for problem in (self.store.write_problem(self.worker), self.integrity(), self.loop_problem()):
+            for problem in (self.store.write_problem(self.worker), self.integrity(), self.loop_problem(),
+                            self.stuck_problem()):
                 if problem:
                     problems.append(problem)
         out: dict[str, Any] = {"ok": not problems, "worker": self.worker}
@@ -75,4 +92,7 @@ class Health:
         if self.authority is not None:
             out["authority_loop_age_seconds"] = round(self.monotonic() - self.authority.last_pass, 1)
             out["holds_lease"] = self.authority._holding.is_set()
+            looks = self.authority.scheduler.queue.processing_for()
+            out["oldest_look_seconds"] = round(max(looks.values(), default=0.0), 1)
+            out["stuck_looks"] = len(self.authority.stuck_looks())
         return out

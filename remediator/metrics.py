@@ -126,6 +126,16 @@ class StateCollector(Collector):
                                   "authority loop).")
             g.add_metric([], int(bool(report.get("ok"))))
             yield g
+            if "oldest_look_seconds" in report:
+                g = GaugeMetricFamily("llm_health_remediator_oldest_look_seconds",
+                                      "How long this worker's longest-running look at one backend has run (0: none).")
+                g.add_metric([], float(report["oldest_look_seconds"]))
+                yield g
+                g = GaugeMetricFamily("llm_health_remediator_stuck_looks",
+                                      "Looks running longer than any look can take with these settings (/healthz "
+                                      "fails while > 0).")
+                g.add_metric([], float(report.get("stuck_looks", 0)))
+                yield g
 
 
 def registry_for(config: Config, store: Store, health: Callable[[], dict[str, Any]] | None = None) -> CollectorRegistry:

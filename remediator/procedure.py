@@ -101,7 +101,7 @@ class Procedure:
             unresponsive_after=self.r.unresponsive_after,
         )
         self.busy_dir = config.resolve_path(self.r.busy_dir) if self.r.busy_dir else None
-        self._running: set[int] = set()                # action ids whose argv runs in this process now
+        self._running: dict[int, str] = {}             # action id -> backend, whose argv runs in this process now
         self._running_lock = threading.Lock()
 
     def _refresh_discovery(self) -> bool:
@@ -433,7 +433,7 @@ class Procedure:
         must not leave the incident RESTARTING, the lifecycle STOPPED and the host mutex held: the
         restart is aborted into needs_ack (outcome unknown, never repeated blindly)."""
         with self._running_lock:
-            self._running.add(action_id)
+            self._running[action_id] = backend.name
         try:
             if silence:
                 self.silence(incident_id, backend)
@@ -443,11 +443,16 @@ class Procedure:
             self.abort(incident_id, action_id, backend, exc)
         finally:
             with self._running_lock:
-                self._running.discard(action_id)
+                self._running.pop(action_id, None)
 
     def running_here(self, action_id: int) -> bool:
         with self._running_lock:
             return action_id in self._running
+
+    def acting_on(self) -> set[str]:
+        """Backends whose restart action runs in this process now."""
+        with self._running_lock:
+            return set(self._running.values())
 
     def act(self, incident_id: int, action_id: int, backend: Backend) -> None:
         env = {"LLM_HEALTH_BACKEND": backend.name, "LLM_HEALTH_INCIDENT": str(incident_id),

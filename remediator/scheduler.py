@@ -31,7 +31,7 @@ class KeyedQueue:
         self._cond = threading.Condition()
         self._queue: list[str] = []          # ready, in order
         self._queued: set[str] = set()       # in _queue
-        self._processing: set[str] = set()
+        self._processing: dict[str, float] = {}     # key -> when (clock) a worker took it
         self._dirty: set[str] = set()        # added while processing: again after done()
         self._delayed: list[tuple[float, int, str]] = []
         self._seq = itertools.count()
@@ -75,7 +75,7 @@ class KeyedQueue:
                 if self._queue:
                     key = self._queue.pop(0)
                     self._queued.discard(key)
-                    self._processing.add(key)
+                    self._processing[key] = self._clock()
                     return key
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
@@ -86,7 +86,7 @@ class KeyedQueue:
 
     def done(self, key: str) -> None:
         with self._cond:
-            self._processing.discard(key)
+            self._processing.pop(key, None)
             if key in self._dirty:
                 self._dirty.discard(key)
                 if key not in self._queued:
@@ -102,6 +102,12 @@ class KeyedQueue:
     def processing(self) -> set[str]:
         with self._cond:
             return set(self._processing)
+
+    def processing_for(self) -> dict[str, float]:
+        """Every key a worker has now, with how long it has had it (seconds): /healthz's view of the workers."""
+        with self._cond:
+            now = self._clock()
+            return {key: now - since for key, since in self._processing.items()}
 
 
 class Scheduler:

@@ -70,7 +70,7 @@ class Fleet:
 @contextmanager
 def running_fleet(tmp_path: Path, n: int, *, hosts: list[str] | None = None, verify_seconds: float,
                   action_seconds: float, outcome: str, restart_fixes: bool = True,
-                  **remediator: Any) -> Iterator[Fleet]:
+                  exporter: dict[str, Any] | None = None, **remediator: Any) -> Iterator[Fleet]:
     names = tuple(f"gpu-{i:02d}" for i in range(n))
     (tmp_path / "token").write_text(TOKEN)
     settings = {"state": "state.db", "token_file": "token", "verify_interval": 0.2, "poll_interval": 0.1,
@@ -83,6 +83,7 @@ def running_fleet(tmp_path: Path, n: int, *, hosts: list[str] | None = None, ver
                       "host": (hosts[i] if hosts else f"node-{i}"), "restart": [f"restart-{name}"]}
                      for i, name in enumerate(names)],
         "remediator": settings,
+        "exporter": exporter or {},
     }, source=str(tmp_path / "llm-health.yml"))
     app = create_app(config, start_authority=False)
     store = app.extensions["remediator"].store
@@ -209,3 +210,30 @@ def test_a_warm_up_that_does_not_come_back_frees_its_slot_after_restart_slot_war
         assert starts[-1] < 40, starts                                 # 3 waves of ~2 s, never 120 s
         assert starts[8] - starts[0] >= 1.5, starts                    # the 9th waited for a slot to free
         assert any("deferred_concurrency" in f.kinds(n) for n in f.names)
+
+
+def test_healthz_fails_naming_the_backend_while_a_worker_is_stuck(tmp_path: Path, monkeypatch: Any) -> None:
+    """/healthz was stamped by the resync thread, which never blocks: it said ok for 80 s while every
+    worker was stuck. Now a look running past what its I/O deadlines allow fails it, naming the key."""
+    from llm_health.remediator import authority as authority_mod
+
+    monkeypatch.setattr(authority_mod, "LOOK_SLACK", 0.0)
+    fast = {"read_timeout": 0.1, "probe_timeout": 0.1}
+    with running_fleet(tmp_path, 2, verify_seconds=30.0, action_seconds=0.1, outcome="down", exporter=fast,
+                       verify_readings=2, verify_interval=0.1, action_timeout=1) as f:
+        health = f.client.application.extensions["remediator"].health
+        health.authority = f.authority
+        assert f.client.get("/healthz").status_code == 200
+        bound = f.authority.look_bound(False)
+        assert bound < 15, bound                        # every I/O of a look at its deadline
+        f.alert_all(("gpu-00",))                        # its verification hangs for 30 s (a bug, a wedged call)
+
+        def failing() -> dict[str, Any] | None:
+            r = f.client.get("/healthz")
+            return r.get_json() if r.status_code == 503 else None
+
+        report = wait_until(failing, timeout=bound + 20, interval=0.2, what="/healthz failing")
+        assert any("'gpu-00'" in p and "stuck" in p for p in report["problems"]), report
+        assert report["stuck_looks"] == 1 and report["oldest_look_seconds"] > bound
+        text = f.client.get("/metrics").get_data(as_text=True)
+        assert "llm_health_remediator_stuck_looks 1.0" in text and "llm_health_remediator_healthy 0" in text
