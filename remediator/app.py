@@ -256,7 +256,8 @@ def backends_view() -> list[dict[str, Any]]:
         restarts = conn.execute("SELECT coalesce(result, 'running') AS result, count(*) AS n FROM actions "
                                 "WHERE backend = ? AND coalesce(result, '') != 'dry_run' GROUP BY 1",
                                 (b.name,)).fetchall()
-        times = Store.restart_times(conn, b.name, include_dry_run=r.dry_run)
+        times = Store.restart_times(conn, b.name, include_dry_run=r.dry_run, now=now, mono=clocks.mono(),
+                                    boot=clocks.boot)
         allowed = policy.next_allowed(times, now, r.backoff)
         markers = list(Store.api_markers(conn, b.name))
         if busy_dir is not None:
@@ -375,7 +376,8 @@ def reset_breaker() -> Any:
     now = c.clock()
     with c.store.tx() as conn:
         was = bool(Store.breaker(conn)["open"])
-        conn.execute("UPDATE breaker SET open = 0, reset_at = ?, reason = '' WHERE id = 1", (now,))
+        conn.execute("UPDATE breaker SET open = 0, reset_at = ?, reason = '', reset_after_action = "
+                     "(SELECT coalesce(max(id), 0) FROM actions) WHERE id = 1", (now,))
         Store.event(conn, now, "breaker_reset", reason="fleet circuit breaker reset through the API "
                     f"(was {'open' if was else 'closed'}); earlier restarts no longer count toward it")
     return jsonify({"breaker_open": False, "was_open": was})

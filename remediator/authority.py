@@ -336,7 +336,8 @@ class Authority:
     def _rebase_deadlines(self, c: Any, t: float) -> None:
         """The stored monotonic deadlines belong to another boot (its clock started elsewhere): restart
         them from now, never from a number that means nothing on this boot."""
-        c.execute("UPDATE incidents SET next_check_at = 0, unresponsive_since = NULL, warm_deadline = "
+        c.execute("UPDATE incidents SET next_check_at = 0, unresponsive_since = NULL, unresponsive_seen_at = NULL, "
+                  "warm_deadline = "
                   "CASE WHEN warm_deadline IS NULL THEN NULL ELSE ? END WHERE state != 'closed'",
                   (t + self.r.warmup_timeout,))
         c.execute("UPDATE lifecycle SET drain_deadline = ? WHERE drain_deadline IS NOT NULL", (t,))

@@ -202,25 +202,41 @@ class Procedure:
         if self.busy_dir is not None:
             markers += file_markers(self.busy_dir, backend.name, self.r.busy_file_ttl, self.r.marker_max_ttl,
                                     now=now)
+        clock = {"now": now, "mono": self.clocks.mono() - (self.clocks.wall() - now), "boot": self.clocks.boot}
         return policy.Facts(
             now=now, backend=backend.name,
-            restarts=Store.restart_times(c, backend.name, include_dry_run=dry),
-            fleet_restarts=Store.restart_times(c, None, since=float(br["reset_at"]), include_dry_run=dry),
+            restarts=Store.restart_times(c, backend.name, include_dry_run=dry, **clock),
+            fleet_restarts=Store.restart_times(c, None, include_dry_run=dry,
+                                               after_action=int(br["reset_after_action"]), **clock),
             breaker_open=bool(br["open"]), markers=markers, has_action=bool(backend.restart), dry_run=dry,
             unresponsive_since=unresponsive_since,
         )
 
+    def sample_gap(self) -> float:
+        """Two `unresponsive` verifications further apart than this are not one unbroken run: about two
+        verifications (each reading and its /health check at their deadlines) plus a retry and a poll."""
+        span = (max(2, self.r.verify_readings) - 1) * self.r.verify_interval + \
+            max(2, self.r.verify_readings) * 2 * self.config.exporter.read_timeout
+        return 2 * span + self.settings.unknown_retry + self.r.poll_interval
+
     def record_verification(self, c: Any, incident_id: int, verification: Any, now: float, t: float) -> float | None:
         """Keep the latest verification on the incident (the agent answers from it) and the start of an
-        unbroken run of `unresponsive` (monotonic). Returns that start as wall time for policy, or None."""
+        unbroken run of `unresponsive` (monotonic): consecutive samples only, so a gap longer than
+        sample_gap() (the incident deferred by its host's mutex, say, with no check at all) starts the
+        run over. Returns that start as wall time for policy, or None."""
         outcome = str(getattr(verification, "outcome", "unknown"))
-        inc = c.execute("SELECT unresponsive_since FROM incidents WHERE id = ?", (incident_id,)).fetchone()
+        inc = c.execute("SELECT unresponsive_since, unresponsive_seen_at FROM incidents WHERE id = ?",
+                        (incident_id,)).fetchone()
         since: float | None = None
+        seen: float | None = None
         if outcome == policy.UNRESPONSIVE:
             prior = inc["unresponsive_since"] if inc is not None else None
-            since = float(prior) if prior is not None else t
-        c.execute("UPDATE incidents SET verified_outcome = ?, verified_at = ?, unresponsive_since = ? WHERE id = ?",
-                  (outcome[:40], now, since, incident_id))
+            last = inc["unresponsive_seen_at"] if inc is not None else None
+            unbroken = prior is not None and last is not None and t - float(last) <= self.sample_gap()
+            since = float(prior) if unbroken else t
+            seen = t
+        c.execute("UPDATE incidents SET verified_outcome = ?, verified_at = ?, unresponsive_since = ?, "
+                  "unresponsive_seen_at = ? WHERE id = ?", (outcome[:40], now, since, seen, incident_id))
         return None if since is None else now - (t - since)
 
     # -- the gates that need the fleet: per-host mutex, concurrency bound, min_ready floor ----------
@@ -403,8 +419,10 @@ class Procedure:
     def claim(self, c: Any, incident_id: int, backend: Backend, d: policy.Decision, now: float) -> int:
         """Record the intent (and where the action's exit status will go) and move to RESTARTING."""
         cur = c.execute(
-            "INSERT INTO actions (incident_id, backend, argv, holder, started_at) VALUES (?,?,?,?,?)",
-            (incident_id, backend.name, " ".join(backend.restart)[:2000], self.holder, now),
+            "INSERT INTO actions (incident_id, backend, argv, holder, started_at, started_mono, boot) "
+            "VALUES (?,?,?,?,?,?,?)",
+            (incident_id, backend.name, " ".join(backend.restart)[:2000], self.holder, now, self.clocks.mono(),
+             self.clocks.boot),
         )
         action_id = int(cur.lastrowid or 0)
         files = self.action_files(action_id)
@@ -626,8 +644,9 @@ class Procedure:
             Store.event(c, now, d.kind, backend, incident_id, reason=d.reason + "; incident closed, no restart")
             return
         if d.kind == policy.WOULD_RESTART:
-            c.execute("INSERT INTO actions (incident_id, backend, argv, holder, started_at, finished_at, result) "
-                      "VALUES (?,?,?,?,?,?, 'dry_run')", (incident_id, backend, "", self.holder, now, now))
+            c.execute("INSERT INTO actions (incident_id, backend, argv, holder, started_at, finished_at, result, "
+                      "started_mono, boot) VALUES (?,?,?,?,?,?, 'dry_run', ?, ?)",
+                      (incident_id, backend, "", self.holder, now, now, self.clocks.mono(), self.clocks.boot))
             Store.set_state(c, incident_id, now, OBSERVED, last_decision=d.kind)
             Store.event(c, now, d.kind, backend, incident_id, reason="dry run: " + d.reason)
             return

@@ -133,6 +133,10 @@ ADDED_COLUMNS = (
     ("incidents", "unresponsive_since", "REAL"),                     # first of a run of `unresponsive`
     ("actions", "status_path", "TEXT NOT NULL DEFAULT ''"),          # where the action's wrapper writes its exit
     ("lease", "boot", "TEXT NOT NULL DEFAULT ''"),                   # boot id of the monotonic clock in expires_at
+    ("actions", "started_mono", "REAL"),                             # monotonic start (budget/backoff/breaker age)
+    ("actions", "boot", "TEXT NOT NULL DEFAULT ''"),                 # ... on this boot's monotonic clock
+    ("breaker", "reset_after_action", "INTEGER NOT NULL DEFAULT 0"),  # the breaker counts actions with larger ids
+    ("incidents", "unresponsive_seen_at", "REAL"),                   # monotonic time of the latest `unresponsive`
 )
 
 #: event kinds that are decisions (counted in llm_health_remediator_decisions_total)
@@ -479,15 +483,35 @@ class Store:
     # -- restarts, breaker, markers ----------------------------------------------------------------
     @staticmethod
     def restart_times(c: sqlite3.Connection, backend: str | None, since: float = 0.0,
-                      include_dry_run: bool = False) -> tuple[float, ...]:
-        sql = "SELECT started_at FROM actions WHERE started_at >= ?"
-        args: list[Any] = [since]
+                      include_dry_run: bool = False, *, now: float | None = None, mono: float | None = None,
+                      boot: str = "", after_action: int | None = None) -> tuple[float, ...]:
+        """When the restarts of `backend` (None: every backend) started, as wall times for the policy.
+
+        With `now` and `mono` (this look's wall and monotonic time) a restart recorded on this boot is
+        placed by its monotonic age (`now - (mono - started_mono)`), so a step of the wall clock moves
+        neither the budget, the backoff nor the breaker window; one from another boot keeps its wall time
+        (all there is). `after_action`: only actions with a larger id (the breaker's reset point: ids,
+        unlike clocks, never step); otherwise `since` filters on the wall start."""
+        sql = "SELECT started_at, started_mono, boot FROM actions WHERE "
+        if after_action is not None:
+            sql += "id > ?"
+            args: list[Any] = [after_action]
+        else:
+            sql += "started_at >= ?"
+            args = [since]
         if backend is not None:
             sql += " AND backend = ?"
             args.append(backend)
         if not include_dry_run:
             sql += " AND (result IS NULL OR result != 'dry_run')"
-        return tuple(float(r[0]) for r in c.execute(sql, args).fetchall())
+        out: list[float] = []
+        for r in c.execute(sql, args).fetchall():
+            same_boot = boot and r["boot"] == boot and r["started_mono"] is not None
+            if now is not None and mono is not None and same_boot:
+                out.append(now - (mono - float(r["started_mono"])))
+            else:
+                out.append(float(r["started_at"]))
+        return tuple(out)
 
     @staticmethod
     def breaker(c: sqlite3.Connection) -> sqlite3.Row:
