@@ -35,3 +35,7 @@ class DiscoveryCollector(Collector):
                                 value=st.backends)
         yield GaugeMetricFamily("llm_health_discovery_refused",
                                 "Targets refused (or refused a restart) in the last good answer.", value=st.refused)
+        yield GaugeMetricFamily("llm_health_discovery_duplicate_names",
+                                "Backend names claimed by more than one target in the last good answer: none of "
+                                "them is restarted (a rogue monitor copying a real name, or two real servers).",
+                                value=len(st.duplicates))
