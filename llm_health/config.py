@@ -163,6 +163,7 @@ class DiscoverySettings:
     refresh: float = 30.0                # seconds between looks at Prometheus
     timeout: float = 10.0                # HTTP timeout of one look
     grace: float = 300.0                 # a backend missing from the answers this long is removed
+    extra_refresh_every: float = 10.0    # a backend not in the fleet asks for a refresh: at most one extra per this long
     restart: tuple[str, ...] = ()        # argv with {placeholder}s; values must be DNS-1123 names
     placeholders: tuple[tuple[str, str], ...] = ()   # placeholder -> discovered label (a mapping in the file)
     allow_networks: tuple[str, ...] = ()  # CIDRs a backend's address must be in; empty = any address
@@ -424,8 +425,8 @@ def check_discovery(settings: DiscoverySettings) -> None:
         parse_selector(settings.selector)
         if not settings.name_label:
             raise ConfigError("discovery.name_label: must name a label")
-        if settings.refresh <= 0 or settings.timeout <= 0:
-            raise ConfigError("discovery.refresh and discovery.timeout: must be > 0")
+        if settings.refresh <= 0 or settings.timeout <= 0 or settings.extra_refresh_every <= 0:
+            raise ConfigError("discovery.refresh, discovery.timeout and discovery.extra_refresh_every: must be > 0")
 
 
 #: what a Kubernetes restart template's usual placeholders are filled from (for the error message)

@@ -25,10 +25,11 @@ outside the operator's allow-lists are refused.
 
 Pure parts (unit-tested): `parse_selector`, `backends_from_targets` (one answer -> backends and the
 reasons targets were refused), `url_refusal`, `expand_argv` (placeholders filled only with DNS-1123
-names). `Discovery` is the I/O edge: it refreshes on a monotonic clock, keeps the last good list
-when an answer is bad, removes a vanished backend only after `grace` seconds, and merges with the
-static backends (static ones always stay and win a name clash). `LiveBackends` is the sequence the
-exporter and remediator read their fleet from.
+names). `Discovery` is the I/O edge: it refreshes on a monotonic clock (and, asked to, once more at
+most every `extra_refresh_every` seconds), keeps the last good list when an answer is bad, removes a
+vanished backend only after `grace` seconds, and merges with the static backends (static ones always
+stay and win a name clash). `LiveBackends` is the sequence the exporter and remediator read their
+fleet from.
 """
 
 from __future__ import annotations
@@ -503,6 +504,7 @@ class Status:
     refused: int = 0                  # targets refused in the last good answer (restart-only refusals too)
     refusals: tuple[Refusal, ...] = ()
     duplicates: tuple[Duplicate, ...] = ()   # names claimed by more than one target in the last good answer
+    extra_refreshes: int = 0          # refreshes done early because a backend not in the fleet was asked for
 
 
 @dataclass
@@ -528,10 +530,14 @@ class Discovery:
         self.keep = keep or (lambda _name: False)
         self._lock = threading.Lock()
         self.stop_event = threading.Event()
+        self._wanted = threading.Event()      # someone asked for a refresh (request_refresh)
+        self._kick = threading.Event()        # wakes the refresher: a request, or stop()
         self._seen: dict[str, _Seen] = {}
         self._backends: tuple[Backend, ...] = ()
         self._last_ok_mono: float | None = None
         self._answering_since: float | None = None    # first good answer of the current unbroken run
+        self._started = 0                     # refreshes started so far (see mark)
+        self._answered = 0                    # the number (1, 2, ...) of the latest good refresh, 0 = none
         self._status = Status(enabled=True)
         self._listeners: list[Callable[[tuple[Backend, ...], tuple[Refusal, ...]], None]] = []
 
@@ -550,8 +556,31 @@ class Discovery:
                 self.monotonic() - self._last_ok_mono > 2 * max(self.settings.refresh, 0.001)
             return dataclasses.replace(st, stale=stale or bool(st.last_error))
 
+    # -- asking for a refresh (never waits for Prometheus) ---------------------------------------------
+    def mark(self) -> int:
+        """A point in this refresher's history: `answered_since(mark)` tells whether a refresh that
+        STARTED after it has had a good answer (so a backend missing from the list now is really missing,
+        not just not seen yet)."""
+        with self._lock:
+            return self._started
+
+    def answered_since(self, mark: int) -> bool:
+        with self._lock:
+            return self._answered > mark
+
+    def request_refresh(self) -> None:
+        """Ask the refresher thread for a refresh soon; returns at once. Requests are served at most once
+        per `extra_refresh_every` seconds (counted from the latest refresh's start), so a storm of alerts
+        about backends not in the fleet costs one extra query per interval, not one per alert."""
+        self._wanted.set()
+        self._kick.set()
+
+    # -- one refresh ---------------------------------------------------------------------------------
     def refresh(self) -> bool:
         """One look at Prometheus. A failure changes no backend (the last good list stays, marked stale)."""
+        with self._lock:
+            self._started += 1
+            number = self._started
         try:
             targets = self._fetch()
             found = backends_from_targets(targets, self.settings, self.matchers, self.reserved)
@@ -595,6 +624,7 @@ class Discovery:
                 del self._seen[name]
             self._backends = tuple(self._seen[n].backend for n in sorted(self._seen))
             self._last_ok_mono = now
+            self._answered = max(self._answered, number)
             st = self._status
             self._status = dataclasses.replace(
                 st, enabled=True, last_success=self.wall(), refreshes=st.refreshes + 1, stale=False,
@@ -621,20 +651,56 @@ class Discovery:
             return True
 
     def run_forever(self, stop: threading.Event) -> None:
-        """Refresh every `refresh` seconds (monotonic, fixed rate) until `stop` is set. Nothing ends
-        the loop but `stop`: an error is logged and the next refresh comes on time."""
+        """Refresh every `refresh` seconds (monotonic, fixed rate) until `stop` is set, and early when
+        `request_refresh` asked, but never sooner than `extra_refresh_every` after the latest refresh
+        started. Nothing ends the loop but `stop`: an error is logged and the next refresh comes on time.
+        With a good answer already in (the caller refreshed before starting it), the first refresh comes
+        one interval later, not at once."""
         interval = max(self.settings.refresh, 0.05)
-        next_at = self.monotonic()
+        gap = max(self.settings.extra_refresh_every, 0.05)
+        next_at = started = self.monotonic()
+        extra = False                       # the coming refresh was asked for (request_refresh)
+        due = not self.answered_since(0)
         while not stop.is_set():
-            try:
-                self.refresh()
-            except Exception:  # noqa: BLE001 - a dead refresher would freeze the fleet silently
-                log.exception("discovery refresh failed")
-            next_at += interval
+            if due:
+                started = self.monotonic()
+                self._wanted.clear()        # requests made before this start are served by it
+                try:
+                    self.refresh()
+                except Exception:  # noqa: BLE001 - a dead refresher would freeze the fleet silently
+                    log.exception("discovery refresh failed")
+                if extra:
+                    with self._lock:
+                        self._status = dataclasses.replace(self._status,
+                                                           extra_refreshes=self._status.extra_refreshes + 1)
+            due = True
+            if not extra:                   # an extra refresh leaves the fixed-rate schedule as it was
+                next_at += interval
             now = self.monotonic()
             if next_at < now:
                 next_at = now
-            stop.wait(next_at - now)
+            while not stop.is_set():
+                now = self.monotonic()
+                wait, extra = next_at - now, False
+                if self._wanted.is_set() and started + gap - now < wait:
+                    wait, extra = started + gap - now, True
+                if wait <= 0 or not self._sleep(stop, wait):
+                    break                   # the time came (also with a clock that does not move)
+                # woken by a request (or stop): look again at what is due
+
+    def _sleep(self, stop: threading.Event, seconds: float) -> bool:
+        """Sleep `seconds` of real time; True as soon as request_refresh or stop() wakes it (or `stop`,
+        looked at twice a second, is set), False when the time has passed."""
+        until = time.monotonic() + seconds
+        while True:
+            left = until - time.monotonic()
+            if left <= 0:
+                return False
+            if self._kick.wait(min(left, 0.5)):
+                self._kick.clear()
+                return True
+            if stop.is_set():
+                return True
 
     def start(self) -> threading.Thread:
         """Refresh in a daemon thread until `stop()`."""
@@ -644,6 +710,7 @@ class Discovery:
 
     def stop(self) -> None:
         self.stop_event.set()
+        self._kick.set()
 
 
 class LiveBackends(Sequence[Backend]):
@@ -695,7 +762,7 @@ class LiveBackends(Sequence[Backend]):
 def status_document(status: Status) -> dict[str, Any]:
     return {"enabled": status.enabled, "last_success": status.last_success, "stale": status.stale,
             "refreshes": status.refreshes, "errors": status.errors, "last_error": status.last_error,
-            "targets": status.targets, "backends": status.backends,
+            "targets": status.targets, "backends": status.backends, "extra_refreshes": status.extra_refreshes,
             "refusals": [{**r.__dict__, "kind": str(r.kind)} for r in status.refusals],
             "duplicates": [{"name": d.name, "targets": list(d.targets)} for d in status.duplicates]}
 

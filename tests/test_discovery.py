@@ -382,6 +382,7 @@ def test_config_reads_the_section() -> None:
     ({"prometheus_url": "http://p", "allow_ports": ["80"]}, "discovery.allow_ports"),
     ({"prometheus_url": "http://p", "allow_link_local": "yes"}, "discovery.allow_link_local"),
     ({"prometheus_url": "http://p", "name_from": "a-b"}, "discovery.name_from"),
+    ({"prometheus_url": "http://p", "extra_refresh_every": 0}, "discovery.extra_refresh_every"),
     ({"prometheus_url": "http://p", "refresh": 0}, "discovery.refresh"),
     ({"prometheus_url": "http://p", "grace": -1}, "discovery.grace"),
     ({"prometheus_url": "http://p", "selectr": "x"}, "unknown key"),

@@ -13,6 +13,8 @@ tried against the old code, each held to the rule that stops it:
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -29,6 +31,7 @@ from llm_health.discovery import (
     url_refusal,
 )
 from llm_health.discovery_collector import DiscoveryCollector
+from llm_health.procs import wait_until
 
 
 def found_from(*targets: dict[str, Any], settings: DiscoverySettings = SETTINGS, selector: str = "") -> Any:
@@ -230,6 +233,66 @@ def test_refused_urls_are_refusals_and_the_target_gets_neither_probes_nor_the_ke
     no_scrape_url = pod("vllm-2", "user:pw@10.0.0.7:8000")
     del no_scrape_url["scrapeUrl"]                                        # the discoveredLabels path
     assert found_from(no_scrape_url).refusals[0].kind == RefusalKind.USERINFO
+
+
+# ---- the refresher: asked-for refreshes are rate-limited and never block the asker ----------------
+
+class Gate:
+    """A Prometheus whose answers wait until released; counts the queries."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.release = threading.Event()
+        self.entered = threading.Event()
+
+    def __call__(self) -> list[Any]:
+        self.calls += 1
+        self.entered.set()
+        assert self.release.wait(30), "never released"
+        return [pod("vllm-0")]
+
+
+def test_requests_during_a_slow_refresh_cost_one_more_query_and_never_wait() -> None:
+    gate = Gate()
+    s = DiscoverySettings(prometheus_url="http://p:9090", refresh=3600, extra_refresh_every=0.05)
+    d = Discovery(s, fetch=gate)
+    d.start()
+    try:
+        assert gate.entered.wait(10)                 # the first refresh hangs in Prometheus
+        mark = d.mark()
+        for _ in range(1000):
+            d.request_refresh()                      # returns at once although Prometheus hangs
+        assert not d.answered_since(mark)
+        gate.release.set()
+        assert wait_until(lambda: d.answered_since(mark), timeout=10)
+        assert gate.calls == 2                       # 1000 requests: one extra query
+        assert d.status().extra_refreshes == 1
+    finally:
+        d.stop()
+
+
+def test_a_storm_of_requests_gets_at_most_one_extra_refresh_per_interval() -> None:
+    calls: list[float] = []
+
+    def fetch() -> list[Any]:
+        calls.append(time.monotonic())
+        return []
+
+    gap = 0.25
+    s = DiscoverySettings(prometheus_url="http://p:9090", refresh=3600, extra_refresh_every=gap)
+    d = Discovery(s, fetch=fetch)
+    d.start()
+    try:
+        assert wait_until(lambda: len(calls) >= 1, timeout=10)
+        until = time.monotonic() + 1.5
+        while time.monotonic() < until:              # requests for 1.5 s as fast as they come
+            d.request_refresh()
+        assert wait_until(lambda: len(calls) >= 2, timeout=10)
+    finally:
+        d.stop()
+    spacing = [b - a for a, b in zip(calls, calls[1:], strict=False)]
+    assert all(x >= gap * 0.8 for x in spacing), spacing           # never two within the interval
+    assert len(calls) <= 1 + 1.5 / gap + 2, len(calls)
 
 
 # ---- config: old forms refused with what to write ------------------------------------------------
