@@ -337,3 +337,36 @@ def test_the_exporter_flags_keep_the_file_settings(tmp_path: Any) -> None:
     assert c.discovery.selector == 'job="sglang"' and c.discovery.allow_ports == (8000,)
     assert c.discovery.placeholder_labels == K8S
 
+
+# ---- the documented Kubernetes setup --------------------------------------------------------------
+
+def kubernetes_discovery() -> dict[str, Any]:
+    """The commented-out `discovery:` block of deploy/kubernetes/llm-health.yml, uncommented."""
+    from pathlib import Path
+
+    import yaml
+
+    text = (Path(__file__).resolve().parent.parent / "deploy" / "kubernetes" / "llm-health.yml").read_text()
+    lines = text.splitlines()
+    start = lines.index("# discovery:")
+    block = []
+    for line in lines[start:]:
+        if not line.startswith("#"):
+            break
+        block.append(line[2:])
+    return yaml.safe_load("\n".join(block))["discovery"]
+
+
+def test_the_kubernetes_example_selects_our_monitor_and_restarts_only_what_it_discovered() -> None:
+    section = kubernetes_discovery()
+    settings = parse_config({"discovery": section}).discovery
+    ours = pod("vllm-0", "10.0.0.5:8000", namespace="llm-serving", node="n1", pool="podMonitor/llm-serving/vllm/0")
+    # another namespace's monitor, forging every target label ours carries, and even pointing at our pod
+    other = rogue("vllm-1", "vllm-1", "10.0.0.6:8000", namespace="llm-serving")
+    cross = pod("vllm-2", "10.0.0.7:8000", namespace="llm-serving", pool="podMonitor/evil/copy/0")
+    found = found_from(ours, other, cross, settings=settings)
+    assert [(b.name, b.host, b.restart) for b in found.backends] == [
+        ("vllm-0", "n1", ("kubectl", "delete", "pod", "--namespace", "llm-serving", "vllm-0", "--wait=false"))]
+    assert found.targets == 1                                     # the other two are not even watched
+    off_port = pod("vllm-3", "10.0.0.8:9100", namespace="llm-serving", pool="podMonitor/llm-serving/vllm/0")
+    assert found_from(off_port, settings=settings).refusals[0].kind == RefusalKind.PORT
