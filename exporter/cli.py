@@ -26,8 +26,8 @@ from llm_health.config import (
     Config,
     ConfigError,
     Proxy,
+    check_discovery,
     load_config,
-    parse_discovery,
     parse_named_url,
 )
 from llm_health.discovery import Discovery, LiveBackends
@@ -71,10 +71,9 @@ def build_config(args: argparse.Namespace) -> Config:
         raise ConfigError(f"duplicate name(s) {', '.join(dupes)}")
     discovery = config.discovery
     if args.discover_from or args.discover_selector:
-        discovery = parse_discovery({**{k: v for k, v in discovery.__dict__.items() if k != "restart"},
-                                     "restart": list(discovery.restart),
-                                     **({"prometheus_url": args.discover_from} if args.discover_from else {}),
-                                     **({"selector": args.discover_selector} if args.discover_selector else {})})
+        discovery = replace(discovery, **({"prometheus_url": args.discover_from} if args.discover_from else {}),
+                            **({"selector": args.discover_selector} if args.discover_selector else {}))
+        check_discovery(discovery)
         if not discovery.enabled:
             raise ConfigError("--discover-selector: needs --discover-from or discovery.prometheus_url")
     if not backends and not proxies and not discovery.enabled:

@@ -19,9 +19,10 @@ Bad input raises ConfigError with a message that names the offending key; nothin
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
@@ -147,21 +148,38 @@ class RemediatorSettings:
 
 @dataclass(frozen=True)
 class DiscoverySettings:
-    """Backends from Prometheus' targets (llm_health/discovery.py); off while prometheus_url is empty."""
+    """Backends from Prometheus' targets (llm_health/discovery.py); off while prometheus_url is empty.
+
+    Two kinds of labels (docs/discovery.md): a target's `labels` (after relabelling: whoever may create a
+    PodMonitor/ServiceMonitor or scrape config sets them freely) and its `discoveredLabels` (before
+    relabelling: from the service discovery itself, e.g. `__meta_kubernetes_pod_name`). What a restart acts
+    on, and the host, come only from discovered labels."""
 
     prometheus_url: str = ""             # e.g. http://127.0.0.1:9090; empty = discovery off
-    selector: str = 'job="vllm"'         # matchers on target labels: label="v", label!="v", =~"re", !~"re"
-    name_label: str = "backend"          # the target label that names the backend
-    host_label: str = "node"             # the target label naming its host (one restart per host at a time)
+    selector: str = 'job="vllm"'         # matchers: label="v", !=, =~, !~; names starting with __ match discovered
+    #                                      labels (and __scrape_pool__ the target's scrape pool)
+    name_label: str = "backend"          # the target label that names the backend (the alerts carry it)
+    name_from: str = ""                  # the discovered label the name must equal for a restart (required with restart)
+    host_from: str = "__meta_kubernetes_pod_node_name"   # discovered label naming its host (one restart per host)
     model_label: str = ""                # the target label naming the model the warm-up waits for
     refresh: float = 30.0                # seconds between looks at Prometheus
     timeout: float = 10.0                # HTTP timeout of one look
     grace: float = 300.0                 # a backend missing from the answers this long is removed
-    restart: tuple[str, ...] = ()        # argv with {label} placeholders; values must be DNS-1123 names
+    extra_refresh_every: float = 10.0    # a backend not in the fleet asks for a refresh: at most one extra per this long
+    restart: tuple[str, ...] = ()        # argv with {placeholder}s; values must be DNS-1123 names
+    placeholders: tuple[tuple[str, str], ...] = ()   # placeholder -> discovered label (a mapping in the file)
+    allow_networks: tuple[str, ...] = ()  # CIDRs a backend's address must be in; empty = any address
+    allow_ports: tuple[int, ...] = ()    # ports a backend may be at; empty = any port
+    allow_link_local: bool = False       # accept 169.254.0.0/16 and fe80::/10 addresses (cloud metadata lives there)
+    allow_userinfo: bool = False         # accept user:password@ in a target's URL
 
     @property
     def enabled(self) -> bool:
         return bool(self.prometheus_url)
+
+    @property
+    def placeholder_labels(self) -> dict[str, str]:
+        return dict(self.placeholders)
 
 
 @dataclass(frozen=True)
@@ -328,33 +346,100 @@ def _check_remediator(r: RemediatorSettings) -> None:
         raise ConfigError("remediator.retention: max_age must be at least 3600 seconds, interval > 0")
 
 
-def parse_discovery(data: Any) -> DiscoverySettings:
-    """The `discovery:` section; the selector and the restart template are checked here, at load time."""
-    from llm_health.discovery import parse_selector, template_placeholders  # discovery imports this module
+#: settings of older versions that are refused with a message saying what to write instead
+_REMOVED_DISCOVERY_KEYS = {
+    "host_label": "it read a target label, which any relabelling (a PodMonitor or ServiceMonitor in a watched "
+                  "namespace) sets freely, so a target could claim another host's restart mutex. Name the "
+                  "discovered label instead: host_from: __meta_kubernetes_pod_node_name (Kubernetes, the "
+                  "default) or host_from: node (file_sd: the labels written in the file are discovered labels)",
+}
+_DISCOVERY_LISTS = ("restart", "placeholders", "allow_networks", "allow_ports")
 
+
+def parse_discovery(data: Any) -> DiscoverySettings:
+    """The `discovery:` section; the selector, the restart template and the allow-lists are checked here,
+    at load time (`check_discovery`)."""
     if data is None:
         return DiscoverySettings()
     if not isinstance(data, dict):
         raise ConfigError("discovery: must be a mapping")
-    rest = {k: v for k, v in data.items() if k != "restart"}
-    settings = _section(DiscoverySettings, rest, "discovery")
+    for key, why in _REMOVED_DISCOVERY_KEYS.items():
+        if key in data:
+            raise ConfigError(f"discovery.{key}: no longer supported: {why}")
+    settings = _section(DiscoverySettings, {k: v for k, v in data.items() if k not in _DISCOVERY_LISTS},
+                        "discovery")
     restart = data.get("restart") or []
     if not isinstance(restart, list):
         raise ConfigError("discovery.restart: must be a list of non-empty strings (argv)")
-    template_placeholders(restart)
-    settings = DiscoverySettings(**{**settings.__dict__, "restart": tuple(restart)})
+    placeholders = data.get("placeholders") or {}
+    if not isinstance(placeholders, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                     for k, v in placeholders.items()):
+        raise ConfigError("discovery.placeholders: must be a mapping of placeholder name -> discovered label, "
+                          "e.g. {pod: __meta_kubernetes_pod_name}")
+    networks = data.get("allow_networks") or []
+    if not isinstance(networks, list) or not all(isinstance(n, str) for n in networks):
+        raise ConfigError("discovery.allow_networks: must be a list of CIDRs such as 10.0.0.0/8")
+    ports = data.get("allow_ports") or []
+    if not isinstance(ports, list) or not all(isinstance(p, int) and not isinstance(p, bool) for p in ports):
+        raise ConfigError("discovery.allow_ports: must be a list of port numbers")
+    settings = replace(settings, restart=tuple(restart), placeholders=tuple(placeholders.items()),
+                       allow_networks=tuple(networks), allow_ports=tuple(ports))
+    check_discovery(settings)
+    return settings
+
+
+def check_discovery(settings: DiscoverySettings) -> None:
+    """ConfigError unless the settings are usable and say, for a restart, which discovered labels name what
+    it acts on (principle 7: labels never choose what is restarted beyond what the operator allowed)."""
+    from llm_health.discovery import parse_selector, template_placeholders  # discovery imports this module
+
+    used = template_placeholders(settings.restart)
+    label = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+    for name, source in settings.placeholders:
+        if not label.fullmatch(name) or name == "backend":
+            raise ConfigError(f"discovery.placeholders: {name!r} is not a placeholder name (a label name other "
+                              "than 'backend')")
+        if not label.fullmatch(source):
+            raise ConfigError(f"discovery.placeholders.{name}: {source!r} is not a label name")
+    mapped = settings.placeholder_labels
+    unmapped = [p for p in used if p != "backend" and p not in mapped]
+    if unmapped:
+        example = ", ".join(f"{p}: {_K8S_SOURCES.get(p, '__meta_...')}" for p in unmapped)
+        raise ConfigError(
+            f"discovery.restart: placeholder(s) {', '.join('{' + p + '}' for p in unmapped)} not in "
+            "discovery.placeholders. Placeholders are no longer filled from target labels (relabelling sets "
+            "those freely, so any PodMonitor could name any pod); say which discovered label fills each, "
+            f"e.g. placeholders: {{{example}}}")
+    if settings.restart and not settings.name_from:
+        raise ConfigError(
+            "discovery.name_from: required with discovery.restart: the discovered label the backend's name "
+            f"(target label {settings.name_label!r}) must equal, so a target gets only the restart of what it "
+            "really is, e.g. name_from: __meta_kubernetes_pod_name (with the PodMonitor relabelling the pod "
+            "name to the name label)")
+    for key in ("name_label", "name_from", "host_from", "model_label"):
+        value = getattr(settings, key)
+        if value and not label.fullmatch(value):
+            raise ConfigError(f"discovery.{key}: {value!r} is not a label name")
+    for cidr in settings.allow_networks:
+        try:
+            ipaddress.ip_network(cidr, strict=True)
+        except ValueError as exc:
+            raise ConfigError(f"discovery.allow_networks: {cidr!r} is not a network ({exc})") from None
+    for port in settings.allow_ports:
+        if not 0 < port < 65536:
+            raise ConfigError(f"discovery.allow_ports: {port} is not a port number (1-65535)")
     if settings.prometheus_url:
         _check_url(settings.prometheus_url, "discovery.prometheus_url")
         parse_selector(settings.selector)
-        for key in ("name_label", "host_label", "model_label"):
-            value = getattr(settings, key)
-            if value and not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", value):
-                raise ConfigError(f"discovery.{key}: {value!r} is not a label name")
         if not settings.name_label:
             raise ConfigError("discovery.name_label: must name a label")
-        if settings.refresh <= 0 or settings.timeout <= 0:
-            raise ConfigError("discovery.refresh and discovery.timeout: must be > 0")
-    return settings
+        if settings.refresh <= 0 or settings.timeout <= 0 or settings.extra_refresh_every <= 0:
+            raise ConfigError("discovery.refresh, discovery.timeout and discovery.extra_refresh_every: must be > 0")
+
+
+#: what a Kubernetes restart template's usual placeholders are filled from (for the error message)
+_K8S_SOURCES = {"pod": "__meta_kubernetes_pod_name", "namespace": "__meta_kubernetes_namespace",
+                "node": "__meta_kubernetes_pod_node_name"}
 
 
 def load_config(path: str | Path) -> Config:

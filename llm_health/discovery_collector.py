@@ -35,3 +35,10 @@ class DiscoveryCollector(Collector):
                                 value=st.backends)
         yield GaugeMetricFamily("llm_health_discovery_refused",
                                 "Targets refused (or refused a restart) in the last good answer.", value=st.refused)
+        yield GaugeMetricFamily("llm_health_discovery_duplicate_names",
+                                "Backend names claimed by more than one target in the last good answer: none of "
+                                "them is restarted (a rogue monitor copying a real name, or two real servers).",
+                                value=len(st.duplicates))
+        yield CounterMetricFamily("llm_health_discovery_extra_refreshes",
+                                  "Refreshes done early because a backend not in the fleet was asked for "
+                                  "(at most one per discovery.extra_refresh_every).", value=st.extra_refreshes)

@@ -68,7 +68,7 @@ ALERT_NAMES = (
     # llm-health.self
     "LLMHealthRemediatorDown", "LLMHealthRemediatorUnhealthy", "LLMHealthBreakerOpen", "LLMHealthBackendNeedsAck",
     "LLMHealthRestartsFailing", "LLMHealthWebhookDeliveryFailing", "LLMHealthWatchdog",
-    "LLMHealthDiscoveryStale",
+    "LLMHealthDiscoveryStale", "LLMHealthDiscoveryDuplicateNames",
 )
 # The two alerts that trigger restarts: their labels are a contract with the remediator's route.
 REMEDIATION_ALERTS = ("LLMBackendStalled", "LLMBackendDown")

@@ -11,6 +11,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import os
 import secrets
 import stat
 import time
@@ -25,7 +26,7 @@ from llm_health.remediator.alert import PayloadError, parse_notification
 from llm_health.remediator.authority import Authority, Verifier, WarmupCheck, state_path
 from llm_health.remediator.clock import Clocks, injected
 from llm_health.remediator.health import Health
-from llm_health.remediator.incident import ingest, route
+from llm_health.remediator.incident import ingest
 from llm_health.remediator.marker import file_markers
 from llm_health.remediator.retention import Pruner
 from llm_health.remediator.runbooks import runbooks
@@ -203,21 +204,10 @@ def receive() -> Any:
     except PayloadError as exc:
         return _error(400, f"not an Alertmanager webhook payload: {exc}")
     c = ctx()
-    _see_new_backends(c.config, notification)
+    # never a Prometheus query here: an alert about a backend this worker's discovery has not seen yet
+    # opens its incident, and the authority looks it up after a (rate-limited) refresh (incident.py)
     summary = ingest(c.store, c.config, notification, c.clock(), c.config.remediator.dedup_window)
     return jsonify({"accepted": True, **summary}), 202
-
-
-def _see_new_backends(config: Config, notification: Any) -> None:
-    """With service discovery on, each gunicorn worker refreshes its backend list on its own: the worker
-    that receives an alert about a backend discovered moments ago may not know it yet. Refresh once
-    (one targets query, outside any transaction) before the alert would be ignored as unknown."""
-    discovery = config.live_discovery()
-    if discovery is None:
-        return
-    if any(route(a, config) is None for a in notification.alerts if a.labels.get("backend") or
-           a.labels.get("instance")):
-        discovery.refresh()
 
 
 # -- api -------------------------------------------------------------------------------------------
@@ -402,9 +392,10 @@ def ack(name: str) -> Any:
 
 @api.get("/discovery")
 def discovery_view() -> Any:
-    """Backends from Prometheus' targets: freshness, errors, refused targets (enabled false when off)."""
+    """Backends from Prometheus' targets: freshness, errors, refused targets and contested names (enabled
+    false when off). Each gunicorn worker refreshes on its own: `worker` is the answering one's pid."""
     d = ctx().discovery
-    return jsonify(status_document(d.status()) if d is not None else {"enabled": False})
+    return jsonify({**status_document(d.status()), "worker": os.getpid()} if d is not None else {"enabled": False})
 
 
 # -- status, metrics, health ------------------------------------------------------------------------

@@ -10,6 +10,9 @@ discovered backends without knowing where it came from.
   and accounted for, not dropped.
 * Every refused target and every refused restart is an audit event `discovery_refused` (once a day
   per backend and reason): the backend is still watched, it is just never restarted.
+* A backend name claimed by two or more targets is an audit event `discovery_duplicate` (once a day
+  per name and set of claimants), worded like an escalation: neither is restarted until a person
+  removes the impostor (or renames one of two real servers); `LLMHealthDiscoveryDuplicateNames` fires.
 """
 
 from __future__ import annotations
@@ -22,25 +25,38 @@ from collections.abc import Callable
 from llm_health.remediator.store import Store
 
 from llm_health.config import Backend, Config
-from llm_health.discovery import Discovery, LiveBackends, Refusal
+from llm_health.discovery import Discovery, LiveBackends, Refusal, RefusalKind
 
 log = logging.getLogger("llm_health.remediator")
 
 AUDIT_EVERY = 86400.0       # a refusal that persists is audited again after this long
 EVENT = "discovery_refused"
+DUPLICATE_EVENT = "discovery_duplicate"
 
 
 def audit_refusals(store: Store, refusals: tuple[Refusal, ...], now: float) -> int:
-    """One audit event per refusal not already recorded in the last AUDIT_EVERY seconds; returns how many."""
+    """One audit event per refusal (one per name for duplicates) not already recorded in the last
+    AUDIT_EVERY seconds; returns how many."""
     written = 0
     if not refusals:
         return 0
+    claimed: dict[str, list[str]] = {}
     with store.tx() as c:
         for r in refusals:
+            if r.kind == RefusalKind.DUPLICATE:
+                claimed.setdefault(r.backend, []).append(r.target)
+                continue
             reason = (f"{r.reason}; watched, never restarted by us" if r.restart_only
                       else f"target {r.target} not used: {r.reason}")
             if Store.event_unless_recent(c, now, EVENT, r.backend, reason, AUDIT_EVERY, target=r.target,
-                                         restart_only=r.restart_only):
+                                         restart_only=r.restart_only, refusal=str(r.kind)):
+                written += 1
+        for name, targets in sorted(claimed.items()):
+            targets = sorted(targets)
+            reason = (f"backend name {name} is claimed by {len(targets)} discovery targets ({', '.join(targets)}): "
+                      "none of them is restarted while this lasts; needs a person: remove the target that is not "
+                      "yours (a PodMonitor/ServiceMonitor copying the name), or give two real servers two names")
+            if Store.event_unless_recent(c, now, DUPLICATE_EVENT, name, reason, AUDIT_EVERY, targets=targets):
                 written += 1
     return written
 

@@ -3,6 +3,12 @@
 Everything happens in one BEGIN IMMEDIATE transaction per notification, so concurrent HA copies
 arriving at different gunicorn workers are serialised: the first is processed, the rest are
 recorded as `deduplicated`.
+
+With service discovery on, each gunicorn worker refreshes its own backend list, so the worker that
+receives a restart alert may not know a backend discovered moments ago. Such an alert (a valid
+backend name, not a proxy) still opens its incident; the authority looks the name up after its next
+discovery refresh and closes the incident as "backend no longer configured" if it is really unknown
+(remediator/procedure.py). The webhook itself never queries Prometheus: it answers at once.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from typing import Any
 from llm_health.remediator.alert import Alert, Notification
 from llm_health.remediator.store import CLOSED, NEEDS_ACK, OBSERVED, OPEN, Store
 
-from llm_health.config import Backend, Config
+from llm_health.config import NAME_RE, Backend, Config
 
 
 def route(alert: Alert, config: Config) -> Backend | None:
@@ -53,30 +59,40 @@ def ingest(store: Store, config: Config, n: Notification, now: float, dedup_wind
     return {"deduplicated": False, "alerts": len(n.alerts), "outcomes": outcomes}
 
 
+def maybe_discovered(alert: Alert, config: Config) -> str | None:
+    """The backend name of a restart alert that no backend of this worker matches but that service
+    discovery may know (discovery on, a valid backend name that is no proxy's), else None."""
+    name = alert.labels.get("backend", "")
+    if config.live_discovery() is None or not alert.wants_restart or not NAME_RE.fullmatch(name):
+        return None
+    return None if any(p.name == name for p in config.proxies) else name
+
+
 def _apply(c: sqlite3.Connection, config: Config, alert: Alert, now: float) -> str:
     backend = route(alert, config)
-    if backend is None:
+    name = backend.name if backend is not None else maybe_discovered(alert, config)
+    if name is None:
         Store.event(c, now, "ignored", reason="no configured backend matches this alert "
                     "(backend / instance label)", **_brief(alert),
                     labels={k[:100]: v[:200] for k, v in list(alert.labels.items())[:30]})
         return "ignored"
-    active = Store.active_incident(c, backend.name)
+    active = Store.active_incident(c, name)
     if not alert.wants_restart:
-        Store.event(c, now, "signal", backend.name, active["id"] if active else None,
+        Store.event(c, now, "signal", name, active["id"] if active else None,
                     reason=f"{alert.name or 'alert'} {alert.status}: recorded as a signal "
                     "(no remediation=\"restart\" label)", **_brief(alert))
         return "signal"
     if alert.status == "firing":
         if _already_resolved(c, alert):
-            Store.event(c, now, "stale_firing", backend.name, active["id"] if active else None,
+            Store.event(c, now, "stale_firing", name, active["id"] if active else None,
                         reason=f"{alert.name or 'alert'} firing, but this very alert (fingerprint and startsAt) was "
                         "already resolved: a late resend, ignored (a new firing has a new startsAt)", **_brief(alert))
             return "stale_firing"
-        return _firing(c, backend.name, active, alert, now)
+        return _firing(c, name, active, alert, now, unseen=backend is None)
     if alert.starts_at:
         c.execute("INSERT OR IGNORE INTO resolved_alerts (fingerprint, starts_at, resolved_at) VALUES (?,?,?)",
                   (alert.fingerprint, alert.starts_at, now))
-    return _resolved(c, backend.name, active, alert, now)
+    return _resolved(c, name, active, alert, now)
 
 
 def _already_resolved(c: sqlite3.Connection, alert: Alert) -> bool:
@@ -89,13 +105,16 @@ def _already_resolved(c: sqlite3.Connection, alert: Alert) -> bool:
                      (alert.fingerprint, alert.starts_at)).fetchone() is not None
 
 
-def _firing(c: sqlite3.Connection, backend: str, active: sqlite3.Row | None, alert: Alert, now: float) -> str:
+def _firing(c: sqlite3.Connection, backend: str, active: sqlite3.Row | None, alert: Alert, now: float,
+            unseen: bool = False) -> str:
     if active is None:
         cur = c.execute("INSERT INTO incidents (backend, state, opened_at, updated_at) VALUES (?,?,?,?)",
                         (backend, OPEN, now, now))
         incident_id = int(cur.lastrowid or 0)
+        note = (" (a backend this worker's service discovery has not seen yet: looked up after its next refresh)"
+                if unseen else "")
         Store.event(c, now, "incident_opened", backend, incident_id,
-                    reason=f"{alert.name or 'alert'} firing", **_brief(alert))
+                    reason=f"{alert.name or 'alert'} firing{note}", **_brief(alert))
         result = "incident_opened"
     else:
         incident_id = int(active["id"])

@@ -84,6 +84,10 @@ class Checks:
     runner: Runner
 
 
+#: incidents whose backend this worker is looking up in service discovery (bounded; the oldest is dropped)
+MAX_UNKNOWN_TRACKED = 4096
+
+
 class Procedure:
     def __init__(self, store: Store, config: Config, checks: Checks, clocks: Clocks, holder: str,
                  still_holder: Callable[[Any], bool], action_dir: Path | None = None) -> None:
@@ -103,25 +107,52 @@ class Procedure:
         self.busy_dir = config.resolve_path(self.r.busy_dir) if self.r.busy_dir else None
         self._running: dict[int, str] = {}             # action id -> backend, whose argv runs in this process now
         self._running_lock = threading.Lock()
+        self._unknown: dict[int, int] = {}             # incident id -> discovery mark when first not in the fleet
+        self._unknown_lock = threading.Lock()
 
-    def _refresh_discovery(self) -> bool:
-        """With service discovery on, refresh this worker's list now (one targets query). The worker that
-        accepted the alert may have seen a new backend before this one's periodic refresh did."""
+    def _discovery_settled(self, incident_id: int) -> bool:
+        """With service discovery on, an incident's backend that is not in this worker's fleet may just not
+        be seen yet (another worker, or the exporter, refreshed first): it is looked up again only after a
+        refresh that STARTED after we first missed it has answered. Asks the refresher for one (it serves
+        such requests at most once per discovery.extra_refresh_every: never a query per alert, and never
+        here: this only asks). True once that answer is in; without discovery, True at once."""
         discovery = self.config.live_discovery()
-        return bool(discovery is not None and discovery.refresh())
+        if discovery is None:
+            return True
+        with self._unknown_lock:
+            mark = self._unknown.get(incident_id)
+            if mark is None:
+                while len(self._unknown) >= MAX_UNKNOWN_TRACKED:       # incidents closed by a webhook meanwhile
+                    self._unknown.pop(next(iter(self._unknown)))
+                self._unknown[incident_id] = discovery.mark()
+        if mark is not None and discovery.answered_since(mark):
+            with self._unknown_lock:
+                self._unknown.pop(incident_id, None)
+            return True
+        discovery.request_refresh()
+        return False
 
     # == the procedure: one look at one incident ===================================================
     def look(self, inc: Any) -> None:
         """The step the incident's state calls for (the caller checked that it is due)."""
         incident_id, state = int(inc["id"]), inc["state"]
         backend = self.config.backend(inc["backend"])
-        if backend is None and self._refresh_discovery():
-            backend = self.config.backend(inc["backend"])  # another worker may have seen it first
-        if backend is None and self._discovery_unsure():
-            self.wait_for_discovery(incident_id, inc["backend"], state)
-        elif backend is None:
-            self.close(incident_id, inc["backend"], "closed", "backend no longer configured")
-        elif state == OPEN:
+        if backend is None:
+            settled = self._discovery_settled(incident_id)
+            if self._discovery_unsure():
+                self.wait_for_discovery(incident_id, inc["backend"], state)
+                return
+            if not settled:
+                self.wait_for_discovery(incident_id, inc["backend"], state, refreshing=True)
+                return
+            backend = self.config.backend(inc["backend"])     # the refresh may have found it
+            if backend is None:
+                self.close(incident_id, inc["backend"], "closed", "backend no longer configured")
+                return
+        elif self._unknown:
+            with self._unknown_lock:
+                self._unknown.pop(incident_id, None)
+        if state == OPEN:
             self.consider(incident_id, backend)
         elif state == DRAINING:
             self.watch_drain(incident_id, backend)
@@ -138,10 +169,11 @@ class Procedure:
         discovery = self.config.live_discovery()
         return discovery is not None and bool(discovery.status().stale)
 
-    def wait_for_discovery(self, incident_id: int, backend: str, state: str) -> None:
+    def wait_for_discovery(self, incident_id: int, backend: str, state: str, refreshing: bool = False) -> None:
         """The backend is unknown only because Prometheus does not answer (e.g. the remediator restarted
-        while Prometheus is down): never close the incident (nor leave its restart's lifecycle owned by
-        a closed incident) on that; look again after poll_interval. Audited once per wait."""
+        while Prometheus is down), or (`refreshing`) this worker's discovery has not refreshed since it
+        first missed it: never close the incident (nor leave its restart's lifecycle owned by a closed
+        incident) on that; look again after poll_interval. Audited once per wait."""
         now, t = self.clocks.wall(), self.clocks.mono()
         key = "waiting_for_discovery"
         with self.store.tx() as c:
@@ -151,9 +183,11 @@ class Procedure:
             c.execute("UPDATE incidents SET next_check_at = ?, last_note = ? WHERE id = ?",
                       (t + self.r.poll_interval, key, incident_id))
             if inc["last_note"] != key:
+                why = ("not in this worker's fleet yet: looked up again after its next service discovery refresh"
+                       if refreshing else "not in the fleet while service discovery has no good answer "
+                       "(Prometheus unreachable?)")
                 Store.event(c, now, key, backend, incident_id,
-                            reason=f"{backend} is not in the fleet while service discovery has no good answer "
-                            f"(Prometheus unreachable?): incident kept ({state}), looked at again when it answers")
+                            reason=f"{backend} is {why}: incident kept ({state}), looked at again when it answers")
 
     # == step: consider (gates -> host mutex -> concurrency -> verify -> floor -> begin) =============
     def consider(self, incident_id: int, backend: Backend) -> None:

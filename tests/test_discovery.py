@@ -16,6 +16,7 @@ from llm_health.discovery import (
     LiveBackends,
     Matcher,
     PlaceholderError,
+    RefusalKind,
     backends_from_targets,
     dns1123,
     expand_argv,
@@ -25,17 +26,33 @@ from llm_health.discovery import (
 )
 from llm_health.discovery_collector import DiscoveryCollector
 
+K8S = {"namespace": "__meta_kubernetes_namespace", "pod": "__meta_kubernetes_pod_name"}
 SETTINGS = DiscoverySettings(prometheus_url="http://127.0.0.1:9", selector='job="vllm"',
+                             name_from="__meta_kubernetes_pod_name", placeholders=tuple(K8S.items()),
                              restart=("kubectl", "delete", "pod", "-n", "{namespace}", "{pod}"))
 
 
-def target(name: str, address: str = "10.0.0.5:8000", job: str = "vllm", **labels: str) -> dict[str, Any]:
+def target(name: str, address: str = "10.0.0.5:8000", job: str = "vllm", meta: dict[str, str] | None = None,
+           **labels: str) -> dict[str, Any]:
+    """One entry of /api/v1/targets: `labels` after relabelling (anyone writing a monitor sets them),
+    `meta` the discovered labels service discovery gave it (relabelling cannot change those)."""
     return {
         "discoveredLabels": {"__address__": address, "__scheme__": "http", "__metrics_path__": "/metrics",
-                             "job": job},
+                             "job": job, **(meta or {})},
         "labels": {"job": job, "instance": address, "backend": name, **labels},
         "scrapePool": job, "scrapeUrl": f"http://{address}/metrics", "health": "up",
     }
+
+
+def pod(name: str, address: str = "10.0.0.5:8000", namespace: str = "llm", node: str = "", pool: str = "vllm",
+        **labels: str) -> dict[str, Any]:
+    """A Kubernetes pod target as our PodMonitor makes it: backend, namespace, pod and node relabelled from
+    the pod's discovered labels (`labels` may forge them, as a rogue monitor's relabelling can)."""
+    meta = {"__meta_kubernetes_namespace": namespace, "__meta_kubernetes_pod_name": name,
+            "__meta_kubernetes_pod_node_name": node}
+    t = target(name, address, meta=meta, **{"namespace": namespace, "pod": name, "node": node, **labels})
+    t["scrapePool"] = pool
+    return t
 
 
 # ---- selector ------------------------------------------------------------------------------------
@@ -127,25 +144,25 @@ def test_template_placeholders_names() -> None:
 
 def test_targets_become_backends() -> None:
     found = backends_from_targets(
-        [target("gpu-b", "10.0.0.6:8000", namespace="llm", pod="vllm-1", node="n2"),
-         target("gpu-a", "10.0.0.5:8000", namespace="llm", pod="vllm-0", node="n1"),
+        [pod("vllm-1", "10.0.0.6:8000", node="n2"),
+         pod("vllm-0", "10.0.0.5:8000", node="n1"),
          target("other", "10.0.0.7:9100", job="node")],
         SETTINGS, parse_selector(SETTINGS.selector))
-    assert found.targets == 2 and not found.refusals
+    assert found.targets == 2 and not found.refusals and not found.duplicates
     assert found.backends == (
-        Backend("gpu-a", "http://10.0.0.5:8000", "n1", "", ("kubectl", "delete", "pod", "-n", "llm", "vllm-0")),
-        Backend("gpu-b", "http://10.0.0.6:8000", "n2", "", ("kubectl", "delete", "pod", "-n", "llm", "vllm-1")),
+        Backend("vllm-0", "http://10.0.0.5:8000", "n1", "", ("kubectl", "delete", "pod", "-n", "llm", "vllm-0")),
+        Backend("vllm-1", "http://10.0.0.6:8000", "n2", "", ("kubectl", "delete", "pod", "-n", "llm", "vllm-1")),
     )
 
 
 def test_name_and_host_labels_are_configurable_and_url_keeps_a_path_prefix() -> None:
-    t = target("ignored", "h:443", pod="vllm-0", instance="ignored")
+    t = target("ignored", "h:443", meta={"unit": "vllm-0", "machine": "box-1"}, pod="vllm-0", instance="ignored")
     t["scrapeUrl"] = "https://h:443/prefix/metrics?x=1"
-    s = DiscoverySettings(prometheus_url="http://p:9090", name_label="pod", host_label="instance",
+    s = DiscoverySettings(prometheus_url="http://p:9090", name_label="pod", name_from="unit", host_from="machine",
                           model_label="model", restart=("restart-vllm", "{backend}"))
     t["labels"]["model"] = "m1"
     found = backends_from_targets([t], s, parse_selector(s.selector))
-    assert found.backends == (Backend("vllm-0", "https://h:443/prefix", "ignored", "m1", ("restart-vllm", "vllm-0")),)
+    assert found.backends == (Backend("vllm-0", "https://h:443/prefix", "box-1", "m1", ("restart-vllm", "vllm-0")),)
 
 
 def test_url_from_discovered_labels_without_scrape_url() -> None:
@@ -156,13 +173,14 @@ def test_url_from_discovered_labels_without_scrape_url() -> None:
     assert found.backends[0].url == "https://10.0.0.5:8000"
 
 
-def test_hostile_label_keeps_the_backend_watched_but_without_restart() -> None:
-    found = backends_from_targets([target("gpu-a", pod="$(reboot)", namespace="llm")], SETTINGS,
-                                  parse_selector(SETTINGS.selector))
-    assert [b.name for b in found.backends] == ["gpu-a"]
+@pytest.mark.parametrize("bad", ["$(reboot)", "llm;reboot", "a b", "../x"])
+def test_hostile_label_keeps_the_backend_watched_but_without_restart(bad: str) -> None:
+    found = backends_from_targets([pod("vllm-0", namespace=bad)], SETTINGS, parse_selector(SETTINGS.selector))
+    assert [b.name for b in found.backends] == ["vllm-0"]
     assert found.backends[0].restart == ()
     (r,) = found.refusals
-    assert r.restart_only and r.backend == "gpu-a" and "$(reboot)" in r.reason and "{pod}" in r.reason
+    assert r.restart_only and r.backend == "vllm-0" and bad in r.reason and "{namespace}" in r.reason
+    assert r.kind == RefusalKind.PLACEHOLDER and "__meta_kubernetes_namespace" in r.reason
 
 
 @pytest.mark.parametrize("name", ["", "a b", "a;b", "x" * 65, "ünï", "../x"])
@@ -171,13 +189,17 @@ def test_target_with_an_invalid_name_is_refused(name: str) -> None:
     assert found.backends == () and len(found.refusals) == 1 and not found.refusals[0].restart_only
 
 
-def test_static_names_win_and_duplicates_keep_the_first_scrape_url() -> None:
+def test_static_names_win_and_a_duplicate_name_is_refused_for_every_claimant() -> None:
     found = backends_from_targets(
-        [target("dup", "10.0.0.9:1"), target("dup", "10.0.0.1:1"), target("static-a", "10.0.0.2:1")],
+        [target("dup", "10.0.0.9:1"), target("dup", "10.0.0.1:1"), target("static-a", "10.0.0.2:1"),
+         target("b", "10.0.0.3:1")],
         DiscoverySettings(), parse_selector('job="vllm"'), reserved=["static-a"])
-    assert [(b.name, b.url) for b in found.backends] == [("dup", "http://10.0.0.1:1")]
+    assert [(b.name, b.url) for b in found.backends] == [("b", "http://10.0.0.3:1")]
     assert sorted(r.reason.split(":")[0].split(";")[0] for r in found.refusals) == \
-        ["a static backend has this name", "duplicate"]
+        ["a static backend has this name", "duplicate", "duplicate"]
+    (dup,) = found.duplicates
+    assert dup.name == "dup" and dup.targets == ("http://10.0.0.1:1/metrics", "http://10.0.0.9:1/metrics")
+    assert {r.target for r in found.refusals if r.kind == RefusalKind.DUPLICATE} == set(dup.targets)
 
 
 def test_odd_metrics_path_or_scheme_is_refused() -> None:
@@ -334,8 +356,15 @@ def test_config_defaults_off() -> None:
 
 def test_config_reads_the_section() -> None:
     c = parse_config({"discovery": {"prometheus_url": "http://127.0.0.1:9090", "selector": 'job=~"vllm|sglang"',
-                                    "name_label": "pod", "refresh": 5, "restart": ["kubectl", "{pod}"]}})
-    assert c.discovery.enabled and c.discovery.restart == ("kubectl", "{pod}") and c.discovery.refresh == 5.0
+                                    "name_label": "pod", "refresh": 5, "restart": ["kubectl", "{pod}"],
+                                    "name_from": "__meta_kubernetes_pod_name",
+                                    "placeholders": {"pod": "__meta_kubernetes_pod_name"},
+                                    "allow_networks": ["10.0.0.0/8", "fd00::/8"], "allow_ports": [8000]}})
+    d = c.discovery
+    assert d.enabled and d.restart == ("kubectl", "{pod}") and d.refresh == 5.0
+    assert d.placeholder_labels == {"pod": "__meta_kubernetes_pod_name"} and d.name_from == "__meta_kubernetes_pod_name"
+    assert d.allow_networks == ("10.0.0.0/8", "fd00::/8") and d.allow_ports == (8000,)
+    assert d.host_from == "__meta_kubernetes_pod_node_name" and not d.allow_link_local and not d.allow_userinfo
 
 
 @pytest.mark.parametrize("section, match", [
@@ -344,6 +373,16 @@ def test_config_reads_the_section() -> None:
     ({"prometheus_url": "http://p", "name_label": "a-b"}, "discovery.name_label"),
     ({"prometheus_url": "http://p", "restart": "kubectl delete"}, "discovery.restart"),
     ({"prometheus_url": "http://p", "restart": ["x", "{pod.__dict__}"]}, "discovery.restart"),
+    ({"prometheus_url": "http://p", "placeholders": ["pod"]}, "discovery.placeholders"),
+    ({"prometheus_url": "http://p", "placeholders": {"pod": "a-b"}}, "discovery.placeholders.pod"),
+    ({"prometheus_url": "http://p", "placeholders": {"backend": "x"}}, "discovery.placeholders"),
+    ({"prometheus_url": "http://p", "allow_networks": ["10.0.0.5/8"]}, "discovery.allow_networks"),
+    ({"prometheus_url": "http://p", "allow_networks": "10.0.0.0/8"}, "discovery.allow_networks"),
+    ({"prometheus_url": "http://p", "allow_ports": [0]}, "discovery.allow_ports"),
+    ({"prometheus_url": "http://p", "allow_ports": ["80"]}, "discovery.allow_ports"),
+    ({"prometheus_url": "http://p", "allow_link_local": "yes"}, "discovery.allow_link_local"),
+    ({"prometheus_url": "http://p", "name_from": "a-b"}, "discovery.name_from"),
+    ({"prometheus_url": "http://p", "extra_refresh_every": 0}, "discovery.extra_refresh_every"),
     ({"prometheus_url": "http://p", "refresh": 0}, "discovery.refresh"),
     ({"prometheus_url": "http://p", "grace": -1}, "discovery.grace"),
     ({"prometheus_url": "http://p", "selectr": "x"}, "unknown key"),
@@ -394,7 +433,7 @@ def test_refusals_are_audited_once_while_they_last(tmp_path: Any) -> None:
 
     store = Store(tmp_path / "state.db")
     store.init()
-    found = backends_from_targets([target("a", pod="a;reboot", namespace="llm"), target("bad name")],
+    found = backends_from_targets([pod("a", namespace="a;reboot"), target("bad name")],
                                   SETTINGS, parse_selector(SETTINGS.selector))
     assert audit_refusals(store, found.refusals, 1000.0) == 2
     assert audit_refusals(store, found.refusals, 1001.0) == 0          # the next refresh: nothing new

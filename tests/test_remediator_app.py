@@ -513,6 +513,10 @@ def test_a_discovered_backend_mid_restart_survives_a_remediator_start_while_prom
     answer["targets"] = []                                       # answers, gpu-a really gone
     w.clock.advance(10)
     w.run(3)
+    assert w.incident() is not None                              # no good answer yet: kept
+    d.refresh()                                                  # the refresher thread's job (not started here)
+    w.clock.advance(10)
+    w.run(3)
     assert w.incident() is None
     with w.store.reader() as c:
         r = fleet.row(c, "gpu-a")

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from test_rules_support import PROMTOOL, RULES_DIR, Scenario, alert_rules, run_promtool_tests, series
+from test_rules_support import PROMTOOL, RULES_DIR, VALUE, Scenario, alert_rules, run_promtool_tests, series
 
 pytestmark = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (make debs)")
 
@@ -124,8 +124,20 @@ def backend_not_judged() -> Scenario:
     return s
 
 
+def discovery_duplicates() -> Scenario:
+    s = Scenario("a rogue target copies a backend name in the remediator from 10m; the exporter sees a clash "
+                 "for 1m only (a pod recreated while its old target lingers)")
+    s.add(rem("llm_health_discovery_duplicate_names", {}, f"0x40 1x{N}"))
+    s.add(series("llm_health_discovery_duplicate_names", {"job": "llm-health-exporter", "instance": "ex-1:9410"},
+                 f"0x40 1x4 0x{N}"))
+    s.silent("9m", "LLMHealthDiscoveryDuplicateNames")
+    s.silent("11m", "LLMHealthDiscoveryDuplicateNames")       # for 1m only: not yet
+    s.expect("13m", "LLMHealthDiscoveryDuplicateNames", {**REM, "instance": "rem-1:9411", VALUE: 1})
+    return s
+
+
 SCENARIOS = [remediator_down, remediator_absent, remediator_unhealthy, breaker, needs_ack, restarts_failing,
-             webhook_failing, discovery_stale, backend_not_judged]
+             webhook_failing, discovery_stale, backend_not_judged, discovery_duplicates]
 
 
 def document(rule_files: list[Path], written_as: list[str] | None = None,

@@ -1,0 +1,249 @@
+"""The remediator with discovery as a trust boundary, in-process: the real Flask app, store, authority
+and discovery refresher (its thread runs), a Prometheus stand-in on loopback that serves
+/api/v1/targets (and counts, and can hang), a recording restart runner and a fake verifier.
+
+Each test is an abuse the old code allowed:
+* a rogue target labelled pod=vllm-0 got `delete pod vllm-0` run (placeholders came from target labels);
+* a rogue target copying a real backend's name took it over (first scrape URL won);
+* a forged node label put a rogue on the real backend's host: its restart held that host's mutex;
+* every webhook naming an undiscovered backend ran a targets query inside the request.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakes import FakeClock
+from flask.testing import FlaskClient
+from llm_health.remediator import action
+from llm_health.remediator.app import create_app
+from llm_health.remediator.authority import Authority, SimpleVerification
+from llm_health.remediator.store import Store
+from test_discovery import K8S, pod
+from test_discovery_trust import rogue
+from test_remediator_helpers import alert, payload
+
+from llm_health.config import parse_config
+from llm_health.procs import WaitTimeout, wait_until
+
+TOKEN = "discovery-trust-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+class FakePrometheus:
+    """GET /api/v1/targets on 127.0.0.1: the targets given, counting queries; `hang()` holds answers."""
+
+    def __init__(self) -> None:
+        self.targets: list[dict[str, Any]] = []
+        self.queries = 0
+        self.open = threading.Event()
+        self.open.set()
+        self.lock = threading.Lock()
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                with outer.lock:
+                    outer.queries += 1
+                outer.open.wait(30)
+                body = json.dumps({"status": "success", "data": {"activeTargets": outer.targets}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.open.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@dataclass
+class World:
+    client: FlaskClient
+    authority: Authority
+    store: Store
+    clock: FakeClock
+    prometheus: FakePrometheus
+    app: Any
+    outcomes: dict[str, str] = field(default_factory=dict)
+    calls: list[tuple[str, ...]] = field(default_factory=list)
+
+    @property
+    def discovery(self) -> Any:
+        return self.app.extensions["remediator"].discovery
+
+    def post(self, body: Any) -> Any:
+        return self.client.post("/webhook", json=body, headers=AUTH)
+
+    def kinds(self, backend: str) -> list[str]:
+        return [e["kind"] for e in reversed(self.store.events(backend=backend, limit=1000))]
+
+    def events(self, backend: str, kind: str) -> list[dict[str, Any]]:
+        return self.store.events(backend=backend, kind=kind, limit=1000)
+
+    def publish(self, *targets: dict[str, Any]) -> None:
+        """New targets, and wait until this worker's discovery has an answer that started after them."""
+        self.prometheus.targets = list(targets)
+        mark = self.discovery.mark()
+        self.discovery.request_refresh()
+        wait_until(lambda: self.discovery.answered_since(mark), timeout=10, what="discovery refreshed")
+
+    def run_until(self, done: Any, what: str, timeout: float = 20.0) -> Any:
+        """Authority passes (the fake clock moves a poll interval each) until `done()` is truthy."""
+        def step() -> Any:
+            assert self.authority.renew_lease()
+            self.authority.tick()
+            self.clock.advance(0.5)
+            return done()
+        return wait_until(step, timeout=timeout, interval=0.02, what=what)
+
+
+def build(tmp_path: Path, **discovery: Any) -> World:
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    prometheus = FakePrometheus()
+    config = parse_config({
+        "discovery": {
+            "prometheus_url": prometheus.url, "refresh": 3600, "extra_refresh_every": 0.05, "timeout": 30,
+            "name_from": "__meta_kubernetes_pod_name", "placeholders": K8S,
+            "restart": ["restart-pod", "{namespace}", "{pod}"], **discovery,
+        },
+        "remediator": {
+            "state": "state.db", "token_file": "token", "dedup_window": 60, "verify_interval": 0.2,
+            "poll_interval": 0.1, "warmup_timeout": 100, "warmup_poll": 5, "action_timeout": 5,
+            "backoff": {"initial": 100, "factor": 2, "cap": 1000, "stable_after": 5000},
+        },
+    }, source=str(tmp_path / "llm-health.yml"))
+    clock = FakeClock()
+    app = create_app(config, clock=clock, start_authority=False)
+    ctx = app.extensions["remediator"]
+    world: World
+
+    def verifier(backend: Any) -> SimpleVerification:
+        return SimpleVerification(world.outcomes.get(backend.name, "down"), "fake verifier")
+
+    def runner(argv: Any, timeout: float, env: dict[str, str]) -> action.ActionResult:
+        world.calls.append(tuple(argv))
+        return action.ActionResult(action.OK, 0, "ok")
+
+    authority = Authority(ctx.store, ctx.config, verifier=verifier, warmup_check=lambda b: (False, "warming"),
+                          clock=clock, runner=runner, holder="test-authority")
+    world = World(app.test_client(), authority, ctx.store, clock, prometheus, app)
+    assert authority.renew_lease()
+    return world
+
+
+@pytest.fixture
+def w(tmp_path: Path) -> Iterator[World]:
+    world = build(tmp_path)
+    yield world
+    world.discovery.stop()
+    world.prometheus.close()
+    world.store.close()
+
+
+def test_a_rogue_target_labelled_pod_vllm_0_never_gets_vllm_0_deleted(w: World) -> None:
+    """The attack from the issue, end to end in-process: rogue `vllm-evil` (its monitor relabels
+    pod=vllm-0, namespace=llm), its /metrics failing; an alert about it; the remediator verifies the
+    rogue URL, finds it down and restarts. The old code ran `restart-pod llm vllm-0`."""
+    w.publish(pod("vllm-0", "10.0.0.5:8000", node="n1"), rogue("vllm-evil", "vllm-0"))
+    assert w.post(payload(alert("vllm-evil"))).status_code == 202
+    w.run_until(lambda: w.calls, "the rogue's restart ran")
+    assert w.calls == [("restart-pod", "evil", "vllm-evil")]         # its own pod, never vllm-0
+    assert all("vllm-0" not in argv for argv in w.calls)
+
+
+def test_a_hijacked_name_means_no_restart_for_either_an_audit_event_and_the_metric(w: World) -> None:
+    w.publish(pod("vllm-0", "10.0.0.5:8000"))
+    w.publish(pod("vllm-0", "10.0.0.5:8000"), rogue("vllm-0", "vllm-0", "10.0.0.1:8000"))
+    (dup,) = w.events("vllm-0", "discovery_duplicate")
+    assert "claimed by 2" in dup["reason"] and "needs a person" in dup["reason"]
+    assert sorted(dup["detail"]["targets"]) == ["http://10.0.0.1:8000/metrics", "http://10.0.0.5:8000/metrics"]
+    metrics = w.client.get("/metrics").get_data(as_text=True)
+    assert "llm_health_discovery_duplicate_names 1.0" in metrics
+    assert w.post(payload(alert("vllm-0"))).status_code == 202
+    w.run_until(lambda: "not_configured" in w.kinds("vllm-0"), "incident ends without a restart")
+    assert w.calls == []
+    backend = w.app.extensions["remediator"].config.backend("vllm-0")
+    assert backend.url == "http://10.0.0.5:8000" and backend.restart == ()     # still watched where it was
+
+
+def test_a_forged_node_label_cannot_hold_another_hosts_restart_mutex(w: World) -> None:
+    """The rogue's restart is in progress (warming, never ready here); the real vllm-0 on host n1 stalls.
+    With host read from the forged `node` label the rogue held n1's mutex: vllm-0 deferred_host."""
+    w.publish(pod("vllm-0", "10.0.0.5:8000", node="n1"), rogue("vllm-evil", "x", node="n1"))
+    w.post(payload(alert("vllm-evil")))
+    w.run_until(lambda: w.calls, "the rogue restarted (and now warms up forever)")
+    w.post(payload(alert("vllm-0", starts_at="2026-11-30T00:01:00Z")))
+    w.run_until(lambda: len(w.calls) == 2, "vllm-0 restarted while the rogue warms up")
+    assert w.calls[1] == ("restart-pod", "llm", "vllm-0")
+    assert "deferred_host" not in w.kinds("vllm-0")
+
+
+def test_a_webhook_storm_about_unknown_backends_answers_at_once_and_costs_few_queries(w: World) -> None:
+    """41 webhooks, each naming a backend this worker has not discovered. The old code ran a targets
+    query inside every request (41 webhooks -> 45 queries; one took 8.3 s). Here Prometheus hangs during
+    the whole storm: every webhook must still answer, and the storm costs at most one extra query per
+    extra_refresh_every."""
+    w.publish(pod("vllm-0"))
+    before = w.prometheus.queries
+    w.prometheus.open.clear()                                  # from now on Prometheus hangs
+    answers: list[int] = []
+
+    def storm() -> None:
+        for i in range(41):
+            answers.append(w.post(payload(alert(f"new-{i}"))).status_code)
+            w.authority.tick()                                 # the authority asks for refreshes meanwhile
+
+    t = threading.Thread(target=storm, daemon=True)
+    t.start()
+    t.join(20)
+    hung = w.prometheus.queries - before
+    w.prometheus.open.set()
+    assert not t.is_alive(), f"the webhooks waited for Prometheus ({len(answers)} of 41 answered)"
+    assert answers == [202] * 41
+    assert hung <= 1, f"{hung} queries while Prometheus hung"   # the one refresh asked for, hanging
+    # each unknown name: looked up after a refresh that started after it was missed, then closed
+    try:
+        w.run_until(lambda: not w.store.active_incidents(), "the 41 incidents closed as unknown")
+    except WaitTimeout:
+        pytest.fail(f"open: {[i['backend'] for i in w.store.active_incidents()][:5]}...")
+    queries = w.prometheus.queries - before
+    assert queries <= 4, f"41 webhooks about unknown backends cost {queries} targets queries"
+    assert w.calls == []
+    closed = w.store.events(kind="closed", limit=100)
+    assert len(closed) == 41 and all("no longer configured" in e["reason"] for e in closed)
+
+
+def test_an_alert_about_a_backend_discovered_after_the_webhook_is_not_lost(w: World) -> None:
+    """The race the synchronous refresh used to cover: the alert arrives before this worker's discovery
+    has seen the backend. The incident waits for a refresh, then finds it and restarts it."""
+    w.publish()
+    w.prometheus.targets = [pod("vllm-7", "10.0.0.7:8000")]     # Prometheus knows it; this worker not yet
+    assert w.app.extensions["remediator"].config.backend("vllm-7") is None
+    assert w.post(payload(alert("vllm-7"))).status_code == 202
+    w.run_until(lambda: w.calls, "vllm-7 found and restarted")
+    assert w.calls == [("restart-pod", "llm", "vllm-7")]
+    assert "waiting_for_discovery" in w.kinds("vllm-7")
+
+
+def test_an_alert_for_a_proxy_or_an_invalid_name_is_still_ignored(w: World) -> None:
+    w.publish(pod("vllm-0"))
+    w.post(payload(alert("a b"), alert(None, instance="10.9.9.9:1")))
+    assert len(w.store.events(kind="ignored")) == 2 and not w.store.active_incidents()
