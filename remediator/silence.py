@@ -7,7 +7,8 @@ Alertmanager 0.25 answers 500 "silence not found" for an unknown id (newer ones 
 already gone, not as an error.
 
 Bad input (backend name, id, minutes) raises SilenceError before any request is sent. Transport
-errors, timeouts and unexpected answers raise SilenceError naming the URL and the status.
+errors, timeouts and unexpected answers raise SilenceError naming the URL and the status. Every call
+ends by its `timeout` (a total deadline: llm_health/http_client.py), whatever Alertmanager does.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 
-import requests
-
 from llm_health.config import NAME_RE
+from llm_health.http_client import HttpFailure, Response, fetch
+from llm_health.redact import redact
 
 DEFAULT_TIMEOUT = 5.0
 SILENCE_ID_RE = re.compile(r"^[A-Za-z0-9-]{1,64}$")
@@ -58,9 +59,9 @@ def silence_body(
     }
 
 
-def _describe(resp: requests.Response) -> str:
+def _describe(resp: Response) -> str:
     text = resp.text.strip().replace("\n", " ")
-    return f"HTTP {resp.status_code}: {text[:300]}"
+    return f"HTTP {resp.status}: {text[:300]}"
 
 
 def create_silence(
@@ -72,17 +73,15 @@ def create_silence(
     *,
     timeout: float = DEFAULT_TIMEOUT,
     now: datetime | None = None,
-    session: requests.Session | None = None,
 ) -> str:
     """Silence alerts with backend="<backend>" for `minutes`; return the silence id."""
     body = silence_body(backend, minutes, comment, created_by, now or datetime.now(UTC))
     url = _base(am_url) + "/silences"
-    http = session or requests
     try:
-        resp = http.post(url, json=body, timeout=timeout)
-    except requests.RequestException as exc:
-        raise SilenceError(f"cannot create silence for {backend} at {url}: {exc}") from exc
-    if resp.status_code != 200:
+        resp = fetch("POST", url, timeout=timeout, json_body=body)
+    except HttpFailure as exc:
+        raise SilenceError(f"cannot create silence for {backend} at {redact(url)}: {exc.kind}: {exc}") from exc
+    if resp.status != 200:
         raise SilenceError(f"alertmanager refused the silence for {backend} at {url}: {_describe(resp)}")
     try:
         silence_id = resp.json()["silenceID"]
@@ -103,20 +102,18 @@ def expire_silence(
     silence_id: str,
     *,
     timeout: float = DEFAULT_TIMEOUT,
-    session: requests.Session | None = None,
 ) -> bool:
     """Expire a silence. True = expired now (or it had already expired); False = Alertmanager does not
     know it (0.25: 500 "silence not found"; newer: 404), i.e. it is gone anyway."""
     _check_id(silence_id)
     url = f"{_base(am_url)}/silence/{silence_id}"
-    http = session or requests
     try:
-        resp = http.delete(url, timeout=timeout)
-    except requests.RequestException as exc:
-        raise SilenceError(f"cannot expire silence {silence_id} at {url}: {exc}") from exc
-    if resp.status_code == 200:
+        resp = fetch("DELETE", url, timeout=timeout)
+    except HttpFailure as exc:
+        raise SilenceError(f"cannot expire silence {silence_id} at {redact(url)}: {exc.kind}: {exc}") from exc
+    if resp.status == 200:
         return True
-    if resp.status_code == 404 or (resp.status_code == 500 and "not found" in resp.text.lower()):
+    if resp.status == 404 or (resp.status == 500 and "not found" in resp.text.lower()):
         return False
     raise SilenceError(f"alertmanager did not expire silence {silence_id} at {url}: {_describe(resp)}")
 
@@ -126,21 +123,22 @@ def get_silence(
     silence_id: str,
     *,
     timeout: float = DEFAULT_TIMEOUT,
-    session: requests.Session | None = None,
 ) -> dict[str, object] | None:
     """GET /api/v2/silence/{id}: the silence object, or None when Alertmanager does not know it."""
     _check_id(silence_id)
     url = f"{_base(am_url)}/silence/{silence_id}"
-    http = session or requests
     try:
-        resp = http.get(url, timeout=timeout)
-    except requests.RequestException as exc:
-        raise SilenceError(f"cannot read silence {silence_id} at {url}: {exc}") from exc
-    if resp.status_code == 404 or (resp.status_code == 500 and "not found" in resp.text.lower()):
+        resp = fetch("GET", url, timeout=timeout)
+    except HttpFailure as exc:
+        raise SilenceError(f"cannot read silence {silence_id} at {redact(url)}: {exc.kind}: {exc}") from exc
+    if resp.status == 404 or (resp.status == 500 and "not found" in resp.text.lower()):
         return None
-    if resp.status_code != 200:
+    if resp.status != 200:
         raise SilenceError(f"cannot read silence {silence_id} at {url}: {_describe(resp)}")
-    data = resp.json()
+    try:
+        data = resp.json()
+    except ValueError:
+        data = None
     if not isinstance(data, dict):
         raise SilenceError(f"unexpected answer from {url}: {_describe(resp)}")
     return data

@@ -68,6 +68,22 @@ def test_unreachable_alertmanager_is_a_clear_error() -> None:
         expire_silence(url, "abc", timeout=2)
 
 
+def test_an_alertmanager_that_drips_its_answer_costs_at_most_the_timeout() -> None:
+    """Silences are created mid-restart: a wedged proxy in front of Alertmanager must not hold it."""
+    import time
+
+    from drip import DripServer
+
+    d = DripServer(ports=1, mode="headers", every=0.2)
+    try:
+        started = time.monotonic()
+        with pytest.raises(SilenceError, match="timeout"):
+            create_silence(d.urls[0], "gpu-a", 5, "c", "me", timeout=1.0)
+        assert time.monotonic() - started < 3.0
+    finally:
+        d.stop()
+
+
 @pytest.fixture(scope="module")
 def alertmanager(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     binary = shutil.which("prometheus-alertmanager")
