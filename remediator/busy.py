@@ -37,10 +37,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Protocol
 
-import requests
 from llm_health.remediator.marker import write_marker_file
 
 from llm_health.config import NAME_RE, ConfigError, load_config
+from llm_health.http_client import FailureKind, HttpFailure, fetch
 
 LOST_EXIT = 3
 PR_SET_PDEATHSIG = 1          # <linux/prctl.h>
@@ -67,27 +67,26 @@ class ApiMarker:
         self.id = self._create()
 
     def _create(self) -> str:
-        resp = requests.post(f"{self.url}/api/busy", json={"backend": self.backend, "owner": self.owner,
-                                                            "ttl_seconds": self.ttl},
-                             headers=self.headers, timeout=10)
-        if resp.status_code != 201:
-            raise ConfigError(f"remediator refused the busy marker: {resp.status_code} {resp.text[:200]}")
+        resp = fetch("POST", f"{self.url}/api/busy", timeout=10, headers=self.headers,
+                     json_body={"backend": self.backend, "owner": self.owner, "ttl_seconds": self.ttl})
+        if resp.status != 201:
+            raise ConfigError(f"remediator refused the busy marker: {resp.status} {resp.text[:200]}")
         return str(resp.json()["id"])
 
     def refresh(self) -> None:
-        resp = requests.put(f"{self.url}/api/busy/{self.id}", json={"ttl_seconds": self.ttl}, headers=self.headers,
-                            timeout=10)
-        if resp.status_code == 404:
+        resp = fetch("PUT", f"{self.url}/api/busy/{self.id}", timeout=10, headers=self.headers,
+                     json_body={"ttl_seconds": self.ttl})
+        if resp.status == 404:
             raise MarkerLost(f"marker {self.id} no longer exists on the remediator")
-        if resp.status_code != 200:
-            raise requests.RequestException(f"refresh answered {resp.status_code} {resp.text[:200]}")
+        if resp.status != 200:
+            raise HttpFailure(FailureKind.ERROR, f"refresh answered {resp.status} {resp.text[:200]}", resp.status)
 
     def recreate(self) -> str:
         self.id = self._create()
         return f"marker {self.id}"
 
     def remove(self) -> None:
-        requests.delete(f"{self.url}/api/busy/{self.id}", headers=self.headers, timeout=10)
+        fetch("DELETE", f"{self.url}/api/busy/{self.id}", headers=self.headers, timeout=10)
 
 
 class FileMarker:
@@ -134,7 +133,7 @@ def open_marker(args: argparse.Namespace, owner: str) -> MarkerHandle:
     if args.remediator:
         try:
             return ApiMarker(args.remediator, args.backend, owner, args.ttl, _token(args.token_file))
-        except requests.RequestException as exc:
+        except HttpFailure as exc:
             raise ConfigError(f"cannot reach the remediator at {args.remediator}: {exc}") from exc
     config = load_config(args.config)
     if config.backend(args.backend) is None:
@@ -205,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
                 continue
             except MarkerLost as exc:
                 reason = str(exc)
-            except (OSError, requests.RequestException) as exc:
+            except (OSError, HttpFailure) as exc:
                 if time.monotonic() - last_ok < args.ttl:
                     print(f"llm-health busy: marker refresh failed (retrying; the marker is valid until its "
                           f"ttl runs out): {exc}", file=sys.stderr, flush=True)
@@ -213,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
                 reason = f"no successful refresh for {args.ttl:g}s, it has expired: {exc}"
             try:
                 what = marker.recreate()
-            except (OSError, ConfigError, requests.RequestException) as exc:
+            except (OSError, ConfigError, HttpFailure) as exc:
                 give_up(f"{reason}; re-creating failed: {exc}")
                 return
             last_ok = time.monotonic()
@@ -244,5 +243,5 @@ def run(args: argparse.Namespace) -> int:
         stop.set()
         try:
             marker.remove()
-        except (OSError, requests.RequestException) as exc:
+        except (OSError, HttpFailure) as exc:
             print(f"llm-health busy: could not remove the marker (it expires by itself): {exc}", file=sys.stderr)
