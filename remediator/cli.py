@@ -64,6 +64,9 @@ class RemediatorServer(BaseApplication):  # type: ignore[misc]
         self.cfg.set("worker_class", GuardedThreadWorker)
         self.cfg.set("threads", max(1, r.threads))
         self.cfg.set("keepalive", 5)
+        # gunicorn >= 25.1 opens a control socket ($XDG_RUNTIME_DIR/gunicorn.ctl or ~/.gunicorn/) by default:
+        # a second way to manage this server, and a file outside our state. Off.
+        self.cfg.set("control_socket_disable", True)
         self.cfg.set("timeout", 60)
         self.cfg.set("graceful_timeout", 10)
         self.cfg.set("preload_app", False)
