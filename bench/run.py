@@ -1,4 +1,4 @@
-"""`python -m bench.run [--only replay|scale|storm|fleet_remediator|fleet] [--quick] [--out DIR]` (what `make bench` runs).
+"""`python -m bench.run [--only replay|scale|storm|fleet_remediator|fleet|slowclients] [--quick] [--out DIR]` (what `make bench` runs).
 
 Each benchmark writes its section (markdown + JSON figures) to `bench/results/` (or, with `--out DIR`,
 to `<DIR>/bench-results/`), its plots to `<DIR>/img/`; then `<DIR>/benchmarks.md` is assembled
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-NAMES = ("replay", "scale", "storm", "fleet_remediator", "fleet")
+NAMES = ("replay", "scale", "storm", "fleet_remediator", "fleet", "slowclients")
 
 
 def machine() -> dict[str, str]:
@@ -55,6 +55,9 @@ def _runner(name: str) -> Callable[[Path, bool], tuple[str, dict[str, Any]]]:
     if name == "fleet_remediator":
         from bench import fleet_remediator
         return fleet_remediator.run
+    if name == "slowclients":
+        from bench import slowclients
+        return slowclients.run
     from bench import storm
     return storm.run
 
@@ -122,6 +125,19 @@ def headline(results: Path) -> list[str]:
             f"of {max(reads['idle']['p99'], reads['busy']['p99']):.2f} intervals, idle ones probed with a p99 gap "
             f"of {probes['p99']:.2f} intervals; {len(found)} of {len(f['detected'])} wedged/stalled members "
             f"judged" + (f", the last after {max(found):.0f} s." if found else "."))
+    c = _load(results, "slowclients")
+    if c:
+        worst = max(c["after"], key=lambda r: r["slow_clients"])
+        before = c.get("before")
+        old = max(before["rows"], key=lambda r: r["slow_clients"]) if before else None
+        lines.append(
+            f"- **Slow clients, remediator**: with {worst['slow_clients']} clients sending a byte or a line per "
+            f"second, /healthz answered in at most {worst['max_ms']:.0f} ms (p99 {worst['p99_ms']:.0f} ms) at the "
+            "default 2 x 16 threads"
+            + (f"; before, with {old['slow_clients']}: {old['failed']} of {old['asked']} asks not answered within "
+               f"5 s (worst answered: {old['max_ms'] / 1000:.1f} s)." if old and old["failed"] < old["asked"] else
+               f"; before, with {old['slow_clients']}: not one of {old['asked']} asks answered within 5 s." if old
+               else "."))
     lines.append("")
     return lines
 

@@ -117,9 +117,13 @@ class RemediatorSettings:
     marker_max_ttl: float = 86400.0      # cap for every busy marker (API ttl_seconds, file ttl, busy --ttl)
     dry_run: bool = False
     workers: int = 2                     # gunicorn workers
-    threads: int = 16                    # threads per worker (gthread): slow clients hold one each, briefly
-    request_timeout: float = 10.0        # a request (headers and body) must arrive whole within this
-    max_body_bytes: int = 1_048_576
+    threads: int = 16                    # threads per worker (gthread); a request gets one once it has arrived whole
+    request_timeout: float = 10.0        # a request (head and body) must arrive whole within this of its first byte
+    idle_timeout: float = 5.0            # a connection silent this long is closed (before a request, between keep-alive ones)
+    max_header_bytes: int = 65536        # request line and headers; longer: 431
+    max_body_bytes: int = 1_048_576      # longer (Content-Length or chunked): 413, never read
+    max_pending_connections: int = 512   # per worker: incomplete requests at once; at this, it stops accepting
+    max_pending_per_peer: int = 128      # per worker and client address: incomplete requests; more get 503
     action_timeout: float = 600.0
     dedup_window: float = 300.0          # HA copies/repeats of one notification inside this are duplicates
     verify_readings: int = 3             # fresh direct readings before acting
@@ -336,6 +340,13 @@ def _check_exporter(e: ExporterSettings) -> ExporterSettings:
 
 
 def _check_remediator(r: RemediatorSettings) -> None:
+    if r.request_timeout <= 0 or r.idle_timeout <= 0:
+        raise ConfigError("remediator.request_timeout and remediator.idle_timeout: must be > 0 seconds")
+    if r.max_header_bytes < 1024 or r.max_body_bytes < 1:
+        raise ConfigError("remediator.max_header_bytes: must be at least 1024; remediator.max_body_bytes at least 1")
+    if not 1 <= r.max_pending_per_peer <= r.max_pending_connections:
+        raise ConfigError(f"remediator.max_pending_per_peer: must be in [1, max_pending_connections="
+                          f"{r.max_pending_connections}]")
     if r.marker_max_ttl <= 0:
         raise ConfigError("remediator.marker_max_ttl: must be > 0 seconds")
     if not 0 < r.busy_file_ttl <= r.marker_max_ttl:

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
 from llm_health.remediator.app import check_exposure, create_app, read_token, token_file_warning
 from llm_health.remediator.authority import state_path
-from llm_health.remediator.serving import GuardedThreadWorker
+from llm_health.remediator.serving import CONNECTIONS_BEYOND_PENDING, GuardedThreadWorker, ServingLimits
 from llm_health.remediator.store import StateError, Store
 
 from llm_health.config import Config, ConfigError, load_config
@@ -57,13 +58,19 @@ class RemediatorServer(BaseApplication):  # type: ignore[misc]
 
     def load_config(self) -> None:
         r = self.llm_config.remediator
-        GuardedThreadWorker.request_timeout = r.request_timeout
-        GuardedThreadWorker.max_body_bytes = r.max_body_bytes
+        GuardedThreadWorker.limits = ServingLimits(
+            request_timeout=r.request_timeout, idle_timeout=r.idle_timeout, max_header_bytes=r.max_header_bytes,
+            max_body_bytes=r.max_body_bytes, max_pending_connections=r.max_pending_connections,
+            max_pending_per_peer=r.max_pending_per_peer)
         self.cfg.set("bind", [r.listen])
         self.cfg.set("workers", max(1, r.workers))
         self.cfg.set("worker_class", GuardedThreadWorker)
         self.cfg.set("threads", max(1, r.threads))
-        self.cfg.set("keepalive", 5)
+        self.cfg.set("worker_connections", r.max_pending_connections + CONNECTIONS_BEYOND_PENDING)
+        self.cfg.set("keepalive", max(1, math.ceil(r.idle_timeout)))   # gunicorn: whole seconds
+        # gunicorn >= 25.1 opens a control socket ($XDG_RUNTIME_DIR/gunicorn.ctl or ~/.gunicorn/) by default:
+        # a second way to manage this server, and a file outside our state. Off.
+        self.cfg.set("control_socket_disable", True)
         self.cfg.set("timeout", 60)
         self.cfg.set("graceful_timeout", 10)
         self.cfg.set("preload_app", False)

@@ -83,3 +83,10 @@ def test_fleet_under_trouble_runs_and_reports(tmp_path: Path) -> None:
     assert not r["cycle_series"]            # the per-fleet cycle series is gone
     doc = (tmp_path / "benchmarks.md").read_text()
     assert "## 5. Fleet under trouble: exporter" in doc and "section 4, `bench/fleet_remediator.py`" in doc
+
+
+def test_slow_clients_bench_runs_and_reports(tmp_path: Path) -> None:
+    r = bench(tmp_path, "slowclients")["slowclients"]
+    assert [row["slow_clients"] for row in r["after"]] == [0, 20]
+    assert all(row["asked"] > 0 and row["max_ms"] >= row["p50_ms"] > 0 for row in r["after"])
+    assert "## 6. Slow clients: remediator" in (tmp_path / "benchmarks.md").read_text()

@@ -45,6 +45,13 @@ def test_example_config_loads_and_names_every_setting() -> None:
         ({"remediator": {"dry_run": "yes"}}, "remediator.dry_run"),
         ({"remediator": {"backoff": {"initial": 1, "jitter": 2}}}, "remediator.backoff"),
         ({"surprise": 1}, "unknown key"),
+        ({"remediator": {"request_timeout": 0}}, "remediator.request_timeout"),
+        ({"remediator": {"idle_timeout": 0}}, "remediator.idle_timeout"),
+        ({"remediator": {"max_header_bytes": 100}}, "remediator.max_header_bytes"),
+        ({"remediator": {"max_body_bytes": 0}}, "remediator.max_body_bytes"),
+        ({"remediator": {"max_pending_per_peer": 0}}, "remediator.max_pending_per_peer"),
+        ({"remediator": {"max_pending_connections": 10, "max_pending_per_peer": 20}}, "max_pending_per_peer"),
+        ({"remediator": {"max_pending_connections": 1.5}}, "remediator.max_pending_connections"),
     ],
 )
 def test_bad_config_is_refused_with_a_message_naming_the_key(data: dict, message: str) -> None:

@@ -6,6 +6,8 @@ store, the webhook, the API and the authority are the real ones.
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -186,6 +188,24 @@ def test_bad_bodies_are_refused_and_change_nothing(w: World) -> None:
     w.run()
     assert [e for e in w.store.events(limit=10) if e["kind"] != "lease_acquired"] == []
     assert w.store.active_incidents() == [] and w.calls == [] and w.store.counters("alerts_received") == {}
+
+
+def chunked_post(w: World, body: bytes) -> Any:
+    """A chunked request as gunicorn hands it over: no Content-Length, a terminated input stream."""
+    return w.client.post("/webhook", input_stream=io.BytesIO(body), environ_overrides={"wsgi.input_terminated": True},
+                         headers={**AUTH, "Content-Type": "application/json", "Transfer-Encoding": "chunked"})
+
+
+def test_chunked_body_over_the_limit_gets_413(w: World) -> None:
+    """Issue 18: a 2 MB chunked body of spaces was read as the first max_body_bytes of it: 400 "empty body"."""
+    limit = 1_048_576
+    body = json.dumps(payload(alert())).encode()
+    for size, status in ((2_000_000, 413), (limit + 1, 413), (limit, 202)):
+        r = chunked_post(w, body + b" " * (size - len(body)))
+        assert r.status_code == status, (size, r.get_json())
+        if status == 413:
+            assert r.get_json()["error"] == f"body too large: more than {limit} bytes"
+    assert len(w.store.events(kind="received")) == 1                   # the one within the limit
 
 
 def test_unknown_keys_are_ignored(w: World) -> None:
