@@ -322,6 +322,9 @@ class Authority:
                 c.execute("INSERT INTO lease (name, holder, expires_at, boot) VALUES (?,?,?,?) ON CONFLICT(name) "
                           "DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at, "
                           "boot = excluded.boot", (LEASE, self.holder, t + self.lease_ttl, boot))
+                lapsed = row is not None and row["holder"] == self.holder and float(row["expires_at"]) < t
+                if lapsed:
+                    self._recovered = False  # ours again after it lapsed: what ran meanwhile may be unrecorded
                 if row is None or row["holder"] != self.holder:
                     self._recovered = False  # newly ours: look for restarts a previous holder left unfinished
                     if other_boot:

@@ -531,23 +531,42 @@ class Procedure:
 
     def record_result(self, incident_id: int, action_id: int, backend: str, result: act.ActionResult,
                       collected: bool = False) -> None:
+        """Record what the action did and move the incident on. Only the authority that records the outcome
+        acts on it: a deposed holder whose action finished late (its lease was taken, the new holder
+        collected the exit status from the wrapper's file) writes a `late_result` naming what was recorded,
+        and leaves the incident, the lifecycle and the silence to the new holder."""
         now, t = self.clocks.wall(), self.clocks.mono()
-        if result.result != act.OK:
-            self.unsilence_safely(backend)     # nothing to warm up: its alerts must page people again
         with self.store.tx() as c:
+            detail: dict[str, Any] = {"action_id": action_id, "exit_code": result.exit_code,
+                                      "output": result.output[-1000:]}
+            if not self.still_holder(c):
+                # deposed while the action ran: the new holder collects the exit status from the wrapper's
+                # file (kept for it) and carries the incident on; nothing here may move it
+                Store.event(c, now, "late_result", backend, incident_id,
+                            reason=f"action finished ({result.result}) after this authority ({self.holder}) lost "
+                            "the lease: recorded nothing, the new holder collects the outcome and carries on",
+                            **{**detail, "seen_here": result.result})
+                return
             updated = c.execute(
                 "UPDATE actions SET result = ?, exit_code = ?, output = ?, finished_at = ? "
                 "WHERE id = ? AND result IS NULL", (result.result, result.exit_code, result.output, now, action_id),
             ).rowcount
-            detail: dict[str, Any] = {"action_id": action_id, "exit_code": result.exit_code,
-                                      "output": result.output[-1000:]}
             if collected:
                 detail["collected"] = "exit status collected from the action's status file after a takeover"
-            if not updated or (collected and Store.incident_in(c, incident_id, RESTARTING) is None):
+            if not updated:
+                row = c.execute("SELECT result, exit_code, holder FROM actions WHERE id = ?", (action_id,)).fetchone()
+                recorded = (f"{row['holder']} recorded {row['result']}"
+                            + (f" (exit {row['exit_code']})" if row["exit_code"] is not None else "")
+                            if row is not None else "the action is no longer in the store")
                 Store.event(c, now, "late_result", backend, incident_id,
-                            reason=f"action finished ({result.result}) after another authority took over"
-                            if not updated else f"action finished ({result.result}); the incident moved on "
-                            "meanwhile (acknowledged or closed): recorded only", **detail)
+                            reason=f"action finished after another authority took over: {recorded}; this "
+                            f"authority saw {result.result}, recorded nothing and leaves the rest to it",
+                            **{**detail, "seen_here": result.result})
+                return
+            if collected and Store.incident_in(c, incident_id, RESTARTING) is None:
+                Store.event(c, now, "late_result", backend, incident_id,
+                            reason=f"action finished ({result.result}); the incident moved on meanwhile "
+                            "(acknowledged or closed): recorded only", **detail)
                 return
             if result.result == act.OK:
                 if fleet.state_of(c, backend) == S.STOPPED:
@@ -575,6 +594,8 @@ class Procedure:
                 Store.event(c, now, "failed", backend, incident_id,
                             reason=f"restart action failed (exit {result.exit_code}); next attempt only after "
                             "backoff", result=result.result, **detail)
+        if result.result != act.OK:
+            self.unsilence_safely(backend)     # nothing to warm up: its alerts must page people again
         self.forget_files(action_id)
 
     def forget_files(self, action_id: int) -> None:
