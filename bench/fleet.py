@@ -4,10 +4,13 @@ One `llm-health exporter` process (its shipped defaults, only `listen` set) watc
 served by one in-process HTTP server in this process (a distinct URL path per backend; the refused
 ones point at a bound socket that never listens, so the connection is refused):
 
-* healthy idle (30 %): a 0 running / 0 waiting page; the probe (`POST /v1/completions`) answers at once;
-* healthy busy (30 %): a page whose counters rise with time (engine progressing);
+* healthy idle (25 %): a 0 running / 0 waiting page; the probe (`POST /v1/completions`) answers at once;
+* healthy busy (25 %): a page whose counters rise with time (engine progressing);
 * hang (10 %): the connection is accepted and nothing is ever answered;
 * slow (10 %): `/metrics` answers a busy, progressing page just under the read timeout (90 % of it);
+* drip (10 %): every answer (`/metrics`, `/health`) comes one header byte per second, each member on a
+  port of its own (`llm_health.hostile.DripServer`): a wedged buffering proxy or a half-dead host, which
+  a per-read timeout never ends;
 * refuse (5 %): connection refused;
 * wedge (5 %): idle, probes answer until the fault time; then the page stays 0/0 with frozen counters
   and every probe waits forever (an engine wedged while idle: only the probe can catch it);
@@ -38,10 +41,11 @@ from llm_health.simulator.metrics import format_families, process_families, vllm
 
 from bench.pages import FLAVOUR, page_variants
 from llm_health.config import ExporterSettings
+from llm_health.hostile import DripServer
 from llm_health.procs import ManagedProcess, free_port, llm_health
 
-KINDS = (("idle", 0.30), ("busy", 0.30), ("hang", 0.10), ("slow", 0.10), ("refuse", 0.05), ("wedge", 0.05),
-         ("stall", 0.05))
+KINDS = (("idle", 0.25), ("busy", 0.25), ("hang", 0.10), ("slow", 0.10), ("drip", 0.10), ("refuse", 0.05),
+         ("wedge", 0.05), ("stall", 0.05))
 ANSWER = b'{"id": "cmpl-1", "object": "text_completion", "choices": [{"index": 0, "text": "x"}]}'
 MODELS = b'{"object": "list", "data": [{"id": "sim-model", "object": "model"}]}'
 BEFORE = Path(__file__).resolve().parent / "results" / "fleet-before.json"   # the same run on the old code
@@ -202,6 +206,9 @@ def measure(size: int, settings: ExporterSettings, warm: float, quick: bool) -> 
     dead = socket.socket()
     dead.bind(("127.0.0.1", 0))          # bound, never listening: connections are refused
     dead_port = dead.getsockname()[1]
+    dripping = [m.name for m in members.values() if m.kind == "drip"]
+    drip = DripServer(ports=max(1, len(dripping)), mode="headers", every=1.0, max_seconds=run_cap + 60)
+    drip_url = dict(zip(dripping, drip.urls, strict=False))
     listen = free_port()
     detected: dict[str, float | None] = {n: None for n, m in members.items() if m.kind in ("wedge", "stall")}
     before: dict[str, str] = {}
@@ -210,7 +217,7 @@ def measure(size: int, settings: ExporterSettings, warm: float, quick: bool) -> 
         lines = ["backends:"]
         for m in members.values():
             url = (f"http://127.0.0.1:{dead_port}/f/{m.name}" if m.kind == "refuse"
-                   else f"http://127.0.0.1:{port}/f/{m.name}")
+                   else drip_url[m.name] if m.kind == "drip" else f"http://127.0.0.1:{port}/f/{m.name}")
             lines += [f"  - name: {m.name}", f"    url: {url}", "    model: sim-model"]
         lines += ["exporter:"] + [f"  {k}: {v}" for k, v in (
             ("interval", i), ("read_timeout", rt), ("probe_timeout", pt), ("stall_after", settings.stall_after),
@@ -252,6 +259,7 @@ def measure(size: int, settings: ExporterSettings, warm: float, quick: bool) -> 
             httpd.shutdown()
             httpd.server_close()
             dead.close()
+            drip.stop()
     since = started + 2 * i   # after the first readings (connections opened, phases settled)
 
     def cadence(kind: str, what: str) -> dict[str, float]:
@@ -341,7 +349,8 @@ def markdown(r: dict[str, Any]) -> str:
         f"One `llm-health exporter` process at its defaults (interval {s['interval']:g} s, read timeout "
         f"{s['read_timeout']:g} s, probe timeout {s['probe_timeout']:g} s, stall after {s['stall_after']:g} s, "
         f"down after {s['down_after']}, probe every {s['probe_every']:g} s) watches {r['backends']} backends "
-        f"served by one in-process HTTP server ({kinds}). See `bench/fleet.py` for what each kind does. "
+        f"served by one in-process HTTP server, the dripping ones by a dripping server with a port each "
+        f"({kinds}). See `bench/fleet.py` for what each kind does. "
         f"Wedge and stall start {r['warm_s']:g} s after the exporter; cadence is measured by the backends "
         f"(arrival of each `/metrics` request and each probe) over the last {r['observed_s']:.0f} s.",
         "",

@@ -121,7 +121,8 @@ def headline(results: Path) -> list[str]:
         found = [v for v in f["detected"].values() if v is not None]
         lines.append(
             f"- **Fleet under trouble, exporter** ({f['backends']} backends, {f['by_kind']['hang']} hung, "
-            f"{f['by_kind']['slow']} slow, {f['by_kind']['refuse']} refusing): healthy members read with a p99 gap "
+            f"{f['by_kind']['slow']} slow, {f['by_kind'].get('drip', 0)} dripping, {f['by_kind']['refuse']} "
+            "refusing): healthy members read with a p99 gap "
             f"of {max(reads['idle']['p99'], reads['busy']['p99']):.2f} intervals, idle ones probed with a p99 gap "
             f"of {probes['p99']:.2f} intervals; {len(found)} of {len(f['detected'])} wedged/stalled members "
             f"judged" + (f", the last after {max(found):.0f} s." if found else "."))

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 import requests
-from drip import DripServer
 from loopback import Loopback
 
+from llm_health.hostile import DripServer
 from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
 
 

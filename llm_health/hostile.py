@@ -1,4 +1,4 @@
-"""Hostile HTTP servers on 127.0.0.1 for the deadline tests: they accept, then drip their answer.
+"""Hostile HTTP servers on 127.0.0.1 for tests and benchmarks: they accept, then drip their answer.
 
 One thread and one selector serve any number of listening ports (300 drippers cost one thread):
 
