@@ -57,6 +57,7 @@ def verdicts_document(snap: Snapshot) -> dict[str, Any]:
                 "read_seconds": round(b.read_seconds, 4),
                 "readings": b.readings,
                 "last_reading": b.last_reading,
+                "stall_bound_seconds": round(b.stall_bound, 1),
             }
             for b in snap.backends
         ],

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from llm_health.exporter.reading import read_text
+from llm_health.exporter.reading import EngineProps, Reading, read_text
 from llm_health.exporter.verdict import (
     READ_ERROR,
     READ_NOT_FOUND,
@@ -38,10 +38,12 @@ START_HEADER = "Process-Start-Time-Unix"  # llama-server: changes on every resta
 
 
 class Target(_Target):
-    """A backend: the deadline client with the exporter's User-Agent."""
+    """A backend: the deadline client with the exporter's User-Agent, and what llama.cpp's /props said
+    of the context size of the process that answers (asked again after a restart)."""
 
     def __init__(self, url: str, timeout: float, api_key: str = "") -> None:
         super().__init__(url, timeout, api_key, user_agent=USER_AGENT)
+        self.context: tuple[float | None, float] | None = None    # (start header, context tokens)
 
 
 _KIND_TO_READ = {FailureKind.REFUSED: READ_REFUSED, FailureKind.TIMEOUT: READ_TIMEOUT, FailureKind.ERROR: READ_ERROR}
@@ -95,7 +97,39 @@ def observe(target: Target) -> Observation:
         return Observation(outcome=READ_ERROR, detail=f"unreadable page: {exc}")
     if not reading.has_engine_metrics:
         return Observation(outcome=READ_OK, reading=reading, cheap_ok=cheap_ok(target))
+    if reading.flavour == "llamacpp":
+        left = target.timeout - resp.seconds
+        reading = reading.with_props(llamacpp_props(target, reading, left))
     return Observation(outcome=READ_OK, reading=reading)
+
+
+def llamacpp_props(target: Target, reading: Reading, timeout: float) -> EngineProps | None:
+    """llama.cpp's /props (answered by its HTTP thread, also while it sleeps): whether it sleeps
+    (`--sleep-idle-seconds`; its /metrics page does not say), asked at every idle reading since a probe
+    may follow it, and the context size that bounds one step (exporter/steptime.py), asked once per
+    process. Within what is left of the reading's deadline; None when it cannot be had (then an idle
+    llama.cpp is not probed: its sleep state is not known)."""
+    cached = target.context
+    context = cached[1] if cached is not None and cached[0] == reading.start_header else None
+    if reading.work > 0 and context is not None:
+        return EngineProps(sleeping=False, context_tokens=context)   # it never sleeps with work
+    if timeout <= 0.05:
+        return EngineProps(context_tokens=context) if context is not None else None
+    try:
+        resp = target.get("/props", timeout=timeout)
+        doc = resp.json() if resp.status == 200 else None
+    except (HttpFailure, ValueError):
+        doc = None
+    if not isinstance(doc, dict):
+        return EngineProps(context_tokens=context) if context is not None else None
+    sleeping = doc.get("is_sleeping")
+    settings = doc.get("default_generation_settings")
+    n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
+    slots = doc.get("total_slots")
+    if isinstance(n_ctx, int | float) and n_ctx > 0:
+        context = float(n_ctx) * (slots if isinstance(slots, int) and slots > 0 else 1)
+        target.context = (reading.start_header, context)
+    return EngineProps(sleeping=sleeping if isinstance(sleeping, bool) else None, context_tokens=context)
 
 
 def first_model_entry(target: Target) -> dict[str, Any]:

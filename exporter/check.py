@@ -9,7 +9,10 @@ are never compared.
 
 * progress      every engine with work moved across the readings (an engine without work is fine)
 * idle_ok       no work and the probe answered
-* no_progress   an engine with work is frozen across all readings (the reason names it)
+* no_progress   an engine with work is frozen across all readings (the reason names it), for longer than
+                its own steps can explain: when the engine's numbers say one step can take longer than
+                the readings span (exporter/steptime.py), more readings are taken, `interval` apart, until
+                they span it (at most `stall_ceiling`)
 * down          refused / errors on every reading, or idle and the probe failed twice (refused,
                 timeout, 5xx), or no metrics and the cheap endpoints fail
 * no_progress   (also) llama.cpp: every reading timed out while /health answers; its /metrics is a
@@ -17,6 +20,8 @@ are never compared.
 * unresponsive  every reading timed out (connection accepted, no answer within read_timeout) and
                 /health did not answer either: a hung server, neither down nor merely slow
 * restarted     another process answered between two readings
+* sleeping      the engine says it sleeps on purpose (vLLM sleep mode, llama.cpp --sleep-idle-seconds):
+                never probed; a sleeping server is never restarted (a wake-up is not a restart)
 * unknown       cannot tell: e.g. /metrics slow but /health fine, no metrics, a probe rejected
                 with HTTP 4xx (a misconfigured probe: API key, model; never counted as down)
 
@@ -42,6 +47,7 @@ from llm_health.exporter.backend import (
 )
 from llm_health.exporter.probe import Prober
 from llm_health.exporter.reading import Reading, rate_text, rates
+from llm_health.exporter.steptime import required_span
 from llm_health.exporter.verdict import (
     PROBE_OK,
     READ_ERROR,
@@ -51,6 +57,7 @@ from llm_health.exporter.verdict import (
     READ_TIMEOUT,
     Observation,
     Verdict,
+    may_probe_engine,
     other_process,
     progressed,
     rejection_text,
@@ -65,8 +72,10 @@ NO_PROGRESS = "no_progress"
 DOWN = "down"
 UNRESPONSIVE = "unresponsive"
 RESTARTED = "restarted"
+SLEEPING = "sleeping"
 UNKNOWN = "unknown"
-OUTCOMES = (PROGRESS, IDLE_OK, NO_PROGRESS, DOWN, UNRESPONSIVE, RESTARTED, UNKNOWN)
+DEFAULT_CEILING = 900.0   # exporter.stall_ceiling's default
+OUTCOMES = (PROGRESS, IDLE_OK, NO_PROGRESS, DOWN, UNRESPONSIVE, RESTARTED, SLEEPING, UNKNOWN)
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,7 @@ def _examine(
     probe: bool,
     model: str = "",
     api_key: str = "",
+    stall_ceiling: float = DEFAULT_CEILING,
 ) -> tuple[Verification, Verdict]:
     target = Target(url, read_timeout, api_key)
     seen: list[tuple[Observation, float]] = []
@@ -99,9 +109,35 @@ def _examine(
             if i:
                 sleep(interval)
             seen.append((observe(target), clock()))
+        # frozen with work over a span one of this engine's steps can explain: read on until it cannot
+        while interval > 0 and (need := _more_span_needed(seen, stall_ceiling)) > 0:
+            sleep(min(interval, need))
+            seen.append((observe(target), clock()))
     finally:
         target.close()
-    good = [(o.reading, t) for o, t in seen if o.outcome == READ_OK and o.reading and o.reading.has_engine_metrics]
+    return _judge_seen(url, seen, read_timeout, probe_timeout, probe, model, api_key, stall_ceiling)
+
+
+def _good(seen: list[tuple[Observation, float]]) -> list[tuple[Reading, float]]:
+    return [(o.reading, t) for o, t in seen if o.outcome == READ_OK and o.reading and o.reading.has_engine_metrics]
+
+
+def _more_span_needed(seen: list[tuple[Observation, float]], ceiling: float) -> float:
+    """Seconds more the readings must span before frozen counters prove a stall (0: enough, or not frozen)."""
+    good = _good(seen)
+    if len(good) < 2 or len(good) != len(seen):
+        return 0.0
+    judged = _engines(good, all_good=True)
+    if judged is None or judged[0].outcome != NO_PROGRESS:
+        return 0.0
+    span = good[-1][1] - good[0][1]
+    required = required_span(good[-1][0], 0.0, ceiling)
+    return max(0.0, min(required, ceiling) - span)
+
+
+def _judge_seen(url: str, seen: list[tuple[Observation, float]], read_timeout: float, probe_timeout: float,
+                probe: bool, model: str, api_key: str, stall_ceiling: float) -> tuple[Verification, Verdict]:
+    good = _good(seen)
     outcomes = [o.outcome for o, _ in seen]
 
     # another process answered between two readings: someone restarted it
@@ -113,14 +149,20 @@ def _examine(
     if not good:
         return _without_readings(url, read_timeout, seen)
 
+    last = good[-1][0]
+    if last.asleep:
+        return (Verification(SLEEPING, f"asleep ({last.sleep.value}): not probed, never restarted for it; "
+                             f"{_work(last)}", last.work), Verdict.SLEEPING)
     judged = _engines(good, all_good=len(good) == len(seen))
     if judged is not None:
         return judged
 
-    last = good[-1][0]
     if last.work <= 0:
         if not probe:
             return Verification(UNKNOWN, f"{_work(last)}; not probed", 0.0), Verdict.IDLE
+        if not may_probe_engine(last):
+            return (Verification(UNKNOWN, f"{_work(last)}; not probed: llama.cpp's /props did not say whether it "
+                                 "sleeps", 0.0), Verdict.IDLE)
         return _probe_idle(url, probe_timeout, read_timeout, last, model, api_key)
     return (Verification(UNKNOWN, f"{_work(last)}; not enough readings to judge progress "
                          f"({', '.join(outcomes)})", last.work), Verdict.UNKNOWN)
@@ -265,15 +307,17 @@ def verify(
     clock: Callable[[], float] = time.time,
     model: str = "",
     api_key: str = "",
+    stall_ceiling: float = DEFAULT_CEILING,
 ) -> Verification:
     """Fresh direct readings of one server, `interval` apart: may it be restarted? (see module doc)"""
-    return _examine(url, readings, interval, read_timeout, probe_timeout, sleep, clock, True, model, api_key)[0]
+    return _examine(url, readings, interval, read_timeout, probe_timeout, sleep, clock, True, model, api_key,
+                    stall_ceiling)[0]
 
 
 EXIT_CODES = {
     Verdict.IDLE: 0, Verdict.BUSY: 0, Verdict.RESTARTED: 0,
     Verdict.NO_METRICS: 1, Verdict.UNKNOWN: 1,
-    Verdict.STALLED: 2, Verdict.DOWN: 2,
+    Verdict.STALLED: 2, Verdict.DOWN: 2, Verdict.SLEEPING: 0,
 }
 
 
@@ -288,6 +332,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stall-after", type=float, default=120.0,
                         help="report stalled only when the readings span at least this many seconds without "
                              "engine progress (default 120, as the exporter); shorter evidence is UNKNOWN")
+    parser.add_argument("--stall-ceiling", type=float, default=DEFAULT_CEILING,
+                        help="the longest the readings are extended when the engine's own numbers say one step "
+                             "can outlast them (frozen counters within one step prove nothing; default 900)")
     parser.add_argument("--api-key-file", default="", metavar="PATH",
                         help="file with the vLLM --api-key, sent as a bearer token on /v1/* only")
 
@@ -298,7 +345,7 @@ def run(args: argparse.Namespace) -> int:
     url = _check_url(args.url, "url")
     api_key = load_api_key(args.api_key_file, "--api-key-file")
     result, verdict = _examine(url, args.readings, args.interval, args.timeout, args.probe_timeout,
-                               time.sleep, time.time, not args.no_probe, args.model, api_key)
+                               time.sleep, time.time, not args.no_probe, args.model, api_key, args.stall_ceiling)
     span = (args.readings - 1) * args.interval
     if verdict is Verdict.STALLED and span < args.stall_after:
         # principle 4: frozen counters over a few seconds prove nothing (a long prefill step, a JIT)

@@ -57,9 +57,16 @@ class FleetCollector(Collector):
             "Unix time of the backend's last judged reading (absent until it has one): a backend whose reads "
             "cannot start (the exporter's readers are busy) or never end is visible by its age",
             labels=["backend"])
+        bound = GaugeMetricFamily(
+            "llm_health_stall_threshold_seconds",
+            "How long the backend's counters may stay frozen with work in flight before it is stalled: stall_after, "
+            "or more when its own numbers say one engine step can take longer (exporter/steptime.py)",
+            labels=["backend"])
         for b in snap.backends:
             if b.last_reading is not None:
                 judged.add_metric([b.name], b.last_reading)
+            if b.stall_bound > 0:
+                bound.add_metric([b.name], b.stall_bound)
             for v in Verdict:
                 verdict.add_metric([b.name, v.value], 1.0 if b.verdict == v else 0.0)
             code.add_metric([b.name], float(CODES[b.verdict]))
@@ -88,4 +95,4 @@ class FleetCollector(Collector):
             "llm_health_reading_interval_seconds", "Seconds between two readings of one backend (exporter.interval)")
         interval.add_metric([], snap.interval)
         yield from (verdict, code, in_flight, tps, sps, progress, probes, sent, readings, skipped, duration, judged,
-                    proxy, lag, interval)
+                    bound, proxy, lag, interval)

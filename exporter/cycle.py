@@ -65,6 +65,7 @@ from llm_health.exporter.verdict import (
     Thresholds,
     Verdict,
     judge,
+    may_probe_engine,
     page_is_work_queue,
 )
 
@@ -128,6 +129,7 @@ class BackendView:
     read_seconds: float = 0.0             # how long the last judged read took (the timeout when it timed out)
     lag_seconds: float = 0.0              # how late the last read started after its scheduled time
     last_reading: float | None = None     # wall clock of its last judged reading (None: never judged)
+    stall_bound: float = 0.0              # how long its counters may stay frozen with work (exporter/steptime.py)
 
 
 @dataclass
@@ -483,6 +485,8 @@ class Fleet:
         reading = obs.reading
         if obs.outcome != READ_OK or reading is None or not reading.has_engine_metrics or reading.work > 0:
             return False
+        if not may_probe_engine(reading):
+            return False
         if slot.probe is not None:
             return False
         gap = max(self.settings.interval, self.settings.probe_every)
@@ -573,6 +577,7 @@ class Fleet:
             read_seconds=slot.read_seconds,
             lag_seconds=slot.lag_seconds,
             last_reading=None if slot.judged_at == float("-inf") else slot.judged_at + to_wall,
+            stall_bound=st.stall_bound,
         )
 
     def snapshot(self) -> Snapshot:

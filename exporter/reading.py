@@ -23,11 +23,24 @@ Flavours (docs/design.md "Series per engine"):
 
 Steps per second come from the step counters (`STEP_COUNTERS`): vLLM V1's iteration count, SGLang's
 forward passes, llama.cpp's decode calls.
+
+How long one engine step can take (`Reading.step_seconds`, exporter/steptime.py turns it into the stall
+bound): the upper bound of the highest bucket with observations of the engine's own latency histograms
+(vLLM's inter-token latency and request prefill time, SGLang's inter-token latency); llama.cpp's prompt
+seconds per token (`prompt_seconds_total / prompt_tokens_total`) and its largest sequence seen
+(`n_tokens_max`); its context size comes from `/props` (`EngineProps`, asked by the I/O layer).
+
+Sleep (`Reading.sleep`): vLLM's `vllm:engine_sleep_state{sleep_state="awake"|"weights_offloaded"|
+"discard_all"}` (>= 0.11); an engine is asleep when `awake` is 0 (the level is the state at 1). llama.cpp's
+page says nothing: `/props` `is_sleeping` does (`--sleep-idle-seconds`), merged by `with_props()`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field, fields, replace
+from enum import StrEnum
+from typing import Any
 
 from llm_health.exporter.parser import Page, Sample, parse
 
@@ -67,6 +80,15 @@ LLAMACPP_COUNTERS = {
 LLAMACPP_RUNNING = "llamacpp:requests_processing"
 LLAMACPP_WAITING = ("llamacpp:requests_deferred",)
 LLAMACPP_KV = ("llamacpp:kv_cache_usage_ratio",)  # optional: removed upstream (absent in b11434)
+LLAMACPP_PROMPT_SECONDS = "llamacpp:prompt_seconds_total"
+LLAMACPP_TOKENS_MAX = "llamacpp:n_tokens_max"
+VLLM_SLEEP = "vllm:engine_sleep_state"
+# latency histograms whose highest non-empty bucket bounds how long one engine step has taken
+STEP_HISTOGRAMS = frozenset({
+    "vllm:inter_token_latency_seconds_bucket", "vllm:time_per_output_token_seconds_bucket",
+    "vllm:request_prefill_time_seconds_bucket",
+    "sglang:inter_token_latency_seconds_bucket", "sglang:time_per_output_token_seconds_bucket",
+})
 STEP_COUNTERS = ("iteration_count", "forward_passes", "decode_calls")
 SGLANG_RANK_LABELS = ("tp_rank", "pp_rank", "dp_rank")
 
@@ -75,14 +97,36 @@ PROCESS_START = "process_start_time_seconds"
 WANTED: frozenset[str] = frozenset(
     {*VLLM_COUNTERS, VLLM_RUNNING, VLLM_WAITING, *VLLM_KV,
      *SGLANG_COUNTERS, SGLANG_RUNNING, *SGLANG_WAITING, *SGLANG_KV,
-     *LLAMACPP_COUNTERS, LLAMACPP_RUNNING, *LLAMACPP_WAITING, *LLAMACPP_KV,
-     PROCESS_START}
+     *LLAMACPP_COUNTERS, LLAMACPP_RUNNING, *LLAMACPP_WAITING, *LLAMACPP_KV, LLAMACPP_PROMPT_SECONDS,
+     LLAMACPP_TOKENS_MAX, VLLM_SLEEP, *STEP_HISTOGRAMS, PROCESS_START}
 )
 ENGINE_PREFIXES = ("vllm", "sglang", "llamacpp")
 
 
 def wanted(name: str) -> bool:
     return name in WANTED or (name.endswith("_created") and name.startswith("vllm:"))
+
+
+class Sleep(StrEnum):
+    """An engine's sleep state, as the engine itself reports it."""
+
+    UNKNOWN = ""                          # the engine says nothing (older vLLM, SGLang, llama.cpp unasked)
+    AWAKE = "awake"
+    WEIGHTS_OFFLOADED = "weights_offloaded"   # vLLM sleep level 1
+    DISCARD_ALL = "discard_all"               # vLLM sleep level 2
+    ASLEEP = "asleep"                         # llama.cpp /props is_sleeping (--sleep-idle-seconds)
+
+    @property
+    def asleep(self) -> bool:
+        return self in (Sleep.WEIGHTS_OFFLOADED, Sleep.DISCARD_ALL, Sleep.ASLEEP)
+
+
+@dataclass(frozen=True)
+class EngineProps:
+    """What llama.cpp's /props adds to its page (answered from the HTTP thread, also while asleep)."""
+
+    sleeping: bool | None = None
+    context_tokens: float | None = None   # n_ctx of a slot x total_slots: the most one step can be given
 
 
 @dataclass
@@ -106,6 +150,40 @@ class Reading:
     created: dict[str, float] = field(default_factory=dict)  # series key -> creation time
     start_header: float | None = None             # llama-server's Process-Start-Time-Unix header
     server: dict[str, float] = field(default_factory=dict)   # SGLang tokenizer-side counters (all ranks)
+    sleep: Sleep = Sleep.UNKNOWN
+    step_seconds: float | None = None             # longest step the engine's own histograms have seen
+    prompt_seconds_per_token: float | None = None  # llama.cpp: prompt_seconds_total / prompt_tokens_total
+    tokens_max: float | None = None               # llama.cpp: largest sequence seen (n_tokens_max)
+    context_tokens: float | None = None           # llama.cpp: context of all slots (from /props)
+
+    @property
+    def asleep(self) -> bool:
+        return self.sleep.asleep
+
+    def with_props(self, props: EngineProps | None) -> Reading:
+        """This reading with llama.cpp's /props answer merged in (sleep state, context size)."""
+        if props is None:
+            return self
+        sleep = self.sleep if props.sleeping is None else (Sleep.ASLEEP if props.sleeping else Sleep.AWAKE)
+        return replace(self, sleep=sleep, context_tokens=props.context_tokens or self.context_tokens)
+
+    def to_json(self) -> str:
+        """The whole reading as JSON (the remediator keeps a drain's starting reading in its store)."""
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Reading:
+        """`to_json()`'s text back; ValueError for anything else. Every field round-trips (a field added
+        later and missing from older text takes its default)."""
+        try:
+            data = json.loads(text)
+            known = {f.name for f in fields(cls)}
+            kwargs: dict[str, Any] = {k: v for k, v in data.items() if k in known}
+            kwargs["engines"] = {k: EngineReading(**v) for k, v in data["engines"].items()}
+            kwargs["sleep"] = Sleep(kwargs.get("sleep", ""))
+            return cls(**kwargs)
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not a reading: {exc}") from None
 
     @property
     def has_engine_metrics(self) -> bool:
@@ -207,10 +285,33 @@ def from_page(page: Page, start_header: float | None = None) -> Reading:
     reading = Reading(flavour=flavour, engines={}, start_header=start_header)
     engines = reading.engines
     has_running = False
+    buckets: dict[str, list[tuple[float, float]]] = {}   # histogram series -> (le, cumulative count)
+    sleep: dict[str, dict[str, float]] = {}             # engine -> sleep_state -> value
+    prompt_seconds: float | None = None
     for s in samples:
         name = s.name
         if name == PROCESS_START:
             reading.process_start = s.value
+            continue
+        if name in STEP_HISTOGRAMS:
+            le = s.labels.get("le")
+            if le is not None and _engine_of(flavour, s.labels) is not None:
+                try:
+                    bound = float(le)
+                except ValueError:
+                    continue
+                rest = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k != "le")
+                buckets.setdefault(name + "{" + rest, []).append((bound, s.value))
+            continue
+        if name == VLLM_SLEEP:
+            state = s.labels.get("sleep_state", "")
+            sleep.setdefault(s.labels.get("engine", "0"), {})[state] = s.value
+            continue
+        if name == LLAMACPP_PROMPT_SECONDS:
+            prompt_seconds = s.value
+            continue
+        if name == LLAMACPP_TOKENS_MAX:
+            reading.tokens_max = s.value
             continue
         if name.endswith("_created"):
             reading.created[_series_key(s)] = s.value
@@ -252,7 +353,47 @@ def from_page(page: Page, start_header: float | None = None) -> Reading:
     if not has_running:
         # without a running-requests gauge we cannot tell idle from busy: treat as no engine metrics
         reading.engines = {}
+    reading.step_seconds = _longest_step(buckets)
+    reading.sleep = _sleep_state(sleep)
+    if flavour == "llamacpp" and prompt_seconds is not None:
+        tokens = sum(e.counters.get("prompt_tokens", 0.0) for e in engines.values())
+        if tokens > 0 and prompt_seconds > 0:
+            reading.prompt_seconds_per_token = prompt_seconds / tokens
     return reading
+
+
+def _longest_step(buckets: dict[str, list[tuple[float, float]]]) -> float | None:
+    """The upper bound of the highest bucket that holds an observation, over every step histogram
+    (inf when some observation lies beyond the largest finite bound); None when nothing was observed."""
+    longest: float | None = None
+    for series in buckets.values():
+        series.sort()
+        below = 0.0
+        top: float | None = None
+        for bound, count in series:
+            if count > below:
+                top = bound
+            below = max(below, count)
+        if top is not None:
+            longest = top if longest is None else max(longest, top)
+    return longest
+
+
+def _sleep_state(states: dict[str, dict[str, float]]) -> Sleep:
+    """Asleep only when every engine that reports the gauge says so (awake = 0); the deepest level wins."""
+    if not states:
+        return Sleep.UNKNOWN
+    levels: list[Sleep] = []
+    for per_engine in states.values():
+        if per_engine.get("awake", 1.0) != 0.0:
+            return Sleep.AWAKE
+        if per_engine.get("discard_all", 0.0) == 1.0:
+            levels.append(Sleep.DISCARD_ALL)
+        elif per_engine.get("weights_offloaded", 0.0) == 1.0:
+            levels.append(Sleep.WEIGHTS_OFFLOADED)
+        else:
+            return Sleep.UNKNOWN                  # awake = 0 and no level: not a state vLLM writes
+    return Sleep.DISCARD_ALL if Sleep.DISCARD_ALL in levels else Sleep.WEIGHTS_OFFLOADED
 
 
 def read_text(text: str, start_header: str | None = None) -> Reading:

@@ -4,7 +4,10 @@ No I/O and no clock of its own: everything it knows arrives in the `Observation`
 `now` argument. See docs/design.md §3 for the names and codes shared with rules and dashboards.
 
 * busy       work present and the engine moved since the previous reading (union of counters + KV gauge)
-* stalled    work present, no progress in >= `stall_readings` consecutive readings AND >= stall_after s;
+* sleeping   the engine says it sleeps on purpose (vLLM sleep mode: engine_sleep_state awake = 0; llama.cpp
+             /props is_sleeping): never probed, never stalled or down for it; waking up is not a restart
+* stalled    work present, no progress in >= `stall_readings` consecutive readings AND for longer than the
+             engine's own steps can explain (exporter/steptime.py: stall_after is the floor);
              or work last seen and nothing answering: on vLLM/SGLang /metrics and /health both timing out
              for stall_after (a slow /metrics alone, /health fine, is unknown: normal under load); on
              llama.cpp /metrics timing out for stall_after since the last progress (the page is loop work)
@@ -27,7 +30,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from llm_health.exporter.reading import EngineReading, Reading, rate_text, rates
+from llm_health.exporter.reading import EngineReading, Reading, Sleep, rate_text, rates
+from llm_health.exporter.steptime import QuietBound, quiet_bound
 
 
 class Verdict(StrEnum):
@@ -38,6 +42,7 @@ class Verdict(StrEnum):
     NO_METRICS = "no_metrics"
     STALLED = "stalled"
     DOWN = "down"
+    SLEEPING = "sleeping"
 
     @property
     def code(self) -> int:
@@ -52,6 +57,7 @@ CODES: dict[Verdict, int] = {
     Verdict.NO_METRICS: 4,
     Verdict.STALLED: 5,
     Verdict.DOWN: 6,
+    Verdict.SLEEPING: 7,
 }
 
 # outcome of one /metrics read (the `result` label of llm_health_readings_total)
@@ -73,11 +79,16 @@ class Thresholds:
     stall_after: float = 120.0
     down_after: int = 2
     stall_readings: int = 2   # consecutive no-progress readings (each compared with its predecessor)
+    stall_ceiling: float = 900.0  # the most a step-derived stall bound may be (exporter/steptime.py)
 
     @classmethod
     def from_settings(cls, settings: Any) -> Thresholds:
-        """From ExporterSettings (or anything with stall_after / down_after)."""
-        return cls(stall_after=float(settings.stall_after), down_after=max(1, int(settings.down_after)))
+        """From ExporterSettings (or anything with stall_after / down_after [/ stall_ceiling])."""
+        return cls(stall_after=float(settings.stall_after), down_after=max(1, int(settings.down_after)),
+                   stall_ceiling=float(getattr(settings, "stall_ceiling", 900.0)))
+
+    def bound(self, reading: Reading | None, learned: float) -> QuietBound:
+        return quiet_bound(reading, learned, self.stall_after, self.stall_ceiling)
 
 
 @dataclass(frozen=True)
@@ -144,6 +155,8 @@ class BackendState:
     steps_per_second: float = 0.0         # engine-step counter rate (V1 iterations, SGLang passes, llama.cpp decodes)
     probe_failures: int = 0
     probe_rejected: str = ""              # the last probe was rejected (4xx): idle is "unknown" until one answers
+    longest_quiet: float = 0.0            # longest pause with work seen end in progress, on this process
+    stall_bound: float = 0.0              # the stall bound that applied at the last reading (0: none yet)
 
 
 def _work_text(r: Reading | EngineReading) -> str:
@@ -273,10 +286,21 @@ def _timeouts_toward_stall(prev: BackendState, now: float, settings: Thresholds,
     quiet = now - anchor
     failures = prev.failures + 1
     said = text(failures, quiet)
-    if failures >= settings.stall_readings and quiet >= settings.stall_after:
-        return _become(prev, Verdict.STALLED, said, now, failures=failures, **cols)
-    return _become(prev, Verdict.UNKNOWN, said + f" (stalled after {settings.stall_after:g} s)", now,
-                   failures=failures, **cols)
+    bound = settings.bound(prev.last, prev.longest_quiet)
+    if failures >= settings.stall_readings and quiet >= bound.seconds:
+        return _become(prev, Verdict.STALLED, f"{said} (bound: {bound.why})", now, failures=failures,
+                       stall_bound=bound.seconds, **cols)
+    return _become(prev, Verdict.UNKNOWN, said + f" (stalled after {bound.seconds:.0f} s: {bound.why})", now,
+                   failures=failures, stall_bound=bound.seconds, **cols)
+
+
+def may_probe_engine(reading: Reading) -> bool:
+    """Whether the engine's own state allows a generation request (the caller checks there is no work):
+    never while it sleeps (a completion can crash a sleeping vLLM and wakes a sleeping llama.cpp, a
+    model load), and on llama.cpp only once /props said it is awake (its page cannot say)."""
+    if reading.asleep:
+        return False
+    return reading.flavour != "llamacpp" or reading.sleep is Sleep.AWAKE
 
 
 def page_is_work_queue(last: Reading) -> bool:
@@ -322,15 +346,23 @@ def _judge_reading(
     last = prev.last
     if last is None or not last.has_engine_metrics:
         tracks = {e: EngineTrack(stuck_since=now if r.work > 0 else None) for e, r in reading.engines.items()}
+        if reading.asleep:
+            return _asleep(prev, reading, now, tokens_per_second=0.0, steps_per_second=0.0, **base)
         if reading.work <= 0:
             return _idle(prev, obs, now, settings, engines=tracks, tokens_per_second=0.0, steps_per_second=0.0, **base)
         return _become(prev, Verdict.UNKNOWN, f"first reading: {_work_text(reading)}", now,
-                       engines=tracks, tokens_per_second=0.0, steps_per_second=0.0, probe_failures=0, **base)
+                       engines=tracks, tokens_per_second=0.0, steps_per_second=0.0, probe_failures=0,
+                       stall_bound=settings.bound(reading, 0.0).seconds, **base)
     changed = other_process(last, reading)
     if changed:
         tracks = {e: EngineTrack(stuck_since=now if r.work > 0 else None) for e, r in reading.engines.items()}
         return _become(prev, Verdict.RESTARTED, f"another process answered: {changed}; {_work_text(reading)}",
-                       now, engines=tracks, tokens_per_second=0.0, steps_per_second=0.0, probe_failures=0, **base)
+                       now, engines=tracks, tokens_per_second=0.0, steps_per_second=0.0, probe_failures=0,
+                       longest_quiet=0.0, **base)
+    if reading.asleep:
+        elapsed = max(now - (prev.last_at if prev.last_at is not None else now), 1e-9)
+        tps, sps = rates(last, reading, elapsed)
+        return _asleep(prev, reading, now, tokens_per_second=tps, steps_per_second=sps, **base)
 
     elapsed = max(now - (prev.last_at if prev.last_at is not None else now), 1e-9)
     tps, sps = rates(last, reading, elapsed)
@@ -338,11 +370,14 @@ def _judge_reading(
     any_progress = False
     worst: tuple[str, EngineReading, EngineTrack] | None = None   # the engine closest to stalled
     busy_engines = 0
+    learned = prev.longest_quiet
     for key, eng in reading.engines.items():
         old = last.engines.get(key)
         track = prev.engines.get(key, EngineTrack())
         moved = old is not None and progressed(old, eng)
         any_progress = any_progress or moved
+        if moved and track.stuck_since is not None:
+            learned = max(learned, now - track.stuck_since)   # a pause with work that ended in progress
         if eng.work <= 0:
             tracks[key] = EngineTrack()
             continue
@@ -363,7 +398,9 @@ def _judge_reading(
         if worst is None or since < (now if worst[2].stuck_since is None else worst[2].stuck_since):
             worst = (key, eng, t)
     last_progress = now if any_progress else prev.last_progress
-    base.update(engines=tracks, tokens_per_second=tps, steps_per_second=sps, last_progress=last_progress)
+    bound = settings.bound(reading, learned)
+    base.update(engines=tracks, tokens_per_second=tps, steps_per_second=sps, last_progress=last_progress,
+                longest_quiet=learned, stall_bound=bound.seconds)
     multi = len(reading.engines) > 1
 
     if worst is not None:
@@ -371,16 +408,28 @@ def _judge_reading(
         quiet = now - (t.stuck_since if t.stuck_since is not None else now)
         prefix = f"engine {key}: " if multi else ""
         text = f"{prefix}{_work_text(eng)}, no engine progress for {quiet:.0f} s"
-        if t.frozen_readings >= settings.stall_readings and quiet >= settings.stall_after:
-            return _become(prev, Verdict.STALLED, text, now, probe_failures=0, **base)
+        if t.frozen_readings >= settings.stall_readings and quiet >= bound.seconds:
+            return _become(prev, Verdict.STALLED, f"{text} (bound: {bound.why})", now, probe_failures=0, **base)
         if busy_engines == 0:
-            return _become(prev, Verdict.UNKNOWN, f"{text} (stalled after {settings.stall_after:g} s)", now,
-                           probe_failures=0, **base)
+            return _become(prev, Verdict.UNKNOWN, f"{text} (stalled after {bound.seconds:.0f} s: {bound.why})",
+                           now, probe_failures=0, **base)
     if busy_engines > 0:
         return _become(prev, Verdict.BUSY,
                        f"{_work_text(reading)}, engine progressing ({rate_text(reading, tps, sps)})",
                        now, probe_failures=0, **base)
     return _idle(prev, obs, now, settings, **base)
+
+
+def _asleep(prev: BackendState, reading: Reading, now: float, **changes: Any) -> BackendState:
+    """The engine sleeps on purpose: never probed (a completion request can crash a sleeping vLLM, and
+    wakes a sleeping llama.cpp), never stalled or down for it; its stall clock does not run."""
+    level = {"weights_offloaded": " (level 1: weights offloaded)", "discard_all": " (level 2: weights discarded)"}
+    text = f"asleep{level.get(reading.sleep.value, '')}: not probed"
+    if reading.work > 0:
+        text += f"; {_work_text(reading)} (they wait for it to wake)"
+    changes.update(engines={e: EngineTrack() for e in reading.engines}, failures=0, probe_failures=0,
+                   probe_rejected="")
+    return _become(prev, Verdict.SLEEPING, text, now, **changes)
 
 
 def _idle(prev: BackendState, obs: Observation, now: float, settings: Thresholds, **changes: Any) -> BackendState:

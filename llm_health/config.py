@@ -67,7 +67,9 @@ class Proxy:
 class ExporterSettings:
     listen: str = "127.0.0.1:9410"
     interval: float = 15.0          # seconds between readings of one backend
-    stall_after: float = 120.0      # no engine progress for this long (and 2 readings) = stalled
+    stall_after: float = 120.0      # no engine progress for this long (and 2 readings) = stalled: the floor;
+                                    # an engine whose own numbers say its steps take longer gets more
+    stall_ceiling: float = 900.0    # the most that step-derived stall bound may be (exporter/steptime.py)
     down_after: int = 2             # consecutive failed readings before "down"
     read_timeout: float = 5.0       # per-backend /metrics timeout
     probe_timeout: float = 10.0     # the idle probe (max_tokens 1)
@@ -336,6 +338,8 @@ def parse_config(data: Any, source: str = "") -> Config:
 def _check_exporter(e: ExporterSettings) -> ExporterSettings:
     if e.max_reads_per_endpoint < 1:
         raise ConfigError("exporter.max_reads_per_endpoint: must be at least 1")
+    if e.stall_ceiling < e.stall_after:
+        raise ConfigError(f"exporter.stall_ceiling: must be at least stall_after ({e.stall_after:g} s)")
     return e
 
 

@@ -128,7 +128,8 @@ def default_verifier(config: Config) -> Verifier:
             return verify(
                 backend.url, readings=max(2, r.verify_readings), interval=r.verify_interval,
                 read_timeout=config.exporter.read_timeout, probe_timeout=config.exporter.probe_timeout,
-                sleep=time.sleep, clock=time.time, model=backend.model, **extra,
+                sleep=time.sleep, clock=time.time, model=backend.model,
+                stall_ceiling=config.exporter.stall_ceiling, **extra,
             )
         except Exception as exc:  # noqa: BLE001 - a broken verifier must never mean "restart"
             return SimpleVerification("unknown", f"verification raised {exc!r}")
@@ -280,6 +281,7 @@ class Authority:
         r, e = self.r, self.config.exporter
         read = 3 * e.read_timeout                              # /metrics, then /health and /v1/models
         verify = max(2, r.verify_readings) * (r.verify_interval + read) + 2 * (e.probe_timeout + e.read_timeout)
+        verify += e.stall_ceiling * (1 + read / max(r.verify_interval, 1e-3))  # readings extended for a long step
         silences = 4 * SILENCE_TIMEOUT if r.alertmanager_url else 0.0
         look = 2 * e.read_timeout + verify + read + silences + LOOK_SLACK
         return look + (r.action_timeout if acting else 0.0)

@@ -19,6 +19,7 @@ DEFERRED_MARKER = "deferred_marker"
 DEFERRED_UNKNOWN = "deferred_unknown"
 VERIFY = "verify"
 VERIFIED_HEALTHY = "verified_healthy"
+VERIFIED_ASLEEP = "verified_asleep"    # the engine sleeps on purpose (vLLM sleep mode): never a restart
 RESTARTED_BY_OTHER = "restarted_by_other"
 RESTART = "restart"
 WOULD_RESTART = "would_restart"
@@ -27,6 +28,9 @@ NOT_CONFIGURED = "not_configured"
 HEALTHY_OUTCOMES = ("progress", "idle_ok")
 RESTART_OUTCOMES = ("no_progress", "down")
 UNRESPONSIVE = "unresponsive"
+SLEEPING = "sleeping"
+#: decisions that close the incident without a restart
+NO_RESTART_CLOSES = (VERIFIED_HEALTHY, VERIFIED_ASLEEP, RESTARTED_BY_OTHER)
 #: verified outcomes that may take a server out of the load balancer (remediator/agent.py)
 OUT_OF_SERVICE_OUTCOMES = (*RESTART_OUTCOMES, UNRESPONSIVE)
 
@@ -151,6 +155,8 @@ def decide(facts: Facts, verification: object | None, s: Settings) -> Decision:
     why = str(getattr(verification, "reason", ""))
     if outcome in HEALTHY_OUTCOMES:
         return Decision(VERIFIED_HEALTHY, f"verified healthy ({outcome}): {why}")
+    if outcome == SLEEPING:
+        return Decision(VERIFIED_ASLEEP, f"asleep on purpose, a wake-up is not a restart: {why}")
     if outcome == "restarted":
         return Decision(RESTARTED_BY_OTHER, f"another process answers now (restarted by someone else): {why}")
     if outcome in RESTART_OUTCOMES:

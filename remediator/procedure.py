@@ -431,7 +431,7 @@ class Procedure:
                 return None, False
             d = policy.Decision(policy.RESTART, f"re-verified at the end of the drain ({why}): {d.reason}")
             return self.claim(c, incident_id, backend, d, now), False
-        if d.kind in (policy.VERIFIED_HEALTHY, policy.RESTARTED_BY_OTHER):
+        if d.kind in policy.NO_RESTART_CLOSES:
             fleet.move(c, backend.name, S.READY, now, f"restart called off: {d.reason}")
             Store.set_state(c, incident_id, now, CLOSED, close_reason=d.kind, last_decision=d.kind)
             Store.event(c, now, d.kind, backend.name, incident_id,
@@ -694,7 +694,7 @@ class Procedure:
         if d.opens_breaker and not Store.breaker(c)["open"]:
             c.execute("UPDATE breaker SET open = 1, opened_at = ?, reason = ? WHERE id = 1", (now, d.reason))
             Store.event(c, now, "breaker_open", backend, incident_id, reason=d.reason)
-        if d.kind in (policy.VERIFIED_HEALTHY, policy.RESTARTED_BY_OTHER):
+        if d.kind in policy.NO_RESTART_CLOSES:
             Store.set_state(c, incident_id, now, CLOSED, close_reason=d.kind, last_decision=d.kind)
             Store.event(c, now, d.kind, backend, incident_id, reason=d.reason + "; incident closed, no restart")
             return

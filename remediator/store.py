@@ -141,7 +141,7 @@ ADDED_COLUMNS = (
 
 #: event kinds that are decisions (counted in llm_health_remediator_decisions_total)
 DECISION_KINDS = frozenset({
-    "deduplicated", "ignored", "signal", "absorbed", "incident_opened",
+    "deduplicated", "ignored", "signal", "absorbed", "incident_opened", "verified_asleep",
     "deferred_breaker", "deferred_budget", "deferred_backoff", "deferred_marker", "deferred_unknown",
     "verified_healthy", "restarted_by_other", "restarting", "restarted", "would_restart", "not_configured",
     "failed", "recovered", "warmup_timeout", "interrupted", "aborted", "resolved", "acknowledged", "breaker_open",

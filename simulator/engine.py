@@ -192,6 +192,7 @@ class Engine:
         self.next_step_at: float | None = None
         self.next_idle_log_at: float | None = start + idle_log_seconds if flavour == "v0" else None
         self.stats = EngineStats()
+        self.sleep_level = 0               # vLLM sleep mode: 0 awake, 1 weights offloaded, 2 discarded
         if flavour != "v0":
             self.stats.request_success = {reason: 0 for reason in FINISHED_REASONS_V1}
 

@@ -169,7 +169,9 @@ def vllm_families(engines: Sequence[Engine], flavour: Flavour, created: float) -
             "weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
         )
         for e in engines:
-            for state, value in (("awake", 1.0), ("weights_offloaded", 0.0), ("discard_all", 0.0)):
+            level = getattr(e, "sleep_level", 0)
+            for state, value in (("awake", float(level == 0)), ("weights_offloaded", float(level == 1)),
+                                 ("discard_all", float(level == 2))):
                 sleep.samples.append(("vllm:engine_sleep_state", {**base(e), "sleep_state": state}, value))
         fams.append(sleep)
         fams.append(gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",

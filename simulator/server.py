@@ -142,6 +142,9 @@ class SimStats:
     probes_while_busy: int = 0
     generation_while_busy: int = 0
     restarts: int = 0
+    sleeps: int = 0
+    generation_while_asleep: int = 0      # vLLM: each one crashed the engine
+    probes_while_asleep: int = 0
 
 
 def request_kind(method: str, path: str, probe: bool) -> str:
@@ -428,6 +431,8 @@ class Simulator:
                 st.probes += 1
                 if busy:
                     st.probes_while_busy += 1
+                if self.asleep and self.process.dead is None:
+                    st.probes_while_asleep += 1
             elif kind == "generation" and busy:
                 st.generation_while_busy += 1
 
@@ -466,6 +471,25 @@ class Simulator:
                 if req in e.running or req in e.waiting:
                     e.abort(req)
 
+    # ------------------------------------------------------------------ sleep mode
+    @property
+    def asleep(self) -> bool:
+        return any(e.sleep_level for e in self.process.engines)
+
+    def sleep(self, level: int) -> None:
+        """vLLM's POST /sleep?level=N (dev mode), llama.cpp's --sleep-idle-seconds: the engine sleeps."""
+        with self.cond:
+            for e in self.process.engines:
+                e.sleep_level = level
+            self.stats.sleeps += 1
+            self.cond.notify_all()
+
+    def wake_up(self) -> None:
+        with self.cond:
+            for e in self.process.engines:
+                e.sleep_level = 0
+            self.cond.notify_all()
+
     def metrics_page(self) -> str:
         with self.cond:
             proc = self.process
@@ -479,6 +503,10 @@ class Simulator:
                 "by_kind": dict(st.by_kind),
                 "probes": st.probes,
                 "probes_while_busy": st.probes_while_busy,
+                "probes_while_asleep": st.probes_while_asleep,
+                "generation_while_asleep": st.generation_while_asleep,
+                "asleep": self.asleep,
+                "sleeps": st.sleeps,
                 "generation_while_busy": st.generation_while_busy,
                 "running": self.process.running if self.process.dead is None else 0,
                 "waiting": self.process.waiting if self.process.dead is None else 0,
@@ -681,6 +709,11 @@ class _Handler(BaseHTTPRequestHandler):
             "/v1/completions": ("POST", lambda: self._generate(path)),
             "/v1/chat/completions": ("POST", lambda: self._generate(path)),
         }
+        if sim.cfg.engine != "sglang":
+            routes |= {"/sleep": ("POST", self._sleep), "/wake_up": ("POST", self._wake_up),
+                       "/is_sleeping": ("GET", lambda: self._send_json(200, {"is_sleeping": sim.asleep}))}
+        if sim.cfg.engine == "llamacpp":
+            routes["/props"] = ("GET", self._props)
         route = routes.get(path)
         if route is None:
             self._send_json(404, {"detail": "Not Found"})
@@ -688,6 +721,34 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(405, {"detail": "Method Not Allowed"})
         else:
             route[1]()
+
+    def _sleep(self) -> None:
+        query = self.path.partition("?")[2]
+        level = 1
+        for part in query.split("&"):
+            key, _, value = part.partition("=")
+            if key == "level":
+                if value not in ("1", "2"):
+                    raise BadRequest("level must be 1 or 2")
+                level = int(value)
+        self.sim.sleep(level)
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def _wake_up(self) -> None:
+        self.sim.wake_up()
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def _props(self) -> None:
+        """llama-server's /props: answered from the HTTP thread, also while asleep."""
+        sim = self.sim
+        cfg = sim.cfg
+        self._send_json(200, {"default_generation_settings": {"n_ctx": cfg.kv_blocks * cfg.block_size // cfg.max_num_seqs},
+                              "total_slots": cfg.max_num_seqs, "is_sleeping": sim.asleep,
+                              "model_alias": cfg.model, "build_info": VERSIONS["llamacpp"]})
 
     def _loading(self) -> bool:
         """sglang / llamacpp while the model loads: 503 (llama-server's "Loading model")."""
@@ -768,6 +829,20 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if self._loading():
             return
+        if sim.asleep:
+            if sim.cfg.engine == "llamacpp":
+                # llama-server wakes up for it: the model is loaded again (load_seconds), then it answers
+                time.sleep(sim.cfg.load_seconds / sim.cfg.time_scale)
+                sim.wake_up()
+            else:
+                # operators report a completion to a sleeping vLLM crashing the engine (vllm#15483: CUDA
+                # illegal memory access): this request fails, then the process is gone
+                with sim.cond:
+                    sim.stats.generation_while_asleep += 1
+                self._openai_error(500, "EngineCore encountered an issue: CUDA error: an illegal memory access "
+                                   "was encountered (request while asleep)", "InternalServerError")
+                sim.set_fault("crash")
+                return
         with sim.cond:
             failing = sim.fault == "error"
         if failing:  # the engine is fine but every request fails (streaming or not): vLLM answers 500

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from simrig import Exporter, Sim, exporter_factory, sim_factory
 
 from llm_health.procs import ManagedProcess
 
@@ -51,3 +52,15 @@ def launch(tmp_path: Path) -> Iterator[Callable[..., ManagedProcess]]:
     yield start
     for p in reversed(started):
         p.stop()
+
+
+@pytest.fixture
+def sim(launch: Callable[..., ManagedProcess]) -> Callable[..., Sim]:
+    """Start real `llm-health sim` processes (stopped when the test ends): sim(*extra_argv) -> Sim."""
+    return sim_factory(launch)
+
+
+@pytest.fixture
+def exporter(launch: Callable[..., ManagedProcess]) -> Callable[..., Exporter]:
+    """Start a real `llm-health exporter` on a 0.3 s interval: exporter({name: url}, {proxy: url}, *argv)."""
+    return exporter_factory(launch)

@@ -53,7 +53,8 @@ def run(steps: list[tuple[float, Observation]], settings: Thresholds = T) -> lis
 
 def test_codes_are_the_shared_contract() -> None:
     assert {v.value: c for v, c in CODES.items()} == {
-        "unknown": 0, "idle": 1, "busy": 2, "restarted": 3, "no_metrics": 4, "stalled": 5, "down": 6}
+        "unknown": 0, "idle": 1, "busy": 2, "restarted": 3, "no_metrics": 4, "stalled": 5, "down": 6,
+        "sleeping": 7}
     assert Verdict.BUSY == "busy" and Verdict.STALLED.code == 5
 
 
@@ -89,7 +90,7 @@ def test_stalled_needs_two_frozen_readings_and_stall_after() -> None:
     frozen = reading(running=2, waiting=0, gen=100)
     states = run([(t, ok(frozen)) for t in (0, 15, 30, 60, 90, 119, 121)])
     assert [s.verdict for s in states] == [Verdict.UNKNOWN] * 6 + [Verdict.STALLED]
-    assert states[-1].reason == "2 running, 0 waiting, no engine progress for 121 s"
+    assert states[-1].reason == "2 running, 0 waiting, no engine progress for 121 s (bound: stall_after 120 s)"
     assert "stalled after 120 s" in states[3].reason
 
 
@@ -101,13 +102,28 @@ def test_never_stalled_on_one_comparison_even_with_zero_grace() -> None:
 
 
 def test_progress_resets_the_stall_clock() -> None:
-    steps = [(0, ok(reading(running=1, gen=1))), (100, ok(reading(running=1, gen=1))),
-             (110, ok(reading(running=1, gen=2))), (200, ok(reading(running=1, gen=2))),
-             (229, ok(reading(running=1, gen=2)))]
+    # a 50 s pause that ends in progress: the clock starts again at 55 (and 2 x 50 s stays under the floor)
+    steps = [(0, ok(reading(running=1, gen=1))), (50, ok(reading(running=1, gen=1))),
+             (55, ok(reading(running=1, gen=2))), (145, ok(reading(running=1, gen=2))),
+             (174, ok(reading(running=1, gen=2)))]
     states = run(steps)
     assert states[2].verdict == Verdict.BUSY
-    assert states[-1].verdict == Verdict.UNKNOWN  # frozen since 110: 119 s < 120 s
-    assert run(steps + [(231, ok(reading(running=1, gen=2)))])[-1].verdict == Verdict.STALLED
+    assert states[-1].verdict == Verdict.UNKNOWN  # frozen since 55: 119 s < 120 s
+    assert run(steps + [(176, ok(reading(running=1, gen=2)))])[-1].verdict == Verdict.STALLED
+
+
+def test_a_long_pause_that_ended_in_progress_raises_the_bound_for_this_process() -> None:
+    """The engine showed that it can sit 110 s on one step with work and go on: the next pause is judged
+    against twice that, not stall_after (principle 4); a restart forgets it."""
+    steps = [(0, ok(reading(running=1, gen=1))), (100, ok(reading(running=1, gen=1))),
+             (110, ok(reading(running=1, gen=2))), (200, ok(reading(running=1, gen=2))),
+             (231, ok(reading(running=1, gen=2)))]
+    states = run(steps)
+    assert states[2].longest_quiet == 110
+    assert states[-1].verdict == Verdict.UNKNOWN and "stalled after 220 s" in states[-1].reason
+    assert "the longest pause seen end in progress (110 s)" in states[-1].reason
+    later = run(steps + [(331, ok(reading(running=1, gen=2)))])[-1]
+    assert later.verdict == Verdict.STALLED and "bound: 2 x the longest pause" in later.reason
 
 
 def test_work_arriving_on_an_idle_backend_starts_the_clock_then() -> None:

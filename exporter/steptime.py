@@ -1,0 +1,95 @@
+"""How long may a backend's counters stay frozen with work in flight before it is stalled? Pure.
+
+During one engine step no counter moves. A stall is frozen counters for longer than the engine's own
+steps can explain (principle 4), so the bound is derived per backend from what the engine says about
+its steps, never a single number for every engine:
+
+    bound = clamp(STEP_SAFETY x the longest plausible step, floor = stall_after, ceiling = stall_ceiling)
+
+The longest plausible step is the largest of what is known (`step_estimate`):
+
+* the engine's latency histograms: the slowest step it has reported (`Reading.step_seconds`: the upper
+  bound of the highest bucket with observations of vLLM's inter-token latency and request prefill time,
+  SGLang's inter-token latency);
+* llama.cpp: its whole context as one prompt batch at the prompt speed it has measured itself
+  (`context_tokens` from /props, else the largest sequence seen, times `prompt_seconds_total /
+  prompt_tokens_total`): one `llama_decode` of a long prompt is one step, tens of seconds on a CPU;
+* the longest pause with work that this exporter saw end in progress, on this process (`learned`).
+
+A llama.cpp server that has not processed a prompt yet says nothing about its prompt speed, and its
+first prompt may be its longest step: its bound is the ceiling until it has. vLLM and SGLang split long
+prompts into bounded steps (chunked prefill), so without histogram evidence the floor applies.
+The reason of every stall verdict says which bound applied.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llm_health.exporter.reading import Reading
+
+STEP_SAFETY = 2.0          # a step may take this many times the longest one seen or estimated
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    seconds: float | None     # the longest plausible single step; None: nothing known
+    why: str
+
+
+@dataclass(frozen=True)
+class QuietBound:
+    seconds: float
+    why: str                  # what set it: "stall_after", "2 x ...", "stall_ceiling"
+
+
+def step_estimate(reading: Reading | None, learned: float = 0.0) -> StepEstimate:
+    """The longest single step the engine's own numbers make plausible (largest of what is known)."""
+    candidates: list[tuple[float, str]] = []
+    if reading is not None:
+        if reading.step_seconds is not None:
+            candidates.append((reading.step_seconds, f"the slowest step it reported ({reading.step_seconds:g} s)"))
+        per_token = reading.prompt_seconds_per_token
+        context = reading.context_tokens or reading.tokens_max
+        if per_token is not None and context:
+            source = "context" if reading.context_tokens else "longest sequence seen"
+            candidates.append((per_token * context, f"a {context:.0f}-token prompt step ({source}) at "
+                               f"{per_token * 1000:.1f} ms/token ({per_token * context:.0f} s)"))
+    if learned > 0:
+        candidates.append((learned, f"the longest pause seen end in progress ({learned:.0f} s)"))
+    if not candidates:
+        return StepEstimate(None, "nothing known of its steps")
+    seconds, why = max(candidates)
+    return StepEstimate(seconds, why)
+
+
+def unbounded_first_step(reading: Reading | None) -> bool:
+    """llama.cpp before its first prompt: its first step may be its longest, and nothing bounds it."""
+    return (reading is not None and reading.flavour == "llamacpp" and reading.prompt_seconds_per_token is None
+            and not reading.step_seconds)
+
+
+def quiet_bound(reading: Reading | None, learned: float, stall_after: float, ceiling: float) -> QuietBound:
+    """How long counters may stay frozen with work before the backend is stalled (see module doc)."""
+    ceiling = max(ceiling, stall_after)
+    estimate = step_estimate(reading, learned)
+    if estimate.seconds is None:
+        if unbounded_first_step(reading):
+            return QuietBound(ceiling, f"stall_ceiling {ceiling:g} s: llama.cpp has processed no prompt yet, "
+                              "so nothing bounds its first step")
+        return QuietBound(stall_after, f"stall_after {stall_after:g} s")
+    wanted = STEP_SAFETY * estimate.seconds
+    if wanted <= stall_after:
+        return QuietBound(stall_after, f"stall_after {stall_after:g} s (longest step: {estimate.why})")
+    if wanted >= ceiling:
+        return QuietBound(ceiling, f"stall_ceiling {ceiling:g} s ({STEP_SAFETY:g} x {estimate.why} is more)")
+    return QuietBound(wanted, f"{STEP_SAFETY:g} x {estimate.why}")
+
+
+def required_span(reading: Reading | None, learned: float, ceiling: float) -> float:
+    """For a re-check that starts after the stall was seen (verify): how long its readings must show the
+    counters frozen so that no legitimate step explains it (no floor: the alert waited that out)."""
+    estimate = step_estimate(reading, learned)
+    if estimate.seconds is None:
+        return ceiling if unbounded_first_step(reading) else 0.0
+    return min(STEP_SAFETY * estimate.seconds, ceiling)
