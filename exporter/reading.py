@@ -153,6 +153,7 @@ class Reading:
     sleep: Sleep = Sleep.UNKNOWN
     step_seconds: float | None = None             # longest step the engine's own histograms have seen
     prompt_seconds_per_token: float | None = None  # llama.cpp: prompt_seconds_total / prompt_tokens_total
+    prompt_timing: bool = False                   # llama.cpp: the page has prompt_seconds_total (b3xxx+)
     tokens_max: float | None = None               # llama.cpp: largest sequence seen (n_tokens_max)
     context_tokens: float | None = None           # llama.cpp: context of all slots (from /props)
 
@@ -356,6 +357,7 @@ def from_page(page: Page, start_header: float | None = None) -> Reading:
     reading.step_seconds = _longest_step(buckets)
     reading.sleep = _sleep_state(sleep)
     if flavour == "llamacpp" and prompt_seconds is not None:
+        reading.prompt_timing = True
         tokens = sum(e.counters.get("prompt_tokens", 0.0) for e in engines.values())
         if tokens > 0 and prompt_seconds > 0:
             reading.prompt_seconds_per_token = prompt_seconds / tokens

@@ -16,8 +16,8 @@ The longest plausible step is the largest of what is known (`step_estimate`):
   prompt_tokens_total`): one `llama_decode` of a long prompt is one step, tens of seconds on a CPU;
 * the longest pause with work that this exporter saw end in progress, on this process (`learned`).
 
-A llama.cpp server that has not processed a prompt yet says nothing about its prompt speed, and its
-first prompt may be its longest step: its bound is the ceiling until it has. vLLM and SGLang split long
+A llama.cpp server that times prompts (`prompt_seconds_total`) but has not processed one yet says nothing
+about its prompt speed, and its first prompt may be its longest step: its bound is the ceiling until it has. vLLM and SGLang split long
 prompts into bounded steps (chunked prefill), so without histogram evidence the floor applies.
 The reason of every stall verdict says which bound applied.
 """
@@ -64,9 +64,10 @@ def step_estimate(reading: Reading | None, learned: float = 0.0) -> StepEstimate
 
 
 def unbounded_first_step(reading: Reading | None) -> bool:
-    """llama.cpp before its first prompt: its first step may be its longest, and nothing bounds it."""
-    return (reading is not None and reading.flavour == "llamacpp" and reading.prompt_seconds_per_token is None
-            and not reading.step_seconds)
+    """llama.cpp before its first prompt (it times prompts, and has timed none yet): its first step may be
+    its longest, and nothing bounds it. A page that does not time prompts at all says nothing either way."""
+    return (reading is not None and reading.flavour == "llamacpp" and reading.prompt_timing
+            and reading.prompt_seconds_per_token is None and not reading.step_seconds)
 
 
 def quiet_bound(reading: Reading | None, learned: float, stall_after: float, ceiling: float) -> QuietBound:

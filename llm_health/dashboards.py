@@ -50,6 +50,7 @@ VERDICTS: list[tuple[int, str, str]] = [
     (4, "no_metrics", "yellow"),
     (5, "stalled", "orange"),
     (6, "down", "red"),
+    (7, "sleeping", "#8AB8FF"),
 ]
 
 

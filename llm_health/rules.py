@@ -68,7 +68,7 @@ ALERT_NAMES = (
     # llm-health.self
     "LLMHealthRemediatorDown", "LLMHealthRemediatorUnhealthy", "LLMHealthBreakerOpen", "LLMHealthBackendNeedsAck",
     "LLMHealthRestartsFailing", "LLMHealthWebhookDeliveryFailing", "LLMHealthWatchdog",
-    "LLMHealthDiscoveryStale", "LLMHealthDiscoveryDuplicateNames",
+    "LLMHealthDiscoveryStale", "LLMHealthDiscoveryDuplicateNames", "LLMHealthBackendNotJudged",
 )
 # The two alerts that trigger restarts: their labels are a contract with the remediator's route.
 REMEDIATION_ALERTS = ("LLMBackendStalled", "LLMBackendDown")
@@ -292,6 +292,12 @@ class RuleSettings:
         if not self.group_labels:
             return ""
         return " in " + "/".join(f"{{{{ $labels.{g} }}}}" for g in self.group_labels)
+
+    @property
+    def stall_window_seconds(self) -> str:
+        """The stall window in seconds (the exporter's stall bound is compared with it)."""
+        assert self.stall_window is not None
+        return f"{parse_duration(self.stall_window, '--stall-window'):g}"
 
     def labels(self, *names: str) -> str:
         """The group labels followed by `names`, comma separated: the inside of a by (...)/on (...)."""

@@ -45,7 +45,7 @@ KNOWN_VLLM_METRICS = {
 }
 EXPECTED_FILES = {"llm-health-fleet.json", "llm-health-remediator.json"}
 VERDICT_CODES = {"0": "unknown", "1": "idle", "2": "busy", "3": "restarted", "4": "no_metrics",
-                 "5": "stalled", "6": "down"}
+                 "5": "stalled", "6": "down", "7": "sleeping"}
 
 needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
 LITERAL_WINDOW = re.compile(r"\[\s*[0-9]")
@@ -165,7 +165,7 @@ def test_every_datasource_is_the_template_variable(dashboards: dict[str, dict[st
                 assert t["datasource"]["uid"] == "${datasource}", (name, p["title"])
 
 
-def test_verdict_panels_map_all_seven_codes(dashboards: dict[str, dict[str, Any]]) -> None:
+def test_verdict_panels_map_every_verdict_code(dashboards: dict[str, dict[str, Any]]) -> None:
     fleet = dashboards["llm-health-fleet.json"]
     verdict_panels = [p for p in iter_panels(fleet) if "llm_health_verdict_code" in str(p["targets"])]
     assert {p["type"] for p in verdict_panels} == {"state-timeline", "stat"}

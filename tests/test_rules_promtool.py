@@ -526,7 +526,43 @@ def sglang_without_rank_labels() -> Scenario:
     return s
 
 
-SCENARIOS = [other_engines, sglang_without_rank_labels, busy_and_probes, stalls, traps, restarts_and_proxies, down_and_gone, all_gone, all_down, capacity, exporter_down,
+def sleep_and_long_steps() -> Scenario:
+    s = Scenario("a vLLM asleep from 5m (sleep mode), a llama.cpp asleep per the exporter, and a long-step llama.cpp "
+                 "whose counters freeze 4m per step (the exporter's bound 300 s) next to one that really stalls")
+    vl = vllm_labels("asleep")
+    s.add(vllm_backend("asleep", running=f"0x{N}", waiting=f"0x{N}", progress=f"0+10x20 200x{N}", up=f"1x{N}"))
+    s.add(series("vllm:engine_sleep_state", {**vl, "sleep_state": "awake"}, f"1x20 0x{N}"))
+    s.add(series("vllm:engine_sleep_state", {**vl, "sleep_state": "weights_offloaded"}, f"0x20 1x{N}"))
+    s.add(series("vllm:engine_sleep_state", {**vl, "sleep_state": "discard_all"}, f"0x{N}"))
+    # asleep with 2 requests queued for it (they wait for the wake-up): never a stall
+    sq = vllm_labels("asleepq")
+    s.add(vllm_backend("asleepq", running=f"0x{N}", waiting=f"2x{N}", progress=f"200x{N}", up=f"1x{N}"))
+    s.add(series("vllm:engine_sleep_state", {**sq, "sleep_state": "awake"}, f"0x{N}"))
+    s.add(series("vllm:engine_sleep_state", {**sq, "sleep_state": "discard_all"}, f"1x{N}"))
+    s.add(exporter_series("llm_health_verdict_code", {"backend": "asleepq"}, f"7x{N}"))
+    # one long llama.cpp prompt step: requests_processing 1, decode counter frozen 0..4m, then it moves
+    long = {"job": "llamacpp", "backend": "longstep", "instance": "longstep.example:8080"}
+    s.add(series("up", long, f"1x{N}"))
+    s.add(series("llamacpp:requests_processing", long, f"1x{N}"))
+    s.add(series("llamacpp:requests_deferred", long, f"0x{N}"))
+    s.add(series("llamacpp:n_decode_total", long, f"5x16 6x{N}"))
+    s.add(series("llamacpp:tokens_predicted_total", long, f"0x{N}"))
+    s.add(series("llamacpp:prompt_tokens_total", long, f"0x{N}"))
+    s.add(exporter_series("llm_health_stall_threshold_seconds", {"backend": "longstep"}, f"300x{N}"))
+    s.add(exporter_series("llm_health_verdict_code", {"backend": "longstep"}, f"0x{N}"))
+    s.silent("2m", "LLMBackendStalled")
+    s.silent("3m30s", "LLMBackendStalled")     # 3m30s frozen with work: longer than the rules' 2m window
+    s.state("10m", "asleep", 7)
+    s.state("10m", "asleepq", 7)
+    s.silent("10m", "LLMBackendStalled")
+    s.silent("10m", "LLMBackendDown")
+    s.silent("30m", "LLMBackendStalled")
+    s.value("10m", 'backend:llm_engine_sleeping:min{backend="asleep"}',
+            [('backend:llm_engine_sleeping:min{backend="asleep"}', 1)])
+    return s
+
+
+SCENARIOS = [sleep_and_long_steps, other_engines, sglang_without_rank_labels, busy_and_probes, stalls, traps, restarts_and_proxies, down_and_gone, all_gone, all_down, capacity, exporter_down,
              busy_timeouts, all_busy_unreachable, probes_sent, error_rates, error_rate_quiet]
 
 
