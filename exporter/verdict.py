@@ -286,12 +286,13 @@ def _timeouts_toward_stall(prev: BackendState, now: float, settings: Thresholds,
     quiet = now - anchor
     failures = prev.failures + 1
     said = text(failures, quiet)
-    bound = settings.bound(prev.last, prev.longest_quiet)
-    if failures >= settings.stall_readings and quiet >= bound.seconds:
-        return _become(prev, Verdict.STALLED, f"{said} (bound: {bound.why})", now, failures=failures,
-                       stall_bound=bound.seconds, **cols)
-    return _become(prev, Verdict.UNKNOWN, said + f" (stalled after {bound.seconds:.0f} s: {bound.why})", now,
-                   failures=failures, stall_bound=bound.seconds, **cols)
+    # not the step-derived bound: a page that does not come back is no step of the engine (llama.cpp answers
+    # /metrics during a decode; vLLM's and SGLang's API servers answer during their steps)
+    if failures >= settings.stall_readings and quiet >= settings.stall_after:
+        return _become(prev, Verdict.STALLED, said, now, failures=failures, stall_bound=settings.stall_after,
+                       **cols)
+    return _become(prev, Verdict.UNKNOWN, said + f" (stalled after {settings.stall_after:g} s)", now,
+                   failures=failures, stall_bound=settings.stall_after, **cols)
 
 
 def may_probe_engine(reading: Reading) -> bool:

@@ -203,11 +203,24 @@ ALLOW_PTRACE = ("import ctypes, os, sys; ctypes.CDLL(None).prctl(0x59616d61, cty
                 "os.execv(sys.argv[1], sys.argv[1:])")
 
 
-def llama_engine(paths: dict[str, Path], port: int, log_dir: Path, slots: int = 2) -> Engine:
+def llama_engine(paths: dict[str, Path], port: int, log_dir: Path, slots: int = 2, context: int = 1024,
+                 extra: tuple[str, ...] = ()) -> Engine:
+    """`context` tokens for all `slots` together: the exporter's stall bound on llama.cpp is twice that context
+    at the engine's own prompt speed (exporter/steptime.py), so a small one keeps the stall tests short."""
     argv = [sys.executable, "-c", ALLOW_PTRACE, str(paths["llama_server"]), "-m", str(paths["gguf_model"]), "--alias", MODEL_NAME,
             "--host", "127.0.0.1", "--port", str(port), "--metrics", "--slots", "-np", str(slots),
-            "-c", "4096", "-t", "2", "--no-webui"]
+            "-c", str(context), "-t", "2", "--no-webui", *extra]
     return Engine("llamacpp", argv, {}, port, log_dir)
+
+
+WARM_PROMPT = "the quick brown fox " * 30      # about 400 tokens of the tiny model's tokenizer
+
+
+def warm_prompt_speed(url: str) -> None:
+    """One completion of a few hundred prompt tokens: llama.cpp's prompt seconds per token then reflect its
+    real speed, not the first request's fixed costs (exporter/steptime.py derives the stall bound from it)."""
+    load = Load(url, 1, 2, prompt=WARM_PROMPT)
+    assert load.wait(120) == [200]
 
 
 def vllm_engine(paths: dict[str, Path], port: int, log_dir: Path, max_num_seqs: int = 4) -> Engine:
@@ -577,13 +590,14 @@ class Timeline:
 
 
 def start_exporter(backend_url: str, log_dir: Path, *, interval: float, stall_after: float,
-                   read_timeout: float, probe_timeout: float, down_after: int = 2) -> tuple[Any, str]:
+                   read_timeout: float, probe_timeout: float, down_after: int = 2,
+                   probe_every: float = 0.0) -> tuple[Any, str]:
     from llm_health.procs import ManagedProcess, free_port, llm_health
 
     port = free_port()
     argv = llm_health("exporter", "--listen", f"127.0.0.1:{port}", "--backend", f"engine={backend_url}",
                       "--interval", interval, "--stall-after", stall_after, "--read-timeout", read_timeout,
-                      "--probe-timeout", probe_timeout, "--down-after", down_after)
+                      "--probe-timeout", probe_timeout, "--down-after", down_after, "--probe-every", probe_every)
     proc = ManagedProcess(argv, "exporter", log_dir)
     url = f"http://127.0.0.1:{port}"
     proc.wait_http(url + "/health", timeout=30)
