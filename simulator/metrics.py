@@ -237,6 +237,13 @@ def sglang_families(engines: Sequence[Engine], flavour: Flavour) -> list[Family]
             for mode, n in (("decode_cuda_graph", e.stats.decode_passes), ("prefill_none", e.stats.prefill_passes)):
                 passes.samples.append(("sglang:cuda_graph_passes_total", {**sched(e, tp), "mode": mode}, float(n)))
 
+    realtime = Family("sglang:realtime_tokens", "counter", MULTIPROCESS_HELP)  # per rank, every step
+    for e in engines:
+        for tp in range(flavour.tp_size):
+            for mode, n in (("prefill_compute", e.stats.prompt_tokens - e.stats.prefix_cache_hits),
+                            ("decode", e.stats.generation_tokens), ("prefill_cache", e.stats.prefix_cache_hits)):
+                realtime.samples.append(("sglang:realtime_tokens_total", {**sched(e, tp), "mode": mode}, float(n)))
+
     def merged(hist_of) -> Histogram:  # noqa: ANN001
         first = hist_of(engines[0])
         out = Histogram(first.buckets)
@@ -262,6 +269,7 @@ def sglang_families(engines: Sequence[Engine], flavour: Flavour) -> list[Family]
         *([total("sglang:num_aborted_requests", lambda e: e.stats.request_success.get("abort", 0))]
           if aborted else []),  # a labelled counter appears once it was incremented (multiprocess registry)
         passes,
+        realtime,
         gauge("sglang:num_running_reqs", lambda e: e.stats.running),
         gauge("sglang:num_queue_reqs", lambda e: e.stats.waiting),
         gauge("sglang:num_grammar_queue_reqs", lambda e: 0),

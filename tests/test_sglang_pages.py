@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 import pytest
-from llm_health.exporter.reading import read_text
+from llm_health.exporter.reading import rates, read_text
 from llm_health.exporter.verdict import (
     PROBE_TIMEOUT,
     READ_OK,
@@ -144,3 +144,20 @@ def test_a_new_server_is_another_process_by_its_counters() -> None:
     busy, idle = read_text(page("sglang-0.5.23-cpu-busy.txt")), read_text(page("sglang-0.5.23-cpu-idle.txt"))
     assert "went backwards" in other_process(busy, idle)
     assert other_process(idle, busy) == ""
+
+
+def test_tokens_per_second_come_from_the_decode_counter_not_the_finished_requests() -> None:
+    """The tokenizer's generation_tokens_total is credited when a request finishes (the busy capture:
+    12 counted while 4 requests had decoded for seconds); realtime_tokens_total{mode="decode"} moves on
+    every decode step, per rank. Without it (older releases) the tokenizer's counter is the fallback."""
+    busy, stalled = page("sglang-0.5.23-cpu-busy.txt"), page("sglang-0.5.23-cpu-stalled.txt")
+    decoded = {name: sum(v for labels, v in samples(page(name), "sglang:realtime_tokens_total")
+                         if 'mode="decode"' in labels) for name in PAGES}
+    for name in PAGES:
+        r = read_text(page(name))
+        assert r.generation_tokens() == decoded[name] == r.engines["0"].counters["decode_tokens"]
+    assert total(busy, "sglang:generation_tokens_total") < decoded["sglang-0.5.23-cpu-busy.txt"] / 10
+    tps, _ = rates(read_text(busy), read_text(stalled), 10.0)
+    assert tps == (decoded["sglang-0.5.23-cpu-stalled.txt"] - decoded["sglang-0.5.23-cpu-busy.txt"]) / 10.0
+    older = "\n".join(line for line in busy.splitlines() if "realtime_tokens_total" not in line) + "\n"
+    assert read_text(older).generation_tokens() == total(busy, "sglang:generation_tokens_total")
