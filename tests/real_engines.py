@@ -649,10 +649,13 @@ def check(url: str, *args: Any, timeout: float = 120) -> tuple[int, str]:
     return r.returncode, (r.stdout + r.stderr).strip()
 
 
-def maybe_save_page(text: str, name: str, source: str, note: str) -> Path | None:
+def maybe_save_page(text: str, name: str, source: str, note: str, lazy: frozenset[str] = frozenset()) -> Path | None:
     """With LLM_HEALTH_SAVE_PAGES=1: a page captured from a real engine, verbatim, under
     tests/fixtures/metrics/ with its origin (`# SOURCE:`/`# NOTE:` lines). Otherwise the page is
-    compared with the capture there (same series, types and label names): the engine did not drift."""
+    compared with the capture there (same series, types and label names): the engine did not drift.
+    `lazy`: families that appear only once something happened (a labelled series is exported after its
+    first observation, e.g. SGLang's inter-token latency after the first multi-token completion): they
+    may be missing from either page, and must match where both have them."""
     path = REPO / "tests" / "fixtures" / "metrics" / name
     if os.environ.get("LLM_HEALTH_SAVE_PAGES") == "1":
         header = f"# SOURCE: {source}\n" + "".join(f"# NOTE: {line}\n" for line in note.splitlines())
@@ -661,6 +664,10 @@ def maybe_save_page(text: str, name: str, source: str, note: str) -> Path | None
     if path.exists():
         saved = page_structure(path.read_text())
         live = page_structure(text)
+        for family in lazy:
+            if (family in saved) != (family in live):
+                saved.pop(family, None)
+                live.pop(family, None)
         assert live == saved, f"the real page differs from {path.name}: {structure_diff(saved, live)}"
     return None
 
