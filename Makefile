@@ -19,8 +19,9 @@ venv: $(STAMP)
 debs:
 	@bash scripts/ensure-debs.sh
 
-# Real engines for the real-engine tests (llama.cpp server, vLLM CPU, tiny models), cached outside the
-# clone under ~/.cache/llm-health keyed by version: only the first run on a machine pays (6 min measured, plus downloads).
+# Real engines for the real-engine tests (llama.cpp server, vLLM CPU, SGLang CPU, tiny models), cached outside
+# the clone under ~/.cache/llm-health keyed by version: only the first run on a machine pays (6 min measured
+# for llama.cpp, vLLM and the models, 3 min for SGLang, plus downloads).
 engines: debs
 	@bash scripts/engines.sh
 

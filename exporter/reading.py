@@ -16,7 +16,9 @@ Flavours (docs/design.md "Series per engine"):
   exports the same), the engine key is `dp_rank`. Tokenizer-side counters (`generation_tokens`,
   `prompt_tokens`, no rank labels) are server-wide: `Reading.server`; an engine without counters of
   its own is judged by them (so with several DP ranks and no per-rank counter, one wedged rank is
-  hidden by the others' progress). With a single rank they count as its own.
+  hidden by the others' progress). With a single rank they count as its own. They are credited when a
+  request finishes (verified on 0.5.23): tokens/s come from the per-rank
+  `sglang:realtime_tokens_total{mode="decode"}` (every decode step) where every rank has it.
 * `llamacpp`: progress from `n_decode_total` (one per engine step); `tokens_predicted_total` moves
   only when a request finishes (still evidence of progress, never a rate); in flight =
   `requests_processing` + `requests_deferred`; `kv_cache_usage_ratio` is optional (gone in b11434).
@@ -68,6 +70,9 @@ SGLANG_COUNTERS = {
     "sglang:cuda_graph_passes_total": "forward_passes",
     "sglang:cached_tokens_total": "cached_tokens",
 }
+# per rank, every decode step (0.5.23; its HELP says "per log interval", not so for mode="decode"): the
+# tokens/s source, as the tokenizer's generation_tokens_total is credited only when a request finishes
+SGLANG_DECODE_TOKENS = "sglang:realtime_tokens_total"
 SGLANG_RUNNING = "sglang:num_running_reqs"
 SGLANG_WAITING = ("sglang:num_queue_reqs", "sglang:num_grammar_queue_reqs")
 SGLANG_KV = ("sglang:token_usage",)
@@ -96,7 +101,7 @@ PROCESS_START = "process_start_time_seconds"
 
 WANTED: frozenset[str] = frozenset(
     {*VLLM_COUNTERS, VLLM_RUNNING, VLLM_WAITING, *VLLM_KV,
-     *SGLANG_COUNTERS, SGLANG_RUNNING, *SGLANG_WAITING, *SGLANG_KV,
+     *SGLANG_COUNTERS, SGLANG_DECODE_TOKENS, SGLANG_RUNNING, *SGLANG_WAITING, *SGLANG_KV,
      *LLAMACPP_COUNTERS, LLAMACPP_RUNNING, *LLAMACPP_WAITING, *LLAMACPP_KV, LLAMACPP_PROMPT_SECONDS,
      LLAMACPP_TOKENS_MAX, VLLM_SLEEP, *STEP_HISTOGRAMS, PROCESS_START}
 )
@@ -203,6 +208,9 @@ class Reading:
         return self.running + self.waiting
 
     def generation_tokens(self) -> float:
+        decoded = [e.counters["decode_tokens"] for e in self.engines.values() if "decode_tokens" in e.counters]
+        if decoded and len(decoded) == len(self.engines):
+            return sum(decoded)  # SGLang: tokens as they are decoded, per rank
         if "generation_tokens" in self.server:
             return self.server["generation_tokens"]
         return sum(e.counters.get("generation_tokens", 0.0) for e in self.engines.values())
@@ -321,6 +329,8 @@ def from_page(page: Page, start_header: float | None = None) -> Reading:
         if key is None:
             continue
         short = counters.get(name)
+        if flavour == "sglang" and name == SGLANG_DECODE_TOKENS:
+            short = "decode_tokens" if s.labels.get("mode") == "decode" else None
         if short is not None:
             if flavour == "v0" and short == "iteration_count":
                 continue

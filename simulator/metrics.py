@@ -12,7 +12,8 @@ Two other engines (docs/reference/vllm-metrics-facts.md §5.1, docs/reference/ll
 * `sglang` (0.5.x): always multiprocess (no process_*, no _created, HELP "Multiprocess metric").
   Scheduler series carry `model_name, engine_type, tp_rank, pp_rank, moe_ep_rank` (+ `dp_rank` with
   more than one engine) and are exported by every TP rank (`tp_size`); tokenizer-side counters and
-  histograms carry `model_name` only (one tokenizer for all DP ranks).
+  histograms carry no rank (one tokenizer for all DP ranks): `model_name`, `engine_type`, `is_streaming`
+  (`cache_source` on cached tokens), as on the real 0.5.23 page (tests/fixtures/metrics/sglang-0.5.23-*).
 * `llamacpp` (llama-server b11434): unlabelled `llamacpp:*` series with HELP and TYPE, no process_*,
   no _created, no kv_cache_* (removed upstream). Reading the page resets the throughput window.
 """
@@ -215,7 +216,10 @@ def sglang_families(engines: Sequence[Engine], flavour: Flavour) -> list[Family]
             labels["dp_rank"] = str(engine.index)
         return labels
 
-    tok = {"model_name": flavour.model}
+    # tokenizer side (0.5.23, verified on the real page): request counters and latency histograms carry
+    # engine_type and is_streaming too, cached tokens their cache_source
+    tok = {"engine_type": "unified", "is_streaming": "false", "model_name": flavour.model}
+    cached = {"cache_source": "device", "engine_type": "unified", "model_name": flavour.model}
 
     def gauge(name: str, value_of) -> Family:  # noqa: ANN001
         fam = Family(name, "gauge", MULTIPROCESS_HELP)
@@ -224,9 +228,9 @@ def sglang_families(engines: Sequence[Engine], flavour: Flavour) -> list[Family]
                 fam.samples.append((name, sched(e, tp), float(value_of(e))))
         return fam
 
-    def total(name: str, value_of) -> Family:  # noqa: ANN001
+    def total(name: str, value_of, labels: Labels = tok) -> Family:  # noqa: ANN001
         fam = Family(name, "counter", MULTIPROCESS_HELP)
-        fam.samples.append((name + "_total", tok, float(sum(value_of(e) for e in engines))))
+        fam.samples.append((name + "_total", labels, float(sum(value_of(e) for e in engines))))
         return fam
 
     passes = Family("sglang:cuda_graph_passes", "counter", MULTIPROCESS_HELP)
@@ -234,6 +238,13 @@ def sglang_families(engines: Sequence[Engine], flavour: Flavour) -> list[Family]
         for tp in range(flavour.tp_size):
             for mode, n in (("decode_cuda_graph", e.stats.decode_passes), ("prefill_none", e.stats.prefill_passes)):
                 passes.samples.append(("sglang:cuda_graph_passes_total", {**sched(e, tp), "mode": mode}, float(n)))
+
+    realtime = Family("sglang:realtime_tokens", "counter", MULTIPROCESS_HELP)  # per rank, every step
+    for e in engines:
+        for tp in range(flavour.tp_size):
+            for mode, n in (("prefill_compute", e.stats.prompt_tokens - e.stats.prefix_cache_hits),
+                            ("decode", e.stats.generation_tokens), ("prefill_cache", e.stats.prefix_cache_hits)):
+                realtime.samples.append(("sglang:realtime_tokens_total", {**sched(e, tp), "mode": mode}, float(n)))
 
     def merged(hist_of) -> Histogram:  # noqa: ANN001
         first = hist_of(engines[0])
@@ -251,13 +262,16 @@ def sglang_families(engines: Sequence[Engine], flavour: Flavour) -> list[Family]
         return fam
 
     tokens_capacity = engines[0].kv_blocks * engines[0].block_size
+    aborted = sum(e.stats.request_success.get("abort", 0) for e in engines)
     return [
         total("sglang:prompt_tokens", lambda e: e.stats.prompt_tokens),
         total("sglang:generation_tokens", lambda e: e.stats.generation_tokens),
-        total("sglang:cached_tokens", lambda e: e.stats.prefix_cache_hits),
+        total("sglang:cached_tokens", lambda e: e.stats.prefix_cache_hits, cached),
         total("sglang:num_requests", lambda e: e.stats.finished),
-        total("sglang:num_aborted_requests", lambda e: e.stats.request_success.get("abort", 0)),
+        *([total("sglang:num_aborted_requests", lambda e: e.stats.request_success.get("abort", 0))]
+          if aborted else []),  # a labelled counter appears once it was incremented (multiprocess registry)
         passes,
+        realtime,
         gauge("sglang:num_running_reqs", lambda e: e.stats.running),
         gauge("sglang:num_queue_reqs", lambda e: e.stats.waiting),
         gauge("sglang:num_grammar_queue_reqs", lambda e: 0),

@@ -1,9 +1,11 @@
-"""Support for the real-engine tests (tests/test_real_llamacpp.py, tests/test_real_vllm.py).
+"""Support for the real-engine tests (tests/test_real_llamacpp.py, tests/test_real_vllm.py,
+tests/test_real_sglang.py).
 
 The engines come from `make engines` (scripts/engines.sh), cached outside the clone. A missing engine
 skips its tests locally and fails them under CI=true (never a silent skip in CI).
 
-* `Engine`: one real server process we own (llama-server or vLLM's API server with its EngineCore).
+* `Engine`: one real server process we own (llama-server, vLLM's API server with its EngineCore, or
+  SGLang's HTTP server + tokenizer manager with its scheduler and detokenizer processes).
 * `CountingProxy`: a loopback HTTP proxy in front of an engine; the exporter and `llm-health check`
   talk to the engine through it, so every generation request they send is counted here, and a probe
   that arrives while the test has work in flight is counted as such.
@@ -28,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -55,7 +58,8 @@ def engine_paths() -> dict[str, Path]:
 def missing_engine(*names: str) -> str:
     """Why an engine cannot be used ("" when it can): its files, their completion stamps, gdb."""
     paths = engine_paths()
-    wanted = {"llama": ("llama_server", "gguf_model"), "vllm": ("vllm_python", "hf_model")}
+    wanted = {"llama": ("llama_server", "gguf_model"), "vllm": ("vllm_python", "hf_model"),
+              "sglang": ("sglang_python", "hf_model")}
     problems = []
     for name in names:
         for key in wanted[name]:
@@ -127,7 +131,7 @@ def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: 
 class Engine:
     """A real engine server we started; `argv` and `env` start it again after a restart."""
 
-    kind: str                 # llamacpp | vllm
+    kind: str                 # llamacpp | vllm | sglang
     argv: list[str]
     env: dict[str, str]
     port: int
@@ -168,9 +172,23 @@ class Engine:
     def stop(self) -> None:
         if self.proc is not None:
             self.proc.stop(timeout=20)
+            if self.kind == "sglang":
+                # the server exits on SIGTERM and kills its children; one that was SIGSTOPped (or
+                # slow to go) may outlive it: nothing of the group may survive into the next start
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                wait_for(lambda: not group_processes(self.proc.pid, ""), 20, "SGLang's processes gone", 0.1)
 
     def engine_core(self) -> int:
         return engine_core(self.proc.pid)
+
+    def scheduler(self) -> int:
+        return sglang_process(self.proc.pid, "scheduler")
+
+    def detokenizer(self) -> int:
+        return sglang_process(self.proc.pid, "detokenizer")
 
 
 def group_processes(pgid: int, comm_prefix: str) -> list[int]:
@@ -194,6 +212,15 @@ def engine_core(server_pid: int) -> int:
     """vLLM's EngineCore process (`VLLM::EngineCore`) of the API server `server_pid` (its group leader)."""
     pids = group_processes(server_pid, "VLLM::EngineCor")
     assert len(pids) == 1, f"expected one VLLM::EngineCore process, found {pids}"
+    return pids[0]
+
+
+def sglang_process(server_pid: int, role: str) -> int:
+    """SGLang's `sglang::scheduler` or `sglang::detokenizer` process of the server `server_pid` (the
+    HTTP server and tokenizer manager, its group leader; the names are set with setproctitle, and the
+    kernel keeps 15 characters of them)."""
+    pids = group_processes(server_pid, f"sglang::{role}"[:15])
+    assert len(pids) == 1, f"expected one sglang::{role} process, found {pids}"
     return pids[0]
 
 
@@ -234,6 +261,20 @@ def vllm_engine(paths: dict[str, Path], port: int, log_dir: Path, max_num_seqs: 
     env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1",
            "DO_NOT_TRACK": "1", "TOKENIZERS_PARALLELISM": "false"}
     return Engine("vllm", argv, env, port, log_dir)
+
+
+def sglang_engine(paths: dict[str, Path], port: int, log_dir: Path, max_running: int = 4) -> Engine:
+    """SGLang on its base platform path (CPU torch, no sgl-kernel): `--device cpu --attention-backend
+    torch_native`. A 16k-token KV pool (the default takes most of the machine's memory and 90 s to
+    allocate), `--sleep-on-idle` (an idle scheduler otherwise spins a core), one torch thread (two
+    threads on two shared cores stall each other under load), metrics on."""
+    argv = [str(paths["sglang_python"]), "-m", "sglang.launch_server",
+            "--model-path", str(paths["hf_model"]), "--served-model-name", MODEL_NAME,
+            "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--attention-backend", "torch_native",
+            "--dtype", "bfloat16", "--max-total-tokens", "16384", "--max-running-requests", str(max_running),
+            "--sleep-on-idle", "--enable-metrics"]
+    env = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "DO_NOT_TRACK": "1"}
+    return Engine("sglang", argv, env, port, log_dir)
 
 
 # ------------------------------------------------------------------------------------ load
@@ -320,8 +361,11 @@ class CountingProxy:
     """Forwards every request to `upstream`; counts generation requests (POST .../completions).
 
     `work_in_flight()` is asked when a generation request arrives: a probe that arrives while it
-    says True is counted in `probes_while_busy`.
+    says True is counted in `probes_while_busy`, and the /metrics pages the proxy answered in the
+    `BUSY_PROBE_LOOKBACK` seconds before it are kept in `busy_probe_pages` (what the prober had read).
     """
+
+    BUSY_PROBE_LOOKBACK = 1.5
 
     def __init__(self, upstream: str, work_in_flight: Callable[[], bool] = lambda: False) -> None:
         self.upstream = upstream
@@ -331,6 +375,8 @@ class CountingProxy:
         self.probes_while_busy = 0
         self.probe_times: list[float] = []
         self.pages: list[tuple[float, float, int]] = []  # each GET /metrics: (started, seconds, status)
+        self.bodies: deque[tuple[float, str]] = deque(maxlen=64)  # the last pages answered 200: (answered, text)
+        self.busy_probe_pages: list[tuple[float, list[str]]] = []  # per busy probe: (at, pages read before)
         lock = threading.Lock()
         proxy = self
 
@@ -351,6 +397,9 @@ class CountingProxy:
                             proxy.probe_times.append(time.monotonic())
                             if proxy.work_in_flight():
                                 proxy.probes_while_busy += 1
+                                now = time.monotonic()
+                                proxy.busy_probe_pages.append((now, [
+                                    text for at, text in proxy.bodies if now - at <= proxy.BUSY_PROBE_LOOKBACK]))
                 host, port = proxy.upstream.removeprefix("http://").split(":")
                 conn = http.client.HTTPConnection(host, int(port), timeout=300)
                 started, status = time.monotonic(), 0
@@ -374,6 +423,8 @@ class CountingProxy:
                     if method == "GET" and self.path.startswith("/metrics"):
                         with lock:
                             proxy.pages.append((started, time.monotonic() - started, status))
+                            if status == 200:
+                                proxy.bodies.append((time.monotonic(), data.decode(errors="replace")))
                 try:
                     self.send_response(status)
                     for k, v in out_headers:
@@ -612,10 +663,13 @@ def check(url: str, *args: Any, timeout: float = 120) -> tuple[int, str]:
     return r.returncode, (r.stdout + r.stderr).strip()
 
 
-def maybe_save_page(text: str, name: str, source: str, note: str) -> Path | None:
+def maybe_save_page(text: str, name: str, source: str, note: str, lazy: frozenset[str] = frozenset()) -> Path | None:
     """With LLM_HEALTH_SAVE_PAGES=1: a page captured from a real engine, verbatim, under
     tests/fixtures/metrics/ with its origin (`# SOURCE:`/`# NOTE:` lines). Otherwise the page is
-    compared with the capture there (same series, types and label names): the engine did not drift."""
+    compared with the capture there (same series, types and label names): the engine did not drift.
+    `lazy`: families that appear only once something happened (a labelled series is exported after its
+    first observation, e.g. SGLang's inter-token latency after the first multi-token completion): they
+    may be missing from either page, and must match where both have them."""
     path = REPO / "tests" / "fixtures" / "metrics" / name
     if os.environ.get("LLM_HEALTH_SAVE_PAGES") == "1":
         header = f"# SOURCE: {source}\n" + "".join(f"# NOTE: {line}\n" for line in note.splitlines())
@@ -624,6 +678,10 @@ def maybe_save_page(text: str, name: str, source: str, note: str) -> Path | None
     if path.exists():
         saved = page_structure(path.read_text())
         live = page_structure(text)
+        for family in lazy:
+            if (family in saved) != (family in live):
+                saved.pop(family, None)
+                live.pop(family, None)
         assert live == saved, f"the real page differs from {path.name}: {structure_diff(saved, live)}"
     return None
 
@@ -682,16 +740,20 @@ class Rig:
         """What the exporter showed since `t0`, and how the engine answered its page meanwhile."""
         return f"{self.timeline.story(t0)}\n{self.proxy.pages_since(t0)}"
 
-    def carries_on(self, t0: float, busy_probes: int, load_timeout: float) -> float:
+    def carries_on(self, t0: float, busy_probes: int, load_timeout: float,
+                   excused: Callable[[list[str]], bool] | None = None) -> float:
         """After a stall is lifted: busy again (returns the seconds that took), every request of the load
         answered 200, no probe sent while the work was in flight, idle at the end, and never judged
-        restarted since `t0`."""
+        restarted since `t0`. `excused(pages)`: a probe sent while work was in flight is allowed when
+        the /metrics pages read just before it pass (SGLang: its page said no work; the caller counts)."""
         to_busy = self.timeline.wait("busy", time.monotonic(), 15)
         assert self.load is not None
         self.load.stop()
         results = self.load.wait(load_timeout)
         assert len(results) >= self.load.n and set(results) == {200}, results
-        assert self.proxy.probes_while_busy == busy_probes, "a probe was sent while work was in flight"
+        late = self.proxy.busy_probe_pages[busy_probes:]
+        unexcused = [pages for _, pages in late if excused is None or not excused(pages)]
+        assert not unexcused, f"{len(unexcused)} probe(s) sent while work was in flight"
         self.wait_idle()
         assert "restarted" not in self.timeline.since(t0)
         return to_busy

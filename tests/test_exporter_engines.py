@@ -148,7 +148,9 @@ def test_sglang_one_wedged_dp_rank_is_stalled_while_the_other_serves() -> None:
 
 def test_sglang_without_per_rank_counters_uses_the_server_counters_and_never_false_stalls() -> None:
     run = Run("sglang", engines=2)
-    run.edit = lambda text: "\n".join(ln for ln in text.splitlines() if "cuda_graph_passes" not in ln) + "\n"
+    # a page without per-rank counters (SGLang 0.4.x): no forward passes, no realtime tokens
+    run.edit = lambda text: "\n".join(ln for ln in text.splitlines()
+                                      if "cuda_graph_passes" not in ln and "realtime_tokens" not in ln) + "\n"
     for e in run.engines:
         e.submit(20, 100_000 // 50)
     states = [run.read() for _ in range(10)]

