@@ -30,6 +30,7 @@ from llm_health.exporter.verdict import (
     ProbeResult,
     Thresholds,
     Verdict,
+    idle_believable,
     judge,
 )
 from llm_health.remediator import policy
@@ -178,7 +179,7 @@ class LlmHealth:
         reading = obs.reading
         if obs.outcome != READ_OK or reading is None or not reading.has_engine_metrics or reading.work > 0:
             return False
-        if self.probe_pending:
+        if self.probe_pending or self.state is None or not idle_believable(self.state, obs):
             return False
         gap = max(self.s.interval, self.s.probe_every)
         return self.last_probe_cycle is None or now - self.last_probe_cycle >= gap - 1e-6

@@ -64,6 +64,7 @@ from llm_health.exporter.verdict import (
     ProbeResult,
     Thresholds,
     Verdict,
+    idle_believable,
     judge,
     may_probe_engine,
     page_is_work_queue,
@@ -485,7 +486,7 @@ class Fleet:
         reading = obs.reading
         if obs.outcome != READ_OK or reading is None or not reading.has_engine_metrics or reading.work > 0:
             return False
-        if not may_probe_engine(reading):
+        if not may_probe_engine(reading) or not idle_believable(slot.state, obs):
             return False
         if slot.probe is not None:
             return False

@@ -156,6 +156,7 @@ class BackendState:
     probe_failures: int = 0
     probe_rejected: str = ""              # the last probe was rejected (4xx): idle is "unknown" until one answers
     longest_quiet: float = 0.0            # longest pause with work seen end in progress, on this process
+    steps_moved: float | None = None      # engine steps between the last two readings (None: not comparable)
     stall_bound: float = 0.0              # the stall bound that applied at the last reading (0: none yet)
 
 
@@ -295,6 +296,21 @@ def _timeouts_toward_stall(prev: BackendState, now: float, settings: Thresholds,
                    failures=failures, stall_bound=settings.stall_after, **cols)
 
 
+PROBE_STEPS = 3   # engine steps one max_tokens = 1 probe may take (its prompt's chunk(s) and the token)
+
+
+def idle_believable(state: BackendState, obs: Observation) -> bool:
+    """Is the page's "no work" believable? Not when the engine's step counter moved since the previous
+    reading by more than our own probe (finished since then) explains: SGLang writes its running/queued
+    gauges at prefill batches and every 40 decode steps, so work given to an idle SGLang reads 0 / 0 for
+    seconds while its forward passes move (verified on SGLang 0.5.23). An engine that just stepped was
+    alive anyway: a probe would prove nothing more and could meet work."""
+    moved = state.steps_moved
+    if moved is None:
+        return True
+    return moved <= (PROBE_STEPS if obs.probe is not None else 0)
+
+
 def may_probe_engine(reading: Reading) -> bool:
     """Whether the engine's own state allows a generation request (the caller checks there is no work):
     never while it sleeps (a completion can crash a sleeping vLLM and wakes a sleeping llama.cpp, a
@@ -343,7 +359,7 @@ def _judge_reading(
     prev: BackendState, obs: Observation, reading: Reading, now: float, settings: Thresholds
 ) -> BackendState:
     base: dict[str, Any] = {"failures": 0, "silent_since": None, "last": reading, "last_at": now,
-                            "in_flight": reading.work}
+                            "in_flight": reading.work, "steps_moved": None}
     last = prev.last
     if last is None or not last.has_engine_metrics:
         tracks = {e: EngineTrack(stuck_since=now if r.work > 0 else None) for e, r in reading.engines.items()}
@@ -367,6 +383,8 @@ def _judge_reading(
 
     elapsed = max(now - (prev.last_at if prev.last_at is not None else now), 1e-9)
     tps, sps = rates(last, reading, elapsed)
+    steps_now, steps_before = reading.steps(), last.steps()
+    base["steps_moved"] = steps_now - steps_before if steps_now is not None and steps_before is not None else None
     tracks: dict[str, EngineTrack] = {}
     any_progress = False
     worst: tuple[str, EngineReading, EngineTrack] | None = None   # the engine closest to stalled

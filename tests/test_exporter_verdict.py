@@ -291,3 +291,23 @@ def test_judge_accepts_the_exporter_settings() -> None:
     refused = Observation(outcome=READ_REFUSED)
     assert [s.verdict for s in run([(0, refused), (1, refused), (2, refused)], settings)] == [  # type: ignore[arg-type]
         Verdict.UNKNOWN, Verdict.UNKNOWN, Verdict.DOWN]
+
+
+def test_an_idle_page_is_not_believed_while_the_engine_steps() -> None:
+    """SGLang's gauges lag (written at prefill batches and every 40 decode steps): a page saying 0 / 0 while
+    its forward passes moved is not idle enough to probe; our own probe's few steps are allowed for."""
+    from llm_health.exporter.verdict import PROBE_STEPS, ProbeResult, idle_believable
+
+    def page(passes: float) -> Reading:
+        return Reading(flavour="sglang", engines={"0": EngineReading(counters={"forward_passes": passes})})
+
+    t = Thresholds()
+    state = judge(None, Observation("ok", page(100)), 0.0, t)
+    assert idle_believable(state, Observation("ok", page(100)))            # first reading: nothing to compare
+    moved = judge(state, Observation("ok", page(140)), 15.0, t)
+    assert moved.steps_moved == 40 and not idle_believable(moved, Observation("ok", page(140)))
+    still = judge(moved, Observation("ok", page(140)), 30.0, t)
+    assert idle_believable(still, Observation("ok", page(140)))
+    probed = Observation("ok", page(140 + PROBE_STEPS), probe=ProbeResult("ok"))
+    after_probe = judge(still, probed, 45.0, t)
+    assert idle_believable(after_probe, probed)                             # our own probe's steps

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 
 import pytest
 from llm_health.exporter.reading import read_text
+from llm_health.exporter.verdict import PROBE_STEPS
 from real_engines import (
     CountingProxy,
     Load,
@@ -64,10 +65,16 @@ SETUP = ("tiny random-weight Llama (scripts/tiny_model.py), --max-running-reques
 
 
 def said_no_work(pages: list[str]) -> bool:
-    """A probe sent while work was in flight is SGLang's doing when the page the exporter had just read
-    said 0 running, 0 waiting (its stale gauges; docs/engines.md): the exporter never probes a page
-    that shows work."""
-    return any(read_text(page).has_engine_metrics and read_text(page).work == 0 for page in pages)
+    """A probe sent while work was in flight is excused only in the race no reading can see: the last two
+    pages the exporter read said 0 running, 0 waiting AND the forward-pass counter had not moved between
+    them beyond a probe's own steps (the work arrived after the engine's last step). SGLang's stale gauges
+    (0 / 0 for up to 40 decode steps while it runs, docs/engines.md) are no excuse: the exporter does not
+    believe an idle page while the engine steps (exporter.verdict.idle_believable)."""
+    readings = [read_text(page) for page in pages[-2:]]
+    if len(readings) < 2 or not all(r.has_engine_metrics and r.work == 0 for r in readings):
+        return False
+    before, after = readings[0].steps(), readings[1].steps()
+    return before is not None and after is not None and after - before <= PROBE_STEPS
 
 
 @pytest.fixture(scope="module")
