@@ -18,21 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from llm_health.exporter.check import verify
+from llm_health.exporter.observation import Observation, ProbeOutcome, ProbeResult, ReadResult
 from llm_health.exporter.reading import read_text
-from llm_health.exporter.verdict import (
-    PROBE_ERROR,
-    PROBE_OK,
-    PROBE_TIMEOUT,
-    READ_OK,
-    READ_REFUSED,
-    BackendState,
-    Observation,
-    ProbeResult,
-    Thresholds,
-    Verdict,
-    idle_believable,
-    judge,
-)
+from llm_health.exporter.verdict import BackendState, Thresholds, Verdict, idle_believable, judge
 from llm_health.remediator import policy
 
 from bench.world import PROBE, WATCHDOG, StallRecord, World, count_since
@@ -150,9 +138,9 @@ class LlmHealth:
         self.cycles += 1
         page = world.page()
         if page is None:
-            obs = Observation(outcome=READ_REFUSED, detail="connection refused")
+            obs = Observation(outcome=ReadResult.REFUSED, detail="connection refused")
         else:
-            obs = Observation(outcome=READ_OK, reading=read_text(page))
+            obs = Observation(outcome=ReadResult.OK, reading=read_text(page))
         if self.probe_result is not None:
             obs = Observation(outcome=obs.outcome, reading=obs.reading, detail=obs.detail, probe=self.probe_result)
             self.probe_result = None
@@ -177,7 +165,7 @@ class LlmHealth:
     def _may_probe(self, obs: Observation, now: float) -> bool:
         """exporter.cycle.Fleet._may_probe's rule, on the simulated clock."""
         reading = obs.reading
-        if obs.outcome != READ_OK or reading is None or not reading.has_engine_metrics or reading.work > 0:
+        if obs.outcome != ReadResult.OK or reading is None or not reading.has_engine_metrics or reading.work > 0:
             return False
         if self.probe_pending or self.state is None or not idle_believable(self.state, obs):
             return False
@@ -186,8 +174,8 @@ class LlmHealth:
 
     def _probe_done(self, outcome: str, at: float) -> None:
         self.probe_pending = False
-        result = {"ok": PROBE_OK, "timeout": PROBE_TIMEOUT}.get(outcome, PROBE_ERROR)
-        self.probe_result = ProbeResult(result, "" if result == PROBE_OK else outcome, at - self.probe_sent_at)
+        result = {"ok": ProbeOutcome.OK, "timeout": ProbeOutcome.TIMEOUT}.get(outcome, ProbeOutcome.ERROR)
+        self.probe_result = ProbeResult(result, "" if result == ProbeOutcome.OK else outcome, at - self.probe_sent_at)
 
     # ---- Prometheus + Alertmanager (modelled) -------------------------------------------------
     def _evaluate_alerts(self, now: float) -> None:

@@ -19,9 +19,10 @@ from typing import Any
 
 from llm_health.exporter.backend import Target, observe
 from llm_health.exporter.cycle import Fleet
+from llm_health.exporter.observation import Observation, ReadResult
 from llm_health.exporter.parser import parse
 from llm_health.exporter.reading import VLLM_RUNNING, from_page, read_text, wanted
-from llm_health.exporter.verdict import READ_OK, Observation, Thresholds, judge
+from llm_health.exporter.verdict import Thresholds, judge
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.pages import page_variants
@@ -84,15 +85,15 @@ def pure_cpu(pages: list[str], min_seconds: float) -> dict[str, float]:
     page = pages[1]
     parsed = parse(page, keep=wanted, helps=keep_helps)
     r0, r1 = read_text(pages[0]), read_text(pages[1])
-    prev = judge(None, Observation(READ_OK, reading=r0), 0.0, thresholds)
+    prev = judge(None, Observation(ReadResult.OK, reading=r0), 0.0, thresholds)
 
     def whole(p: str) -> None:
-        judge(prev, Observation(READ_OK, reading=read_text(p)), 15.0, thresholds)
+        judge(prev, Observation(ReadResult.OK, reading=read_text(p)), 15.0, thresholds)
 
     return {
         "parse_keep_us": _per_call(lambda p: parse(p, keep=wanted, helps=keep_helps), page, min_seconds) * 1e6,
         "reading_us": _per_call(from_page, parsed, min_seconds) * 1e6,
-        "judge_us": _per_call(lambda r: judge(prev, Observation(READ_OK, reading=r), 15.0, thresholds), r1,
+        "judge_us": _per_call(lambda r: judge(prev, Observation(ReadResult.OK, reading=r), 15.0, thresholds), r1,
                               min_seconds) * 1e6,
         "total_us": _per_call(whole, page, min_seconds) * 1e6,
     }

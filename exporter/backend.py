@@ -16,15 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from llm_health.exporter.observation import Observation, ReadResult
 from llm_health.exporter.reading import EngineProps, Reading, read_text
-from llm_health.exporter.verdict import (
-    READ_ERROR,
-    READ_NOT_FOUND,
-    READ_OK,
-    READ_REFUSED,
-    READ_TIMEOUT,
-    Observation,
-)
 
 from llm_health.config import ConfigError
 from llm_health.http_client import FailureKind, HttpFailure, Response
@@ -46,7 +39,7 @@ class Target(_Target):
         self.context: tuple[float | None, float] | None = None    # (start header, context tokens)
 
 
-_KIND_TO_READ = {FailureKind.REFUSED: READ_REFUSED, FailureKind.TIMEOUT: READ_TIMEOUT, FailureKind.ERROR: READ_ERROR}
+_KIND_TO_READ = {FailureKind.REFUSED: ReadResult.REFUSED, FailureKind.TIMEOUT: ReadResult.TIMEOUT, FailureKind.ERROR: ReadResult.ERROR}
 
 
 def cheap_ok(target: Target) -> bool:
@@ -88,19 +81,19 @@ def observe(target: Target) -> Observation:
     except HttpFailure as exc:
         return Observation(outcome=_KIND_TO_READ[exc.kind], detail=exc.detail)
     if resp.status == 404:
-        return Observation(outcome=READ_NOT_FOUND, detail="404", cheap_ok=cheap_ok(target))
+        return Observation(outcome=ReadResult.NOT_FOUND, detail="404", cheap_ok=cheap_ok(target))
     if resp.status != 200:
-        return Observation(outcome=READ_ERROR, detail=f"HTTP {resp.status}")
+        return Observation(outcome=ReadResult.ERROR, detail=f"HTTP {resp.status}")
     try:
         reading = read_text(resp.text, resp.header(START_HEADER))
     except Exception as exc:  # noqa: BLE001 - a parser bug must not kill the cycle
-        return Observation(outcome=READ_ERROR, detail=f"unreadable page: {exc}")
+        return Observation(outcome=ReadResult.ERROR, detail=f"unreadable page: {exc}")
     if not reading.has_engine_metrics:
-        return Observation(outcome=READ_OK, reading=reading, cheap_ok=cheap_ok(target))
+        return Observation(outcome=ReadResult.OK, reading=reading, cheap_ok=cheap_ok(target))
     if reading.flavour == "llamacpp":
         left = target.timeout - resp.seconds
         reading = reading.with_props(llamacpp_props(target, reading, left))
-    return Observation(outcome=READ_OK, reading=reading)
+    return Observation(outcome=ReadResult.OK, reading=reading)
 
 
 def llamacpp_props(target: Target, reading: Reading, timeout: float) -> EngineProps | None:

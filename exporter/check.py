@@ -35,7 +35,6 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from llm_health.exporter.backend import (
     HttpFailure,
@@ -45,44 +44,23 @@ from llm_health.exporter.backend import (
     load_api_key,
     observe,
 )
+from llm_health.exporter.observation import (
+    Observation,
+    ProbeOutcome,
+    ReadResult,
+    Verification,
+    VerifyOutcome,
+    rejection_text,
+)
 from llm_health.exporter.probe import Prober
 from llm_health.exporter.reading import Reading, rate_text, rates
 from llm_health.exporter.steptime import required_span
-from llm_health.exporter.verdict import (
-    PROBE_OK,
-    READ_ERROR,
-    READ_NOT_FOUND,
-    READ_OK,
-    READ_REFUSED,
-    READ_TIMEOUT,
-    Observation,
-    Verdict,
-    may_probe_engine,
-    other_process,
-    progressed,
-    rejection_text,
-)
+from llm_health.exporter.verdict import Verdict, may_probe_engine, other_process, progressed
 
 from llm_health.config import ConfigError, _check_url
 from llm_health.redact import redact
 
-PROGRESS = "progress"
-IDLE_OK = "idle_ok"
-NO_PROGRESS = "no_progress"
-DOWN = "down"
-UNRESPONSIVE = "unresponsive"
-RESTARTED = "restarted"
-SLEEPING = "sleeping"
-UNKNOWN = "unknown"
 DEFAULT_CEILING = 900.0   # exporter.stall_ceiling's default
-OUTCOMES = (PROGRESS, IDLE_OK, NO_PROGRESS, DOWN, UNRESPONSIVE, RESTARTED, SLEEPING, UNKNOWN)
-
-
-@dataclass(frozen=True)
-class Verification:
-    outcome: str          # one of OUTCOMES
-    reason: str
-    in_flight: float      # running + waiting at the last good reading (0 when unknown)
 
 
 def _work(r: Reading) -> str:
@@ -119,7 +97,7 @@ def _examine(
 
 
 def _good(seen: list[tuple[Observation, float]]) -> list[tuple[Reading, float]]:
-    return [(o.reading, t) for o, t in seen if o.outcome == READ_OK and o.reading and o.reading.has_engine_metrics]
+    return [(o.reading, t) for o, t in seen if o.outcome == ReadResult.OK and o.reading and o.reading.has_engine_metrics]
 
 
 def _more_span_needed(seen: list[tuple[Observation, float]], ceiling: float) -> float:
@@ -128,7 +106,7 @@ def _more_span_needed(seen: list[tuple[Observation, float]], ceiling: float) -> 
     if len(good) < 2 or len(good) != len(seen):
         return 0.0
     judged = _engines(good, all_good=True)
-    if judged is None or judged[0].outcome != NO_PROGRESS:
+    if judged is None or judged[0].outcome != VerifyOutcome.NO_PROGRESS:
         return 0.0
     span = good[-1][1] - good[0][1]
     required = required_span(good[-1][0], 0.0, ceiling)
@@ -144,14 +122,14 @@ def _judge_seen(url: str, seen: list[tuple[Observation, float]], read_timeout: f
     for (a, _), (b, _) in zip(good, good[1:], strict=False):
         why = other_process(a, b)
         if why:
-            return Verification(RESTARTED, f"another process answered: {why}", b.work), Verdict.RESTARTED
+            return Verification(VerifyOutcome.RESTARTED, f"another process answered: {why}", b.work), Verdict.RESTARTED
 
     if not good:
         return _without_readings(url, read_timeout, seen)
 
     last = good[-1][0]
     if last.asleep:
-        return (Verification(SLEEPING, f"asleep ({last.sleep.value}): not probed, never restarted for it; "
+        return (Verification(VerifyOutcome.SLEEPING, f"asleep ({last.sleep.value}): not probed, never restarted for it; "
                              f"{_work(last)}", last.work), Verdict.SLEEPING)
     judged = _engines(good, all_good=len(good) == len(seen))
     if judged is not None:
@@ -159,12 +137,12 @@ def _judge_seen(url: str, seen: list[tuple[Observation, float]], read_timeout: f
 
     if last.work <= 0:
         if not probe:
-            return Verification(UNKNOWN, f"{_work(last)}; not probed", 0.0), Verdict.IDLE
+            return Verification(VerifyOutcome.UNKNOWN, f"{_work(last)}; not probed", 0.0), Verdict.IDLE
         if not may_probe_engine(last):
-            return (Verification(UNKNOWN, f"{_work(last)}; not probed: llama.cpp's /props did not say whether it "
+            return (Verification(VerifyOutcome.UNKNOWN, f"{_work(last)}; not probed: llama.cpp's /props did not say whether it "
                                  "sleeps", 0.0), Verdict.IDLE)
         return _probe_idle(url, probe_timeout, read_timeout, last, model, api_key)
-    return (Verification(UNKNOWN, f"{_work(last)}; not enough readings to judge progress "
+    return (Verification(VerifyOutcome.UNKNOWN, f"{_work(last)}; not enough readings to judge progress "
                          f"({', '.join(outcomes)})", last.work), Verdict.UNKNOWN)
 
 
@@ -172,35 +150,35 @@ def _without_readings(
     url: str, read_timeout: float, seen: list[tuple[Observation, float]]
 ) -> tuple[Verification, Verdict]:
     outcomes = [o.outcome for o, _ in seen]
-    if all(o in (READ_REFUSED, READ_ERROR) for o in outcomes):
+    if all(o in (ReadResult.REFUSED, ReadResult.ERROR) for o in outcomes):
         detail = seen[-1][0].detail or seen[-1][0].outcome
-        return Verification(DOWN, f"every reading failed ({len(seen)}): {detail}", 0.0), Verdict.DOWN
-    no_metrics = [o for o, _ in seen if o.outcome in (READ_OK, READ_NOT_FOUND)]
+        return Verification(VerifyOutcome.DOWN, f"every reading failed ({len(seen)}): {detail}", 0.0), Verdict.DOWN
+    no_metrics = [o for o, _ in seen if o.outcome in (ReadResult.OK, ReadResult.NOT_FOUND)]
     if no_metrics and len(no_metrics) == len(seen):
         if all(o.cheap_ok is False for o in no_metrics):
-            return (Verification(DOWN, "no engine metrics and /health, /v1/models fail on every reading", 0.0),
+            return (Verification(VerifyOutcome.DOWN, "no engine metrics and /health, /v1/models fail on every reading", 0.0),
                     Verdict.DOWN)
-        return (Verification(UNKNOWN, "no engine metrics on /metrics; /health or /v1/models answer", 0.0),
+        return (Verification(VerifyOutcome.UNKNOWN, "no engine metrics on /metrics; /health or /v1/models answer", 0.0),
                 Verdict.NO_METRICS)
-    if READ_TIMEOUT in outcomes:
-        timeouts = f"/metrics timed out ({outcomes.count(READ_TIMEOUT)} of {len(seen)})"
-        if all(o == READ_TIMEOUT for o in outcomes):
+    if ReadResult.TIMEOUT in outcomes:
+        timeouts = f"/metrics timed out ({outcomes.count(ReadResult.TIMEOUT)} of {len(seen)})"
+        if all(o == ReadResult.TIMEOUT for o in outcomes):
             target = Target(url, read_timeout)
             try:
                 fine = health_ok(target)
             finally:
                 target.close()
             if not fine:
-                return (Verification(UNRESPONSIVE, f"{timeouts}; /health did not answer within "
+                return (Verification(VerifyOutcome.UNRESPONSIVE, f"{timeouts}; /health did not answer within "
                                      f"{read_timeout:g} s either", 0.0), Verdict.UNKNOWN)
             if _owned_by(url, read_timeout) == "llamacpp":
                 # llama.cpp serves /metrics from its inference loop (exporter.verdict.page_is_work_queue)
-                return (Verification(NO_PROGRESS, f"{timeouts}, /health fine: llama.cpp's inference loop "
+                return (Verification(VerifyOutcome.NO_PROGRESS, f"{timeouts}, /health fine: llama.cpp's inference loop "
                                      "does not serve its queue (/metrics is one of its tasks)", 0.0),
                         Verdict.STALLED)
-            return Verification(UNKNOWN, f"{timeouts}; /metrics slow, /health fine", 0.0), Verdict.UNKNOWN
-        return Verification(UNKNOWN, timeouts, 0.0), Verdict.UNKNOWN
-    return Verification(UNKNOWN, f"no usable reading ({', '.join(outcomes)})", 0.0), Verdict.UNKNOWN
+            return Verification(VerifyOutcome.UNKNOWN, f"{timeouts}; /metrics slow, /health fine", 0.0), Verdict.UNKNOWN
+        return Verification(VerifyOutcome.UNKNOWN, timeouts, 0.0), Verdict.UNKNOWN
+    return Verification(VerifyOutcome.UNKNOWN, f"no usable reading ({', '.join(outcomes)})", 0.0), Verdict.UNKNOWN
 
 
 def _owned_by(url: str, read_timeout: float) -> str:
@@ -245,7 +223,7 @@ def _engines(good: list[tuple[Reading, float]], all_good: bool) -> tuple[Verific
     for key in busy:
         if frozen(key):
             eng = last.engines[key]
-            return (Verification(NO_PROGRESS, f"{name(key)}{_work(eng)}, no engine progress for "
+            return (Verification(VerifyOutcome.NO_PROGRESS, f"{name(key)}{_work(eng)}, no engine progress for "
                                  f"{t_last - first_t:.0f} s across {len(good)} readings", last.work),
                     Verdict.STALLED)
     if len(good) < 2:
@@ -254,14 +232,14 @@ def _engines(good: list[tuple[Reading, float]], all_good: bool) -> tuple[Verific
         still = [key for key in busy if not moved(key)]
         if still:
             eng = last.engines[still[0]]
-            return (Verification(UNKNOWN, f"{name(still[0])}{_work(eng)}, no engine progress seen yet, "
+            return (Verification(VerifyOutcome.UNKNOWN, f"{name(still[0])}{_work(eng)}, no engine progress seen yet, "
                                  f"too few good readings with work to call it frozen", last.work), Verdict.UNKNOWN)
     elif not any(moved(key) for key in last.engines):
         return None  # idle and quiet: the probe decides
     (a, ta), (b, tb) = good[-2], good[-1]
     dt = max(tb - ta, 1e-9)
     tps, sps = rates(a, b, dt)
-    return (Verification(PROGRESS, f"{_work(b)}, engine progressing ({rate_text(b, tps, sps)})", b.work),
+    return (Verification(VerifyOutcome.PROGRESS, f"{_work(b)}, engine progressing ({rate_text(b, tps, sps)})", b.work),
             Verdict.BUSY if b.work > 0 else Verdict.IDLE)
 
 
@@ -277,21 +255,21 @@ def _probe_idle(
         failures: list[str] = []
         for _attempt in range(2):
             result = prober.probe()
-            if result.result == PROBE_OK:
-                return (Verification(IDLE_OK, f"{_work(last)}; probe answered in {result.seconds:.2f} s", 0.0),
+            if result.outcome == ProbeOutcome.OK:
+                return (Verification(VerifyOutcome.IDLE_OK, f"{_work(last)}; probe answered in {result.seconds:.2f} s", 0.0),
                         Verdict.IDLE)
             if result.rejected:
-                return Verification(UNKNOWN, f"{_work(last)}; {rejection_text(result)}", 0.0), Verdict.UNKNOWN
-            failures.append(f"{result.result}" + (f": {result.detail}" if result.detail else ""))
+                return Verification(VerifyOutcome.UNKNOWN, f"{_work(last)}; {rejection_text(result)}", 0.0), Verdict.UNKNOWN
+            failures.append(f"{result.outcome}" + (f": {result.detail}" if result.detail else ""))
             again = observe(Target(url, read_timeout))
-            if again.outcome != READ_OK or again.reading is None or not again.reading.has_engine_metrics:
+            if again.outcome != ReadResult.OK or again.reading is None or not again.reading.has_engine_metrics:
                 break
             if again.reading.work > 0 or other_process(last, again.reading):
-                return (Verification(UNKNOWN, f"probe {failures[-1]}; then the server changed "
+                return (Verification(VerifyOutcome.UNKNOWN, f"probe {failures[-1]}; then the server changed "
                                      f"({_work(again.reading)})", again.reading.work), Verdict.UNKNOWN)
         if len(failures) >= 2:
-            return Verification(DOWN, f"idle and the probe failed twice ({'; '.join(failures)})", 0.0), Verdict.DOWN
-        return Verification(UNKNOWN, f"idle, probe {failures[-1]}, then /metrics failed", 0.0), Verdict.UNKNOWN
+            return Verification(VerifyOutcome.DOWN, f"idle and the probe failed twice ({'; '.join(failures)})", 0.0), Verdict.DOWN
+        return Verification(VerifyOutcome.UNKNOWN, f"idle, probe {failures[-1]}, then /metrics failed", 0.0), Verdict.UNKNOWN
     finally:
         prober.close()
 
@@ -350,13 +328,13 @@ def run(args: argparse.Namespace) -> int:
     if verdict is Verdict.STALLED and span < args.stall_after:
         # principle 4: frozen counters over a few seconds prove nothing (a long prefill step, a JIT)
         verdict = Verdict.UNKNOWN
-        result = Verification(UNKNOWN, f"{result.reason}; stalled needs {args.stall_after:g} s without progress "
+        result = Verification(VerifyOutcome.UNKNOWN, f"{result.reason}; stalled needs {args.stall_after:g} s without progress "
                               f"(--stall-after): take readings spanning it, e.g. --readings "
                               f"{int(args.stall_after // max(args.interval, 1)) + 1} --interval "
                               f"{max(args.interval, 1):g}", result.in_flight)
     code = EXIT_CODES[verdict]
     label = {0: "OK", 1: "UNKNOWN", 2: "CRITICAL"}[code]
-    shown = result.outcome if result.outcome == UNRESPONSIVE else verdict.value
+    shown = result.outcome if result.outcome == VerifyOutcome.UNRESPONSIVE else verdict.value
     print(redact(f"{label}: {shown} - {result.reason}"))
     sys.stdout.flush()
     return code

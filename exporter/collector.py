@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from llm_health.exporter.cycle import Snapshot
-from llm_health.exporter.verdict import CODES, PROBE_RESULTS, READ_RESULTS, Verdict
+from llm_health.exporter.observation import ProbeOutcome, ReadResult
+from llm_health.exporter.verdict import CODES, Verdict
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -75,10 +76,10 @@ class FleetCollector(Collector):
             sps.add_metric([b.name], b.steps_per_second)
             if b.last_progress is not None:  # never seen is missing data, not "progress in 1970"
                 progress.add_metric([b.name], b.last_progress)
-            for r in PROBE_RESULTS:
+            for r in tuple(ProbeOutcome):
                 probes.add_metric([b.name, r], float(b.probes.get(r, 0)))
             sent.add_metric([b.name], float(b.probes_sent))
-            for r in READ_RESULTS:
+            for r in tuple(ReadResult):
                 readings.add_metric([b.name, r], float(b.readings.get(r, 0)))
             skipped.add_metric([b.name], float(b.reads_skipped))
             duration.add_metric([b.name], b.read_seconds)

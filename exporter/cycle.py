@@ -52,16 +52,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llm_health.exporter.backend import Target, health_ok, observe, proxy_up
+from llm_health.exporter.observation import Observation, ProbeOutcome, ProbeResult, ReadResult
 from llm_health.exporter.pool import Lane
 from llm_health.exporter.probe import Prober
 from llm_health.exporter.verdict import (
-    PROBE_RESULTS,
-    READ_OK,
-    READ_RESULTS,
-    READ_TIMEOUT,
     BackendState,
-    Observation,
-    ProbeResult,
     Thresholds,
     Verdict,
     idle_believable,
@@ -148,8 +143,8 @@ class BackendSlot:
     last_outcome: str = ""                     # READ_* of the last judged read
     probe: Future[ProbeResult] | None = None
     last_probe_due: float | None = None        # scheduled time of the read that sent the last probe
-    readings: dict[str, int] = field(default_factory=lambda: dict.fromkeys(READ_RESULTS, 0))
-    probes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PROBE_RESULTS, 0))
+    readings: dict[str, int] = field(default_factory=lambda: dict.fromkeys(tuple(ReadResult), 0))
+    probes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(tuple(ProbeOutcome), 0))
     probes_sent: int = 0
     reads_skipped: int = 0
     read_seconds: float = 0.0
@@ -358,14 +353,14 @@ class Fleet:
         slot.read = Job(self._lane(slot), slot.target.endpoint, observe, slot.target, notify=notify, due=due,
                         clock=self.monotonic)
         slot.judged = False
-        if slot.last_outcome == READ_TIMEOUT and self._timeout_needs_health(slot):
+        if slot.last_outcome == ReadResult.TIMEOUT and self._timeout_needs_health(slot):
             self._ask_health(slot)              # timed out last time: ask /health alongside
         self._at(slot.read.submitted + self.settings.read_timeout + SLACK, slot)
 
     def _lane(self, slot: BackendSlot) -> Lane:
         """Steady when the last judged read answered within half the read timeout; suspect otherwise (a
         timeout, a slow answer, or never read): a misbehaving backend waits behind its own kind."""
-        if slot.last_outcome in ("", READ_TIMEOUT) or slot.read_seconds > self.settings.read_timeout / 2:
+        if slot.last_outcome in ("", ReadResult.TIMEOUT) or slot.read_seconds > self.settings.read_timeout / 2:
             return self._suspect
         return self._steady
 
@@ -398,12 +393,12 @@ class Fleet:
             if late is None or now < late:       # still waiting for a worker, or within its time
                 self._at(now + rt if late is None else late, slot)
                 return
-            obs = Observation(outcome=READ_TIMEOUT, detail=f"no answer within {rt:g} s")
-        if obs.outcome == READ_TIMEOUT and self._timeout_needs_health(slot):
+            obs = Observation(outcome=ReadResult.TIMEOUT, detail=f"no answer within {rt:g} s")
+        if obs.outcome == ReadResult.TIMEOUT and self._timeout_needs_health(slot):
             fine = self._health_answer(slot, now)
             if fine is None:
                 return                           # /health still has time: judged when it answers
-            obs = Observation(READ_TIMEOUT, detail=obs.detail, cheap_ok=fine)
+            obs = Observation(ReadResult.TIMEOUT, detail=obs.detail, cheap_ok=fine)
         if read.done():
             slot.read = None
         self._judge(slot, obs, read)
@@ -449,7 +444,7 @@ class Fleet:
                 result = probe.result()
             except Exception as exc:  # noqa: BLE001
                 result = ProbeResult("error", f"{type(exc).__name__}: {exc}")
-            slot.probes[result.result] = slot.probes.get(result.result, 0) + 1
+            slot.probes[result.outcome] = slot.probes.get(result.outcome, 0) + 1
             obs = Observation(outcome=obs.outcome, reading=obs.reading, detail=obs.detail,
                               cheap_ok=obs.cheap_ok, probe=result)
         slot.readings[obs.outcome] = slot.readings.get(obs.outcome, 0) + 1
@@ -477,14 +472,14 @@ class Fleet:
         its schedule) counts as taken at its scheduled time, so a backend's stall clock advances in
         whole intervals and a few ms of jitter never cost it an interval of detection. A timeout is
         judged when it was declared."""
-        if obs.outcome == READ_TIMEOUT:
+        if obs.outcome == ReadResult.TIMEOUT:
             return now
         return read.due if 0.0 <= started - read.due <= SLACK else started
 
     def _may_probe(self, slot: BackendSlot, obs: Observation, due: float) -> bool:
         """Only after a fresh reading with no work, one at a time, at most once per probe gap."""
         reading = obs.reading
-        if obs.outcome != READ_OK or reading is None or not reading.has_engine_metrics or reading.work > 0:
+        if obs.outcome != ReadResult.OK or reading is None or not reading.has_engine_metrics or reading.work > 0:
             return False
         if not may_probe_engine(reading) or not idle_believable(slot.state, obs):
             return False

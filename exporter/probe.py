@@ -12,7 +12,7 @@ import json
 import time
 
 from llm_health.exporter.backend import HttpFailure, Target, first_model
-from llm_health.exporter.verdict import PROBE_ERROR, PROBE_OK, PROBE_TIMEOUT, ProbeResult
+from llm_health.exporter.observation import ProbeOutcome, ProbeResult
 
 PROBE_HEADER = "X-LLM-Health-Probe"
 PROBE_PROMPT = "Hi"
@@ -39,22 +39,22 @@ class Prober:
             )
         except HttpFailure as exc:
             self.target.close()
-            result = PROBE_TIMEOUT if exc.kind == "timeout" else PROBE_ERROR
+            result = ProbeOutcome.TIMEOUT if exc.kind == "timeout" else ProbeOutcome.ERROR
             return ProbeResult(result, exc.detail, time.monotonic() - started, exc.status)
         seconds = time.monotonic() - started
         self.target.close()  # one probe per interval at most: no idle connection (and fd) kept per backend
         if resp.status != 200:
             self.discovered = ""  # the model may have changed with a restart: ask again next time
-            return ProbeResult(PROBE_ERROR, f"HTTP {resp.status}", seconds, resp.status)
+            return ProbeResult(ProbeOutcome.ERROR, f"HTTP {resp.status}", seconds, resp.status)
         try:
             data = json.loads(resp.body)
             if not data.get("choices"):
-                return ProbeResult(PROBE_ERROR, "answer without choices", seconds)
+                return ProbeResult(ProbeOutcome.ERROR, "answer without choices", seconds)
         except (ValueError, AttributeError):
-            return ProbeResult(PROBE_ERROR, "answer is not JSON", seconds)
+            return ProbeResult(ProbeOutcome.ERROR, "answer is not JSON", seconds)
         if not self.configured:
             self.discovered = model
-        return ProbeResult(PROBE_OK, "", seconds)
+        return ProbeResult(ProbeOutcome.OK, "", seconds)
 
     def close(self) -> None:
         self.target.close()

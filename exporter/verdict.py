@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from llm_health.exporter.observation import Observation, ProbeOutcome, ReadResult, rejection_text
 from llm_health.exporter.reading import EngineReading, Reading, Sleep, rate_text, rates
 from llm_health.exporter.steptime import QuietBound, quiet_bound
 
@@ -60,20 +61,6 @@ CODES: dict[Verdict, int] = {
     Verdict.SLEEPING: 7,
 }
 
-# outcome of one /metrics read (the `result` label of llm_health_readings_total)
-READ_OK = "ok"
-READ_REFUSED = "refused"
-READ_TIMEOUT = "timeout"
-READ_ERROR = "error"
-READ_NOT_FOUND = "not_found"
-READ_RESULTS = (READ_OK, READ_REFUSED, READ_TIMEOUT, READ_ERROR, READ_NOT_FOUND)
-
-PROBE_OK = "ok"
-PROBE_ERROR = "error"
-PROBE_TIMEOUT = "timeout"
-PROBE_RESULTS = (PROBE_OK, PROBE_ERROR, PROBE_TIMEOUT)
-
-
 @dataclass(frozen=True)
 class Thresholds:
     stall_after: float = 120.0
@@ -89,47 +76,6 @@ class Thresholds:
 
     def bound(self, reading: Reading | None, learned: float) -> QuietBound:
         return quiet_bound(reading, learned, self.stall_after, self.stall_ceiling)
-
-
-@dataclass(frozen=True)
-class ProbeResult:
-    result: str            # ok | error | timeout
-    detail: str = ""
-    seconds: float = 0.0
-    status: int = 0        # HTTP status of the answer (0: none came back)
-
-    @property
-    def rejected(self) -> bool:
-        """The server answered but refused the request (4xx): the probe is misconfigured, not failed."""
-        return 400 <= self.status < 500
-
-
-def rejection_hint(status: int) -> str:
-    """What to check when a probe is rejected with `status`."""
-    if status in (401, 403):
-        return "set exporter.api_key_file?"
-    if status == 404:
-        return "wrong model? set exporter.probe_model or the backend's model"
-    if status in (400, 422):
-        return "can the model do completions? set exporter.probe_model"
-    return "check the probe's model and API key"
-
-
-def rejection_text(probe: ProbeResult) -> str:
-    """`probe rejected: HTTP 401 — set exporter.api_key_file?`"""
-    return f"probe rejected: {probe.detail or f'HTTP {probe.status}'} — {rejection_hint(probe.status)}"
-
-
-@dataclass(frozen=True)
-class Observation:
-    """What one cycle learned about one backend."""
-
-    outcome: str                          # READ_* of the /metrics read
-    reading: Reading | None = None        # parsed page when outcome is ok
-    detail: str = ""                      # error text for the reason
-    cheap_ok: bool | None = None          # /health or /v1/models answered (asked when there are no metrics;
-                                          # on a timeout: /health answered, None when not asked)
-    probe: ProbeResult | None = None      # a probe that finished since the previous judgement
 
 
 @dataclass(frozen=True)
@@ -214,11 +160,11 @@ def judge(prev: BackendState | None, obs: Observation, now: float, settings: Thr
         settings = Thresholds.from_settings(settings)
     if prev is None:
         prev = BackendState(since=now)
-    if obs.outcome == READ_OK and obs.reading is not None and obs.reading.has_engine_metrics:
+    if obs.outcome == ReadResult.OK and obs.reading is not None and obs.reading.has_engine_metrics:
         return _judge_reading(prev, obs, obs.reading, now, settings)
-    if obs.outcome in (READ_OK, READ_NOT_FOUND):
+    if obs.outcome in (ReadResult.OK, ReadResult.NOT_FOUND):
         return _judge_no_metrics(prev, obs, now, settings)
-    if obs.outcome == READ_TIMEOUT:
+    if obs.outcome == ReadResult.TIMEOUT:
         return _judge_timeout(prev, obs, now, settings)
     return _judge_failure(prev, obs, now, settings)
 
@@ -347,7 +293,7 @@ def _judge_queue_hang(prev: BackendState, last: Reading, now: float, settings: T
 
 
 def _judge_no_metrics(prev: BackendState, obs: Observation, now: float, settings: Thresholds) -> BackendState:
-    page = "/metrics not found" if obs.outcome == READ_NOT_FOUND else "/metrics has no engine series"
+    page = "/metrics not found" if obs.outcome == ReadResult.NOT_FOUND else "/metrics has no engine series"
     if obs.cheap_ok is False:
         return _failed(prev, f"{page}; /health and /v1/models fail", now, settings, silent_since=None)
     cheap = "; /health or /v1/models answered" if obs.cheap_ok else ""
@@ -475,11 +421,11 @@ def _idle(prev: BackendState, obs: Observation, now: float, settings: Thresholds
         if prev.probe_failures:
             text += f"; last probe failed ({prev.probe_failures} of {settings.down_after})"
         return _become(prev, Verdict.IDLE, text, now, **changes)
-    if probe.result == PROBE_OK:
+    if probe.outcome == ProbeOutcome.OK:
         return _become(prev, Verdict.IDLE, f"{text}; probe answered in {probe.seconds:.2f} s", now,
                        probe_failures=0, probe_rejected="", **changes)
     failures = prev.probe_failures + 1
-    detail = f"probe {probe.result}" + (f": {probe.detail}" if probe.detail else "")
+    detail = f"probe {probe.outcome}" + (f": {probe.detail}" if probe.detail else "")
     if failures >= settings.down_after:
         changes["in_flight"] = 0.0
         return _become(prev, Verdict.DOWN, f"idle and {detail} ({failures} in a row)", now,

@@ -27,11 +27,11 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from llm_health.exporter.backend import HttpFailure, Target
+from llm_health.exporter.observation import Verification, VerifyOutcome
 from llm_health.remediator import action as act
 from llm_health.remediator import clock as clocks_mod
 from llm_health.remediator import fleet, inflight, lifecycle, policy
@@ -90,13 +90,6 @@ def install_probe_counter() -> None:
     check.Prober = CountingProber
 
 
-@dataclass(frozen=True)
-class SimpleVerification:
-    outcome: str
-    reason: str
-    in_flight: int | None = None
-
-
 def read_api_key(config: Config) -> tuple[str, str]:
     """(key, problem): the exporter's API key (`exporter.api_key_file`), read once; "" when not set."""
     path = str(getattr(config.exporter, "api_key_file", "") or "")
@@ -114,13 +107,13 @@ def default_verifier(config: Config) -> Verifier:
     install_probe_counter()
     api_key, key_problem = read_api_key(config)
 
-    def verify_backend(backend: Backend) -> Any:
+    def verify_backend(backend: Backend) -> Verification:
         try:
             from llm_health.exporter.check import verify
         except ImportError as exc:
-            return SimpleVerification("unknown", f"verifier unavailable: {exc}")
+            return Verification(VerifyOutcome.UNKNOWN, f"verifier unavailable: {exc}")
         if key_problem:
-            return SimpleVerification("unknown", key_problem)
+            return Verification(VerifyOutcome.UNKNOWN, key_problem)
         extra: dict[str, Any] = {}
         if api_key and "api_key" in inspect.signature(verify).parameters:
             extra["api_key"] = api_key
@@ -132,7 +125,7 @@ def default_verifier(config: Config) -> Verifier:
                 stall_ceiling=config.exporter.stall_ceiling, **extra,
             )
         except Exception as exc:  # noqa: BLE001 - a broken verifier must never mean "restart"
-            return SimpleVerification("unknown", f"verification raised {exc!r}")
+            return Verification(VerifyOutcome.UNKNOWN, f"verification raised {exc!r}")
 
     return verify_backend
 
@@ -178,10 +171,9 @@ def default_warmup_check(config: Config, verifier: Verifier) -> WarmupCheck:
         if not ok:
             return False, why
         v = verifier(backend)
-        outcome = str(getattr(v, "outcome", "unknown"))
-        if outcome in policy.HEALTHY_OUTCOMES:
-            return True, f"answers again: /health, /v1/models, verify {outcome}"
-        return False, f"verify {outcome}: {getattr(v, 'reason', '')}"
+        if v.outcome in policy.HEALTHY_OUTCOMES:
+            return True, f"answers again: /health, /v1/models, verify {v.outcome}"
+        return False, f"verify {v.outcome}: {v.reason}"
 
     return check
 

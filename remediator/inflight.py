@@ -13,8 +13,9 @@ import json
 from dataclasses import asdict, dataclass
 
 from llm_health.exporter.backend import Target, observe
+from llm_health.exporter.observation import ReadResult
 from llm_health.exporter.reading import EngineReading, Reading
-from llm_health.exporter.verdict import READ_OK, other_process, progressed
+from llm_health.exporter.verdict import other_process, progressed
 from llm_health.remediator.drain import StatsError, show_stat
 
 from llm_health.config import Backend
@@ -49,7 +50,7 @@ def read_backend(url: str, timeout: float) -> tuple[Reading | None, str]:
         obs = observe(target)
     finally:
         target.close()
-    if obs.outcome != READ_OK or obs.reading is None or not obs.reading.has_engine_metrics:
+    if obs.outcome != ReadResult.OK or obs.reading is None or not obs.reading.has_engine_metrics:
         return None, f"/metrics {obs.outcome}{': ' + obs.detail if obs.detail else ''}"
     return obs.reading, ""
 

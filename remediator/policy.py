@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from llm_health.exporter.observation import Verification, VerifyOutcome
+
 from llm_health.config import Backoff, Breaker, Budget
 
 # decision kinds (also the audit event kinds and the `decision` label of the metrics)
@@ -25,14 +27,12 @@ RESTART = "restart"
 WOULD_RESTART = "would_restart"
 NOT_CONFIGURED = "not_configured"
 
-HEALTHY_OUTCOMES = ("progress", "idle_ok")
-RESTART_OUTCOMES = ("no_progress", "down")
-UNRESPONSIVE = "unresponsive"
-SLEEPING = "sleeping"
+HEALTHY_OUTCOMES = (VerifyOutcome.PROGRESS, VerifyOutcome.IDLE_OK)
+RESTART_OUTCOMES = (VerifyOutcome.NO_PROGRESS, VerifyOutcome.DOWN)
 #: decisions that close the incident without a restart
 NO_RESTART_CLOSES = (VERIFIED_HEALTHY, VERIFIED_ASLEEP, RESTARTED_BY_OTHER)
 #: verified outcomes that may take a server out of the load balancer (remediator/agent.py)
-OUT_OF_SERVICE_OUTCOMES = (*RESTART_OUTCOMES, UNRESPONSIVE)
+OUT_OF_SERVICE_OUTCOMES = (*RESTART_OUTCOMES, VerifyOutcome.UNRESPONSIVE)
 
 
 @dataclass(frozen=True)
@@ -142,8 +142,8 @@ def gates(facts: Facts, s: Settings) -> Decision | None:
     return None
 
 
-def decide(facts: Facts, verification: object | None, s: Settings) -> Decision:
-    """`verification` is anything with `outcome` and `reason` (exporter.check.Verification) or None."""
+def decide(facts: Facts, verification: Verification | None, s: Settings) -> Decision:
+    """`verification`: the backend's fresh verification (exporter.check.verify), None before one."""
     if not facts.has_action:
         return Decision(NOT_CONFIGURED, "no restart action configured for this backend")
     blocked = gates(facts, s)
@@ -151,18 +151,17 @@ def decide(facts: Facts, verification: object | None, s: Settings) -> Decision:
         return blocked
     if verification is None:
         return Decision(VERIFY, "gates passed; verify with fresh direct readings")
-    outcome = str(getattr(verification, "outcome", "unknown"))
-    why = str(getattr(verification, "reason", ""))
+    outcome, why = verification.outcome, verification.reason
     if outcome in HEALTHY_OUTCOMES:
         return Decision(VERIFIED_HEALTHY, f"verified healthy ({outcome}): {why}")
-    if outcome == SLEEPING:
+    if outcome == VerifyOutcome.SLEEPING:
         return Decision(VERIFIED_ASLEEP, f"asleep on purpose, a wake-up is not a restart: {why}")
-    if outcome == "restarted":
+    if outcome == VerifyOutcome.RESTARTED:
         return Decision(RESTARTED_BY_OTHER, f"another process answers now (restarted by someone else): {why}")
     if outcome in RESTART_OUTCOMES:
         kind = WOULD_RESTART if facts.dry_run else RESTART
         return Decision(kind, f"verified {outcome}: {why}")
-    if outcome == UNRESPONSIVE:
+    if outcome == VerifyOutcome.UNRESPONSIVE:
         return _unresponsive(facts, why, s)
     return Decision(
         DEFERRED_UNKNOWN,

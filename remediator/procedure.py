@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llm_health.exporter.observation import Verification, VerifyOutcome
 from llm_health.remediator import action as act
 from llm_health.remediator import fleet, inflight, lifecycle, policy
 from llm_health.remediator.clock import Clocks
@@ -67,7 +68,7 @@ WARMUP = "warmup"
 #: while set (per thread), every idle probe exporter.check sends is appended here (counted afterwards)
 probe_log: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("probe_log", default=None)
 
-Verifier = Callable[[Backend], Any]                  # -> object with .outcome and .reason
+Verifier = Callable[[Backend], Verification]
 WarmupCheck = Callable[[Backend], tuple[bool, str]]  # -> (ready, why)
 InFlightReader = Callable[[Backend], InFlight]
 Runner = Callable[[Sequence[str], float, dict[str, str]], act.ActionResult]
@@ -203,7 +204,7 @@ class Procedure:
             return
         verification = self.probing(backend, VERIFY, self.checks.verifier)
         baseline = None
-        if str(getattr(verification, "outcome", "")) in ("no_progress", policy.UNRESPONSIVE):
+        if verification.outcome in (VerifyOutcome.NO_PROGRESS, VerifyOutcome.UNRESPONSIVE):
             baseline = self.in_flight_now(backend)   # read outside the transaction: what the drain starts from
         now, t = self.clocks.wall(), self.clocks.mono()
         claimed: int | None = None
@@ -258,19 +259,19 @@ class Procedure:
         unbroken run of `unresponsive` (monotonic): consecutive samples only, so a gap longer than
         sample_gap() (the incident deferred by its host's mutex, say, with no check at all) starts the
         run over. Returns that start as wall time for policy, or None."""
-        outcome = str(getattr(verification, "outcome", "unknown"))
+        outcome = verification.outcome
         inc = c.execute("SELECT unresponsive_since, unresponsive_seen_at FROM incidents WHERE id = ?",
                         (incident_id,)).fetchone()
         since: float | None = None
         seen: float | None = None
-        if outcome == policy.UNRESPONSIVE:
+        if outcome == VerifyOutcome.UNRESPONSIVE:
             prior = inc["unresponsive_since"] if inc is not None else None
             last = inc["unresponsive_seen_at"] if inc is not None else None
             unbroken = prior is not None and last is not None and t - float(last) <= self.sample_gap()
             since = float(prior) if unbroken else t
             seen = t
         c.execute("UPDATE incidents SET verified_outcome = ?, verified_at = ?, unresponsive_since = ?, "
-                  "unresponsive_seen_at = ? WHERE id = ?", (outcome[:40], now, since, seen, incident_id))
+                  "unresponsive_seen_at = ? WHERE id = ?", (outcome.value, now, since, seen, incident_id))
         return None if since is None else now - (t - since)
 
     # -- the gates that need the fleet: per-host mutex, concurrency bound, min_ready floor ----------
@@ -283,7 +284,7 @@ class Procedure:
     def concurrency_gate(self, c: Any, incident_id: int, verification: Any = None) -> policy.Decision | None:
         """At most max_concurrent_restarts restarts take capacity at once (store.restarts_in_progress). A
         backend verified down serves nothing: its restart takes no slot and waits for none."""
-        if str(getattr(verification, "outcome", "")) == "down":
+        if verification is not None and verification.outcome == VerifyOutcome.DOWN:
             return None
         limit = max(1, self.r.max_concurrent_restarts)
         warming_until = self.clocks.mono() + self.r.warmup_timeout - self.r.restart_slot_warmup
@@ -304,7 +305,7 @@ class Procedure:
     @staticmethod
     def serves_nothing(c: Any, backend: Backend, verification: Any) -> bool:
         """Down (verified), or not READY in our lifecycle: taking it out lowers no capacity."""
-        if str(getattr(verification, "outcome", "")) == "down":
+        if verification is not None and verification.outcome == VerifyOutcome.DOWN:
             return True
         return fleet.state_of(c, backend.name) != S.READY
 
@@ -314,9 +315,9 @@ class Procedure:
         """Drain a serving backend (returns None), or claim at once (returns the action id) when there
         is nothing to drain."""
         state = fleet.state_of(c, backend.name)
-        outcome = str(getattr(verification, "outcome", ""))
-        if state == S.READY and outcome != "down":
-            stalled = outcome in ("no_progress", policy.UNRESPONSIVE)
+        outcome = verification.outcome
+        if state == S.READY and outcome != VerifyOutcome.DOWN:
+            stalled = outcome in (VerifyOutcome.NO_PROGRESS, VerifyOutcome.UNRESPONSIVE)
             timeout = self.r.stalled_drain_timeout if stalled else self.r.drain_timeout
             baseline = baseline or InFlight(None, None, None, "not read")
             if not fleet.move(c, backend.name, S.DRAINING, now,

@@ -22,9 +22,10 @@ from typing import Any
 import pytest
 from fakes import FakeClock
 from flask.testing import FlaskClient
+from llm_health.exporter.observation import Verification
 from llm_health.remediator import action
 from llm_health.remediator.app import create_app
-from llm_health.remediator.authority import Authority, SimpleVerification
+from llm_health.remediator.authority import Authority
 from llm_health.remediator.store import Store
 from test_discovery import K8S, pod
 from test_discovery_trust import rogue
@@ -135,8 +136,8 @@ def build(tmp_path: Path, **discovery: Any) -> World:
     ctx = app.extensions["remediator"]
     world: World
 
-    def verifier(backend: Any) -> SimpleVerification:
-        return SimpleVerification(world.outcomes.get(backend.name, "down"), "fake verifier")
+    def verifier(backend: Any) -> Verification:
+        return Verification(world.outcomes.get(backend.name, "down"), "fake verifier")
 
     def runner(argv: Any, timeout: float, env: dict[str, str]) -> action.ActionResult:
         world.calls.append(tuple(argv))

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from llm_health.exporter.backend import Target, observe
-from llm_health.exporter.verdict import READ_NOT_FOUND, READ_OK, READ_REFUSED, READ_TIMEOUT
+from llm_health.exporter.observation import ReadResult
 from llm_health.simulator.engine import Engine
 from llm_health.simulator.metrics import render
 from loopback import Loopback
@@ -80,7 +80,7 @@ def test_kept_alive_connection_is_reused(server) -> None:
     target = Target(s.url, 2.0)
     for _ in range(3):
         obs = observe(target)
-        assert obs.outcome == READ_OK and obs.reading is not None and obs.reading.running == 1
+        assert obs.outcome == ReadResult.OK and obs.reading is not None and obs.reading.running == 1
     assert s.requests == 3 and s.connections == 1
     target.close()
 
@@ -88,15 +88,15 @@ def test_kept_alive_connection_is_reused(server) -> None:
 def test_not_found_asks_the_cheap_endpoints(server) -> None:
     s = server({"/health": (200, b"")})
     obs = observe(Target(s.url, 2.0))
-    assert obs.outcome == READ_NOT_FOUND and obs.cheap_ok is True
+    assert obs.outcome == ReadResult.NOT_FOUND and obs.cheap_ok is True
     s2 = server({"/metrics": (200, b"python_info 1\n"), "/health": (503, b""), "/v1/models": (500, b"")})
     obs = observe(Target(s2.url, 2.0))
-    assert obs.outcome == READ_OK and obs.reading is not None and not obs.reading.has_engine_metrics
+    assert obs.outcome == ReadResult.OK and obs.reading is not None and not obs.reading.has_engine_metrics
     assert obs.cheap_ok is False
 
 
 def test_refused_and_timeouts(server) -> None:
-    assert observe(Target(f"http://127.0.0.1:{free_port()}", 1.0)).outcome == READ_REFUSED
+    assert observe(Target(f"http://127.0.0.1:{free_port()}", 1.0)).outcome == ReadResult.REFUSED
 
     def silent(handler: BaseHTTPRequestHandler) -> None:
         time.sleep(1.5)
@@ -114,11 +114,11 @@ def test_refused_and_timeouts(server) -> None:
             time.sleep(0.05)
 
     s = server({"/metrics": silent})
-    assert observe(Target(s.url, 0.3)).outcome == READ_TIMEOUT
+    assert observe(Target(s.url, 0.3)).outcome == ReadResult.TIMEOUT
     s2 = server({"/metrics": drip})
     started = time.monotonic()
     obs = observe(Target(s2.url, 0.3))
-    assert obs.outcome == READ_TIMEOUT, obs  # each line arrives in time, the whole page does not
+    assert obs.outcome == ReadResult.TIMEOUT, obs  # each line arrives in time, the whole page does not
     assert time.monotonic() - started < 4.0  # cut off: the server needs 5 s to send it all
 
 

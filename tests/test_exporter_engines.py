@@ -10,9 +10,10 @@ from pathlib import Path
 import requests
 from llm_health.exporter.backend import Target
 from llm_health.exporter.backend import observe as observe_http
-from llm_health.exporter.check import PROGRESS, verify
+from llm_health.exporter.check import verify
+from llm_health.exporter.observation import Observation, ReadResult, VerifyOutcome
 from llm_health.exporter.reading import read_text
-from llm_health.exporter.verdict import READ_OK, BackendState, Observation, Thresholds, Verdict, judge
+from llm_health.exporter.verdict import BackendState, Thresholds, Verdict, judge
 from llm_health.simulator.engine import Engine
 from llm_health.simulator.metrics import Flavour, render
 from llm_health.simulator.server import SimConfig, Simulator
@@ -25,7 +26,7 @@ STEP = 5.0
 
 
 def observe(text: str, header: str | None = None) -> Observation:
-    return Observation(outcome=READ_OK, reading=read_text(text, header))
+    return Observation(outcome=ReadResult.OK, reading=read_text(text, header))
 
 
 class Run:
@@ -185,7 +186,7 @@ def test_llamacpp_over_http_header_identity_and_verify_reports_decode_steps() ->
     with Simulator(SimConfig(engine="llamacpp", port=free_port(), step_seconds=0.02, max_num_seqs=2)) as sim:
         target = Target(sim.url, timeout=5)
         first = observe_http(target)
-        assert first.outcome == READ_OK and first.reading is not None and first.reading.start_header is not None
+        assert first.outcome == ReadResult.OK and first.reading is not None and first.reading.start_header is not None
         for _ in range(2):
             requests.post(sim.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=10)
         jobs = [threading.Thread(target=requests.post, args=(sim.url + "/v1/completions",),
@@ -196,7 +197,7 @@ def test_llamacpp_over_http_header_identity_and_verify_reports_decode_steps() ->
         wait_until(lambda: "llamacpp:requests_processing 2" in requests.get(sim.url + "/metrics", timeout=5).text,
                    what="both slots busy")
         v = verify(sim.url, readings=2, interval=0.3, read_timeout=5)
-        assert v.outcome == PROGRESS and "decode steps/s" in v.reason and "tokens/s" not in v.reason, v.reason
+        assert v.outcome == VerifyOutcome.PROGRESS and "decode steps/s" in v.reason and "tokens/s" not in v.reason, v.reason
         state = judge(None, observe_http(target), 0.0, T)
         sim.set_fault("restart", 0.0)
         wait_until(lambda: requests.get(sim.url + "/health", timeout=2).ok, what="back after restart")

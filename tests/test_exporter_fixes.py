@@ -21,16 +21,9 @@ import pytest
 import requests
 from llm_health.exporter.check import verify
 from llm_health.exporter.cycle import Fleet
+from llm_health.exporter.observation import Observation, ProbeResult, ReadResult
 from llm_health.exporter.reading import read_text
-from llm_health.exporter.verdict import (
-    READ_OK,
-    READ_TIMEOUT,
-    Observation,
-    ProbeResult,
-    Thresholds,
-    Verdict,
-    judge,
-)
+from llm_health.exporter.verdict import Thresholds, Verdict, judge
 from loopback import Loopback
 
 from llm_health.config import Backend, ExporterSettings
@@ -234,18 +227,18 @@ def test_a_rejected_probe_is_unknown_and_never_counts_toward_down() -> None:
     state = None
     verdicts = []
     for now, probe in enumerate([None, rejected, None, rejected, rejected, None]):
-        state = judge(state, Observation(READ_OK, idle, probe=probe), float(now), t)
+        state = judge(state, Observation(ReadResult.OK, idle, probe=probe), float(now), t)
         verdicts.append(state.verdict)
     assert verdicts == [Verdict.IDLE] + [Verdict.UNKNOWN] * 5
     assert "probe rejected: HTTP 401 — set exporter.api_key_file?" in state.reason
-    state = judge(state, Observation(READ_OK, idle, probe=ProbeResult("ok", seconds=0.1)), 6.0, t)
+    state = judge(state, Observation(ReadResult.OK, idle, probe=ProbeResult("ok", seconds=0.1)), 6.0, t)
     assert state.verdict == Verdict.IDLE and "rejected" not in state.reason
     # a server error still counts: 5xx twice is down
     for now in (7.0, 8.0):
-        state = judge(state, Observation(READ_OK, idle, probe=ProbeResult("error", "HTTP 503", status=503)), now, t)
+        state = judge(state, Observation(ReadResult.OK, idle, probe=ProbeResult("error", "HTTP 503", status=503)), now, t)
     assert state.verdict == Verdict.DOWN
     wrong_model = ProbeResult("error", "HTTP 404", status=404)
-    state = judge(state, Observation(READ_OK, idle, probe=wrong_model), 9.0, t)
+    state = judge(state, Observation(ReadResult.OK, idle, probe=wrong_model), 9.0, t)
     assert state.verdict == Verdict.UNKNOWN and "probe_model" in state.reason
 
 
@@ -397,9 +390,9 @@ def test_probes_are_counted_when_sent(fake) -> None:
 
 def test_a_timeout_after_an_idle_reading_counts_only_when_health_fails_too() -> None:
     t = Thresholds(stall_after=120.0, down_after=2)
-    idle = Observation(READ_OK, read_text(vllm_page({"0": {"running": 0, "waiting": 0, "gen": 100}})))
-    slow = Observation(READ_TIMEOUT, detail="no answer within 5 s", cheap_ok=True)
-    dead = Observation(READ_TIMEOUT, detail="no answer within 5 s", cheap_ok=False)
+    idle = Observation(ReadResult.OK, read_text(vllm_page({"0": {"running": 0, "waiting": 0, "gen": 100}})))
+    slow = Observation(ReadResult.TIMEOUT, detail="no answer within 5 s", cheap_ok=True)
+    dead = Observation(ReadResult.TIMEOUT, detail="no answer within 5 s", cheap_ok=False)
     states = []
     state = None
     for now, obs in enumerate([idle, slow, slow, slow, slow, dead, dead]):
@@ -409,7 +402,7 @@ def test_a_timeout_after_an_idle_reading_counts_only_when_health_fails_too() -> 
     assert states[1].reason == "/metrics slow, /health fine" and states[4].failures == 0
     assert "/health failed too" in states[-1].reason
     # while the last reading had work a timeout is judged as before (toward stalled, never down)
-    busy = Observation(READ_OK, read_text(vllm_page({"0": {"running": 3, "waiting": 0, "gen": 100}})))
+    busy = Observation(ReadResult.OK, read_text(vllm_page({"0": {"running": 3, "waiting": 0, "gen": 100}})))
     state = judge(judge(None, busy, 0.0, t), slow, 15.0, t)
     assert state.verdict == Verdict.UNKNOWN and "last reading 3 running" in state.reason
 

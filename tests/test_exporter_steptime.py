@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from llm_health.exporter.check import NO_PROGRESS, PROGRESS, verify
+from llm_health.exporter.check import verify
+from llm_health.exporter.observation import Observation, VerifyOutcome
 from llm_health.exporter.reading import EngineProps, read_text
 from llm_health.exporter.steptime import STEP_SAFETY, quiet_bound, required_span, step_estimate
-from llm_health.exporter.verdict import Observation, Thresholds, Verdict, judge
+from llm_health.exporter.verdict import Thresholds, Verdict, judge
 
 PAGES = Path(__file__).parent / "fixtures" / "metrics"
 
@@ -89,7 +90,7 @@ def test_verify_reads_on_until_no_step_of_the_engine_explains_the_freeze(monkeyp
     monkeypatch.setattr(backend, "observe", observe)
     v = verify("http://127.0.0.1:1", readings=2, interval=1.0, read_timeout=1, probe_timeout=1,
                sleep=lambda s: clock.__setitem__(0, clock[0] + s), clock=lambda: clock[0], stall_ceiling=900.0)
-    assert v.outcome == NO_PROGRESS
+    assert v.outcome == VerifyOutcome.NO_PROGRESS
     assert reads[-1] - reads[0] >= 2 * 24 and len(reads) > 40
     moved = [0]
 
@@ -101,4 +102,4 @@ def test_verify_reads_on_until_no_step_of_the_engine_explains_the_freeze(monkeyp
     monkeypatch.setattr(check, "observe", observe_moving)
     clock[0] = 0.0
     assert verify("http://127.0.0.1:1", readings=2, interval=1.0, read_timeout=1, probe_timeout=1,
-                  sleep=lambda s: clock.__setitem__(0, clock[0] + s), clock=lambda: clock[0]).outcome == PROGRESS
+                  sleep=lambda s: clock.__setitem__(0, clock[0] + s), clock=lambda: clock[0]).outcome == VerifyOutcome.PROGRESS

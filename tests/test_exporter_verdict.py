@@ -3,20 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from llm_health.exporter.observation import Observation, ProbeResult, ReadResult
 from llm_health.exporter.reading import EngineReading, Reading, read_text
-from llm_health.exporter.verdict import (
-    CODES,
-    READ_NOT_FOUND,
-    READ_OK,
-    READ_REFUSED,
-    READ_TIMEOUT,
-    BackendState,
-    Observation,
-    ProbeResult,
-    Thresholds,
-    Verdict,
-    judge,
-)
+from llm_health.exporter.verdict import CODES, BackendState, Thresholds, Verdict, judge
 from llm_health.simulator.engine import Engine
 from llm_health.simulator.metrics import Flavour, render
 
@@ -39,7 +28,7 @@ def reading(
 
 
 def ok(r: Reading, probe: ProbeResult | None = None) -> Observation:
-    return Observation(outcome=READ_OK, reading=r, probe=probe)
+    return Observation(outcome=ReadResult.OK, reading=r, probe=probe)
 
 
 def run(steps: list[tuple[float, Observation]], settings: Thresholds = T) -> list[BackendState]:
@@ -172,14 +161,14 @@ def test_counters_of_two_processes_are_never_compared() -> None:
 
 
 def test_down_after_two_refusals_and_back() -> None:
-    refused = Observation(outcome=READ_REFUSED, detail="connection refused")
+    refused = Observation(outcome=ReadResult.REFUSED, detail="connection refused")
     states = run([(0, ok(reading())), (15, refused), (30, refused), (45, refused), (60, ok(reading()))])
     assert [s.verdict for s in states] == [Verdict.IDLE, Verdict.UNKNOWN, Verdict.DOWN, Verdict.DOWN, Verdict.IDLE]
     assert states[2].since == 30 and states[3].since == 30
 
 
 def test_metrics_timeout_while_busy_is_not_down() -> None:
-    timeout = Observation(outcome=READ_TIMEOUT, detail="no answer within 5 s")
+    timeout = Observation(outcome=ReadResult.TIMEOUT, detail="no answer within 5 s")
     states = run([(0, ok(reading(running=5, gen=1))), (15, ok(reading(running=5, gen=9)))]
                  + [(t, timeout) for t in (30, 45, 60, 75, 90, 105, 120)])
     assert all(s.verdict == Verdict.UNKNOWN for s in states[2:])
@@ -189,7 +178,7 @@ def test_metrics_timeout_while_busy_is_not_down() -> None:
 @pytest.mark.parametrize("health", [True, None])
 def test_a_slow_page_under_load_is_never_stalled_while_health_answers(health: bool | None) -> None:
     """Principle 3 on vLLM: its /metrics comes from the API server's event loop, slow under load."""
-    slow = Observation(outcome=READ_TIMEOUT, detail="no answer within 5 s", cheap_ok=health)
+    slow = Observation(outcome=ReadResult.TIMEOUT, detail="no answer within 5 s", cheap_ok=health)
     states = run([(0, ok(reading(running=5, gen=1))), (15, ok(reading(running=5, gen=9)))]
                  + [(t, slow) for t in range(30, 1000, 15)])
     assert {s.verdict for s in states[2:]} == {Verdict.UNKNOWN}
@@ -197,8 +186,8 @@ def test_a_slow_page_under_load_is_never_stalled_while_health_answers(health: bo
 
 
 def test_work_last_seen_and_nothing_answering_is_stalled_after_stall_after_of_silence() -> None:
-    slow = Observation(outcome=READ_TIMEOUT, cheap_ok=True)
-    silent = Observation(outcome=READ_TIMEOUT, cheap_ok=False)
+    slow = Observation(outcome=ReadResult.TIMEOUT, cheap_ok=True)
+    silent = Observation(outcome=ReadResult.TIMEOUT, cheap_ok=False)
     start = [(0.0, ok(reading(running=5, gen=1))), (15.0, ok(reading(running=5, gen=9)))]
     states = run(start + [(t, silent) for t in range(30, 200, 15)])
     first = next(i for i, s in enumerate(states) if s.verdict == Verdict.STALLED)
@@ -212,17 +201,17 @@ def test_work_last_seen_and_nothing_answering_is_stalled_after_stall_after_of_si
 
 
 def test_metrics_timeout_while_idle_counts_toward_down() -> None:
-    timeout = Observation(outcome=READ_TIMEOUT)
+    timeout = Observation(outcome=ReadResult.TIMEOUT)
     states = run([(0, ok(reading())), (15, timeout), (30, timeout)])
     assert [s.verdict for s in states] == [Verdict.IDLE, Verdict.UNKNOWN, Verdict.DOWN]
 
 
 def test_no_metrics_judged_by_cheap_endpoints() -> None:
-    page = Observation(outcome=READ_NOT_FOUND, cheap_ok=True)
+    page = Observation(outcome=ReadResult.NOT_FOUND, cheap_ok=True)
     assert run([(0, page)])[-1].verdict == Verdict.NO_METRICS
-    empty = Observation(outcome=READ_OK, reading=Reading("none", {}), cheap_ok=True)
+    empty = Observation(outcome=ReadResult.OK, reading=Reading("none", {}), cheap_ok=True)
     assert run([(0, empty)])[-1].verdict == Verdict.NO_METRICS
-    dead = Observation(outcome=READ_NOT_FOUND, cheap_ok=False)
+    dead = Observation(outcome=ReadResult.NOT_FOUND, cheap_ok=False)
     assert [s.verdict for s in run([(0, dead), (15, dead)])] == [Verdict.UNKNOWN, Verdict.DOWN]
 
 
@@ -288,7 +277,7 @@ def test_judge_accepts_the_exporter_settings() -> None:
     frozen = reading(running=1)
     states = run([(0, ok(frozen)), (5, ok(frozen)), (11, ok(frozen))], settings)  # type: ignore[arg-type]
     assert states[-1].verdict == Verdict.STALLED
-    refused = Observation(outcome=READ_REFUSED)
+    refused = Observation(outcome=ReadResult.REFUSED)
     assert [s.verdict for s in run([(0, refused), (1, refused), (2, refused)], settings)] == [  # type: ignore[arg-type]
         Verdict.UNKNOWN, Verdict.UNKNOWN, Verdict.DOWN]
 
@@ -296,7 +285,7 @@ def test_judge_accepts_the_exporter_settings() -> None:
 def test_an_idle_page_is_not_believed_while_the_engine_steps() -> None:
     """SGLang's gauges lag (written at prefill batches and every 40 decode steps): a page saying 0 / 0 while
     its forward passes moved is not idle enough to probe; our own probe's few steps are allowed for."""
-    from llm_health.exporter.verdict import PROBE_STEPS, ProbeResult, idle_believable
+    from llm_health.exporter.verdict import PROBE_STEPS, idle_believable
 
     def page(passes: float) -> Reading:
         return Reading(flavour="sglang", engines={"0": EngineReading(counters={"forward_passes": passes})})

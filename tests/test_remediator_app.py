@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 from fakes import FakeClock, has_sample
 from flask.testing import FlaskClient
+from llm_health.exporter.observation import Verification
 from llm_health.remediator import action
 from llm_health.remediator.app import create_app
-from llm_health.remediator.authority import Authority, SimpleVerification
+from llm_health.remediator.authority import Authority
 from llm_health.remediator.store import Store
 from test_remediator_helpers import alert, payload
 
@@ -85,9 +86,9 @@ def build(tmp_path: Path, **remediator: Any) -> World:
     ready = {"gpu-a": False, "gpu-b": False, "gpu-c": False, "gpu-n": False}
     world: World
 
-    def verifier(backend: Any) -> SimpleVerification:
+    def verifier(backend: Any) -> Verification:
         world.verifications += 1
-        return SimpleVerification(outcomes[backend.name], "fake verifier")
+        return Verification(outcomes[backend.name], "fake verifier")
 
     def warmup(backend: Any) -> tuple[bool, str]:
         return ready[backend.name], "fake warm-up"

@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from fakes import FakeClock
+from llm_health.exporter.observation import Verification
 from llm_health.remediator import action, fleet
 from llm_health.remediator.app import create_app
-from llm_health.remediator.authority import Authority, SimpleVerification
+from llm_health.remediator.authority import Authority
 from llm_health.remediator.inflight import InFlight
 from test_remediator_helpers import alert, payload
 
@@ -39,7 +40,7 @@ def test_wall_clock_steps_move_neither_lease_nor_deadlines(tmp_path: Path) -> No
 
     def authority(holder: str) -> Authority:
         return Authority(store, config, clock=wall, mono=mono, runner=runner, holder=holder,
-                         verifier=lambda b: SimpleVerification(outcome[b.name], "scripted"),
+                         verifier=lambda b: Verification(outcome[b.name], "scripted"),
                          warmup_check=lambda b: (outcome[b.name] == "progress", "scripted"),
                          answer_check=lambda b: (True, "answers"),
                          in_flight=lambda b: InFlight(1.0, None, None, "busy, unreadable progress"))
@@ -106,7 +107,7 @@ class Rig:
         self.ready = {"gpu-a": True, "gpu-b": True}
         self.authority = Authority(
             self.store, self.config, clock=self.wall, mono=self.mono, runner=self.runner, holder="a",
-            verifier=lambda b: SimpleVerification(self.outcome[b.name], "scripted"),
+            verifier=lambda b: Verification(self.outcome[b.name], "scripted"),
             warmup_check=lambda b: (self.ready[b.name], "scripted"), answer_check=lambda b: (True, "answers"),
             in_flight=lambda b: InFlight(0.0, None, None, "idle"))
         self.client = self.app.test_client()

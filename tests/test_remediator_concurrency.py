@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from flask.testing import FlaskClient
+from llm_health.exporter.observation import Verification
 from llm_health.remediator import action, fleet
 from llm_health.remediator.app import create_app
-from llm_health.remediator.authority import Authority, SimpleVerification
+from llm_health.remediator.authority import Authority
 from llm_health.remediator.inflight import InFlight
 from llm_health.remediator.lifecycle import RESTARTING as OUT_OF_SERVICE
 from llm_health.remediator.store import Store
@@ -91,9 +92,9 @@ def running_fleet(tmp_path: Path, n: int, *, hosts: list[str] | None = None, ver
     world: Fleet
     lock = threading.Lock()
 
-    def verifier(b: Any) -> SimpleVerification:
+    def verifier(b: Any) -> Verification:
         time.sleep(verify_seconds)
-        return SimpleVerification(outcomes[b.name], "scripted verification")
+        return Verification(outcomes[b.name], "scripted verification")
 
     def runner(argv: Any, timeout: float, env: dict[str, str]) -> action.ActionResult:
         name = env["LLM_HEALTH_BACKEND"]

@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 import requests
 from fakes import has_sample
+from llm_health.exporter.observation import Verification
 from llm_health.remediator import action, authority, policy
 from llm_health.remediator.agent import FleetAgent
 from llm_health.remediator.agent_check import agent_reply
 from llm_health.remediator.app import create_app
-from llm_health.remediator.authority import Authority, SimpleVerification
+from llm_health.remediator.authority import Authority
 from llm_health.remediator.inflight import InFlight
 from llm_health.remediator.store import Store
 from llm_health.simulator.server import SimConfig, Simulator
@@ -149,7 +150,7 @@ def test_own_restart_whose_bookkeeping_failed_is_swept_by_recover(tmp_path: Path
 # -- 3. unresponsive -------------------------------------------------------------------------------------
 def test_policy_unresponsive_is_unknown_until_it_persisted() -> None:
     s = policy.Settings(unknown_retry=5, unresponsive_after=120)
-    v = SimpleVerification("unresponsive", "every reading timed out")
+    v = Verification("unresponsive", "every reading timed out")
     first = policy.decide(policy.Facts(now=1000.0, backend="a", unresponsive_since=None), v, s)
     assert first.kind == policy.DEFERRED_UNKNOWN and first.retry_at == 1005.0
     held = policy.decide(policy.Facts(now=1119.0, backend="a", unresponsive_since=1000.0), v, s)
@@ -159,8 +160,10 @@ def test_policy_unresponsive_is_unknown_until_it_persisted() -> None:
     assert due.reason.startswith("verified unresponsive: no answer to /metrics for 120 s with work in flight")
     dry = policy.decide(policy.Facts(now=1200.0, backend="a", unresponsive_since=1000.0, dry_run=True), v, s)
     assert dry.kind == policy.WOULD_RESTART
-    assert policy.decide(policy.Facts(now=1000.0, backend="a"), SimpleVerification("weird", ""), s).kind == \
+    assert policy.decide(policy.Facts(now=1000.0, backend="a"), Verification("unknown", ""), s).kind == \
         policy.DEFERRED_UNKNOWN
+    with pytest.raises(ValueError):     # an outcome outside VerifyOutcome never reaches the policy
+        Verification("weird", "")
 
 
 def test_unresponsive_restarts_once_after_the_window_and_a_break_restarts_the_window(tmp_path: Path) -> None:
@@ -239,9 +242,9 @@ def test_drain_without_a_starting_reading_reverifies_before_the_restart(tmp_path
     verified: list[str] = []
     outcomes = w.outcomes
 
-    def verifier(b: Any) -> SimpleVerification:
+    def verifier(b: Any) -> Verification:
         verified.append(b.name)
-        return SimpleVerification(outcomes[b.name], "fake verifier")
+        return Verification(outcomes[b.name], "fake verifier")
     w.authority.verifier = verifier
     w.authority.in_flight = lambda b: InFlight(None, None, None, "reading failed")
     w.post(payload(alert()))
@@ -328,9 +331,9 @@ def test_api_key_file_is_read_once_and_passed_to_verify(tmp_path: Path, monkeypa
     from llm_health.exporter import check
     seen: list[dict[str, Any]] = []
 
-    def fake_verify(url: str, *, api_key: str = "", **kw: Any) -> SimpleVerification:
+    def fake_verify(url: str, *, api_key: str = "", **kw: Any) -> Verification:
         seen.append({**kw, **({"api_key": api_key} if api_key else {})})
-        return SimpleVerification("idle_ok", "fake")
+        return Verification("idle_ok", "fake")
     monkeypatch.setattr(check, "verify", fake_verify)
     (tmp_path / "key").write_text("  s3cret \n")
     config = parse_config({"backends": [{"name": "a", "url": "http://127.0.0.1:9"}],

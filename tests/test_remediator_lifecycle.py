@@ -18,12 +18,13 @@ import pytest
 import requests
 from fakes import FakeClock, has_sample
 from flask.testing import FlaskClient
+from llm_health.exporter.observation import Verification
 from llm_health.exporter.reading import EngineReading, Reading
 from llm_health.remediator import action, fleet
 from llm_health.remediator.agent import FleetAgent
 from llm_health.remediator.agent_check import AgentCheckServer
 from llm_health.remediator.app import create_app
-from llm_health.remediator.authority import Authority, SimpleVerification
+from llm_health.remediator.authority import Authority
 from llm_health.remediator.inflight import InFlight
 from llm_health.remediator.lifecycle import LifecycleState
 from llm_health.remediator.store import Store
@@ -103,7 +104,7 @@ def build(tmp_path: Path, names: tuple[str, ...] = ("gpu-a", "gpu-b"), hosts: di
 
     authority = Authority(
         store, config, clock=clock, runner=runner, holder="test",
-        verifier=lambda b: SimpleVerification(outcomes[b.name], "fake verifier"),
+        verifier=lambda b: Verification(outcomes[b.name], "fake verifier"),
         warmup_check=lambda b: (ready[b.name], "fake warm-up"),
         answer_check=lambda b: (ready[b.name], "fake answers"),
         in_flight=lambda b: InFlight(work[b.name], None, reading(work[b.name], tokens[b.name])),

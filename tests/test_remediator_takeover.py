@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from fakes import FakeClock
+from llm_health.exporter.observation import Verification
 from llm_health.remediator.app import create_app
-from llm_health.remediator.authority import Authority, SimpleVerification
+from llm_health.remediator.authority import Authority
 from llm_health.remediator.inflight import InFlight
 from llm_health.remediator.store import Store
 from loopback import Loopback
@@ -82,7 +83,7 @@ def test_a_deposed_holder_leaves_the_outcome_and_the_silence_to_the_new_holder(t
 
     def authority(holder: str) -> Authority:
         return Authority(store, config, clock=wall, mono=mono, holder=holder,
-                         verifier=lambda b: SimpleVerification("down", "scripted"),
+                         verifier=lambda b: Verification("down", "scripted"),
                          warmup_check=lambda b: (False, "still loading"), answer_check=lambda b: (True, "answers"),
                          in_flight=lambda b: InFlight(None, None, None, "refused"))
     a, b = authority("a"), authority("b")

