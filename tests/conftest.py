@@ -7,9 +7,9 @@ import shutil
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from simrig import Exporter, Sim, exporter_factory, sim_factory
 
 from llm_health.procs import ManagedProcess
 
@@ -55,12 +55,16 @@ def launch(tmp_path: Path) -> Iterator[Callable[..., ManagedProcess]]:
 
 
 @pytest.fixture
-def sim(launch: Callable[..., ManagedProcess]) -> Callable[..., Sim]:
-    """Start real `llm-health sim` processes (stopped when the test ends): sim(*extra_argv) -> Sim."""
+def sim(launch: Callable[..., ManagedProcess]) -> Callable[..., Any]:
+    """Start real `llm-health sim` processes (stopped when the test ends): sim(*extra_argv) -> simrig.Sim."""
+    from simrig import sim_factory  # imported here: a conftest copied alone (test_interrupted_run) works
+
     return sim_factory(launch)
 
 
 @pytest.fixture
-def exporter(launch: Callable[..., ManagedProcess]) -> Callable[..., Exporter]:
+def exporter(launch: Callable[..., ManagedProcess]) -> Callable[..., Any]:
     """Start a real `llm-health exporter` on a 0.3 s interval: exporter({name: url}, {proxy: url}, *argv)."""
+    from simrig import exporter_factory
+
     return exporter_factory(launch)
