@@ -26,17 +26,15 @@ few seconds, so a listener lost with a worker is taken over by another.
 from __future__ import annotations
 
 import logging
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
 
-from llm_health.remediator import fleet
 from llm_health.remediator.agent_check import AgentCheckServer, AgentStatus, parse_listen
 from llm_health.remediator.inflight import kv_usage, read_backend
-from llm_health.remediator.lifecycle import LifecycleState
+from llm_health.remediator.lifecycle import UNSEEN, LifecycleState
 from llm_health.remediator.policy import OUT_OF_SERVICE_OUTCOMES
-from llm_health.remediator.store import NEEDS_ACK, OBSERVED, OPEN, Store
+from llm_health.remediator.store import NO_RESTART_UNDER_WAY, Incident, LifecycleRow, StateStore
 
 from llm_health.config import Config
 
@@ -49,7 +47,7 @@ RETRY_BIND_SECONDS = 2.0
 
 
 class FleetAgent:
-    def __init__(self, store: Store, config: Config, clock: Callable[[], float] = time.monotonic,
+    def __init__(self, store: StateStore, config: Config, clock: Callable[[], float] = time.monotonic,
                  kv_reader: Callable[[str], float | None] | None = None) -> None:
         self.store = store
         self.config = config
@@ -73,11 +71,10 @@ class FleetAgent:
         backend = self.config.backend(name)
         if backend is None:
             return None
-        with self.store.reader() as c:
-            rows = fleet.all_rows(c)
-            incidents = {i["backend"]: i for i in c.execute(
-                "SELECT id, backend, state, verified_outcome FROM incidents WHERE state != 'closed'").fetchall()}
-        states = {b.name: S(rows[b.name]["state"]) if b.name in rows else fleet.UNSEEN for b in self.config.backends}
+        with self.store.reader() as rd:
+            rows = rd.lifecycles()
+            incidents = {i.backend: i for i in rd.active_incidents()}
+        states = {b.name: rows[b.name].state if b.name in rows else UNSEEN for b in self.config.backends}
         out = {b.name: out_of_service(states[b.name], rows.get(b.name), incidents.get(b.name))
                for b in self.config.backends}
         state, why = states[name], out[name]
@@ -98,15 +95,14 @@ class FleetAgent:
         return AgentStatus(state, None, why, healthy=state != S.READY)
 
 
-def out_of_service(state: LifecycleState, lc: sqlite3.Row | None, inc: sqlite3.Row | None) -> str | None:
+def out_of_service(state: LifecycleState, lc: LifecycleRow | None, inc: Incident | None) -> str | None:
     """Why the load balancer should not send this backend requests (None: no reason; DRAINING aside)."""
     if state in (S.STOPPED, S.INITIALIZING, S.ERROR):
-        return f"{state.value}: {(lc['reason'] if lc else '') or state.value}"
+        return f"{state.value}: {(lc.reason if lc else '') or state.value}"
     if state == S.DRAINING:
         return "draining"
-    if inc is not None and inc["state"] in (OPEN, NEEDS_ACK, OBSERVED) \
-            and inc["verified_outcome"] in OUT_OF_SERVICE_OUTCOMES:
-        return f"verified {inc['verified_outcome']} incident {inc['id']}"
+    if inc is not None and inc.state in NO_RESTART_UNDER_WAY and inc.verified_outcome in OUT_OF_SERVICE_OUTCOMES:
+        return f"verified {inc.verified_outcome} incident {inc.id}"
     return None
 
 

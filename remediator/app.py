@@ -20,17 +20,27 @@ from typing import Any
 from urllib.parse import urlparse
 
 from flask import Blueprint, Flask, Response, current_app, jsonify, render_template, request
-from llm_health.remediator import discovered, fleet, metrics, policy
+from llm_health.remediator import discovered, metrics, policy
 from llm_health.remediator.agent import AgentListener, FleetAgent
 from llm_health.remediator.alert import PayloadError, parse_notification
-from llm_health.remediator.authority import Authority, Verifier, WarmupCheck, state_path
+from llm_health.remediator.authority import Authority, Verifier, WarmupCheck
 from llm_health.remediator.clock import Clocks, injected
 from llm_health.remediator.health import Health
 from llm_health.remediator.incident import ingest
+from llm_health.remediator.lifecycle import UNSEEN
 from llm_health.remediator.marker import file_markers
+from llm_health.remediator.policy import Marker
 from llm_health.remediator.retention import Pruner
 from llm_health.remediator.runbooks import runbooks
-from llm_health.remediator.store import CLOSED, NEEDS_ACK, OBSERVED, StateError, Store
+from llm_health.remediator.store import (
+    ACKNOWLEDGEABLE,
+    Event,
+    IncidentState,
+    LifecycleRow,
+    StateError,
+    StateStore,
+    store_for,
+)
 from werkzeug.exceptions import HTTPException
 
 from llm_health.config import Config, ConfigError
@@ -47,7 +57,7 @@ HIDDEN_OUTPUT = "[hidden: send the bearer token to see action output]"
 class Ctx:
     """What the request handlers need; kept in app.extensions['remediator']."""
 
-    def __init__(self, config: Config, store: Store, token: str, clock: Callable[[], float],
+    def __init__(self, config: Config, store: StateStore, token: str, clock: Callable[[], float],
                  authority: Authority | None, agent: AgentListener | None = None,
                  discovery: Discovery | None = None) -> None:
         self.config = config
@@ -193,8 +203,8 @@ def _read_body(limit: int) -> bytes:
     return b"".join(parts)
 
 
-def public_event(event: dict[str, Any], authenticated: bool) -> dict[str, Any]:
-    out = redact(event)
+def public_event(event: Event, authenticated: bool) -> dict[str, Any]:
+    out = redact(event.as_dict())
     detail = out.get("detail")
     if not authenticated and isinstance(detail, dict) and "output" in detail:
         out["detail"] = {**detail, "output": HIDDEN_OUTPUT}
@@ -250,37 +260,42 @@ def _shown(clocks: Clocks, row: dict[str, Any], fields: tuple[str, ...]) -> dict
     return {k: (clocks.wall_of(float(v)) if k in fields and v is not None else v) for k, v in row.items()}
 
 
+def lifecycle_view(r: LifecycleRow | None) -> dict[str, Any]:
+    """A backend's lifecycle as the API and the status page show it."""
+    if r is None:
+        return {"state": UNSEEN.value, "since": None, "reason": "not looked at by the remediator yet",
+                "incident_id": None, "drain_deadline": None}
+    return {"state": r.state.value, "since": r.since, "reason": r.reason, "incident_id": r.incident_id,
+            "drain_deadline": r.drain_deadline}
+
+
 def backends_view() -> list[dict[str, Any]]:
     c = ctx()
     clocks = injected(c.clock)
-    conn = c.store.conn()
+    store = c.store
     now = c.clock()
     r = c.config.remediator
     out = []
     busy_dir = c.config.resolve_path(r.busy_dir) if r.busy_dir else None
-    lifecycles = fleet.all_rows(conn)
+    lifecycles = store.lifecycles()
     for b in c.config.backends:
-        inc = Store.active_incident(conn, b.name)
-        last = conn.execute("SELECT kind, reason, at FROM events WHERE backend = ? AND kind NOT IN "
-                            "('received') ORDER BY id DESC LIMIT 1", (b.name,)).fetchone()
-        restarts = conn.execute("SELECT coalesce(result, 'running') AS result, count(*) AS n FROM actions "
-                                "WHERE backend = ? AND coalesce(result, '') != 'dry_run' GROUP BY 1",
-                                (b.name,)).fetchall()
-        times = Store.restart_times(conn, b.name, include_dry_run=r.dry_run, now=now, mono=clocks.mono(),
-                                    boot=clocks.boot)
+        inc = store.active_incident(b.name)
+        last = store.last_event(b.name, skip_kinds=("received",))
+        restarts = store.restart_counts(b.name)
+        times = store.restart_times(b.name, include_dry_run=r.dry_run, now=now, mono=clocks.mono(), boot=clocks.boot)
         allowed = policy.next_allowed(times, now, r.backoff)
-        markers = list(Store.api_markers(conn, b.name))
+        markers = list(store.markers(b.name))
         if busy_dir is not None:
             markers += file_markers(busy_dir, b.name, r.busy_file_ttl, r.marker_max_ttl, now=now)
         out.append({
             "backend": b.name,
             "url": redact(b.url),
             "host": b.host,
-            "lifecycle": _shown(clocks, fleet.view(lifecycles.get(b.name)), ("drain_deadline",)),
+            "lifecycle": _shown(clocks, lifecycle_view(lifecycles.get(b.name)), ("drain_deadline",)),
             "restart_configured": bool(b.restart),
-            "incident": _shown(clocks, dict(inc), MONOTONIC_INCIDENT_FIELDS) if inc else None,
-            "last_decision": redact(dict(last)) if last else None,
-            "restarts": {row["result"]: row["n"] for row in restarts},
+            "incident": _shown(clocks, inc.as_dict(), MONOTONIC_INCIDENT_FIELDS) if inc else None,
+            "last_decision": redact({"kind": last.kind, "reason": last.reason, "at": last.at}) if last else None,
+            "restarts": {result: n for (_, result), n in restarts.items()},
             "next_allowed_restart": allowed,
             "markers": [{"id": m.id, "owner": m.owner, "expires_at": m.expires_at} for m in markers
                         if m.valid(now)],
@@ -290,8 +305,8 @@ def backends_view() -> list[dict[str, Any]]:
 
 @api.get("/backends")
 def get_backends() -> Any:
-    br = Store.breaker(ctx().store.conn())
-    return jsonify({"backends": backends_view(), "breaker": dict(br), "dry_run": ctx().config.remediator.dry_run})
+    br = ctx().store.breaker()
+    return jsonify({"backends": backends_view(), "breaker": br.as_dict(), "dry_run": ctx().config.remediator.dry_run})
 
 
 @api.get("/events")
@@ -307,7 +322,7 @@ def get_events() -> Any:
                                 kind=request.args.get("kind", ""), before=before)
     authed = _token_given()
     return jsonify({"events": [public_event(e, authed) for e in events], "page_size": page_size,
-                    "next_before": events[-1]["id"] if len(events) == limit else None})
+                    "next_before": events[-1].id if len(events) == limit else None})
 
 
 def _ttl(data: dict[str, Any]) -> float | tuple[Response, int]:
@@ -337,11 +352,10 @@ def post_busy() -> Any:
         return ttl
     now = c.clock()
     marker_id = secrets.token_hex(8)
-    with c.store.tx() as conn:
-        conn.execute("INSERT INTO markers (id, backend, owner, created_at, expires_at) VALUES (?,?,?,?,?)",
-                     (marker_id, backend, owner, now, now + ttl))
-        Store.event(conn, now, "marker_set", backend, reason=f"busy marker {marker_id} by {owner!r} for {ttl:g}s",
-                    marker_id=marker_id, expires_at=now + ttl)
+    with c.store.tx() as tx:
+        tx.add_marker(Marker(marker_id, backend, owner, now + ttl), now)
+        tx.event(now, "marker_set", backend, reason=f"busy marker {marker_id} by {owner!r} for {ttl:g}s",
+                 marker_id=marker_id, expires_at=now + ttl)
     return jsonify({"id": marker_id, "backend": backend, "owner": owner, "expires_at": now + ttl}), 201
 
 
@@ -358,10 +372,9 @@ def refresh_busy(marker_id: str) -> Any:
         return ttl
     c = ctx()
     now = c.clock()
-    with c.store.tx() as conn:
-        n = conn.execute("UPDATE markers SET expires_at = ? WHERE id = ? AND expires_at > ?",
-                         (now + ttl, marker_id, now)).rowcount
-    if not n:
+    with c.store.tx() as tx:
+        refreshed = tx.refresh_marker(marker_id, now, now + ttl)
+    if not refreshed:
         return _error(404, f"no valid marker {marker_id[:40]!r} (expired or removed)")
     return jsonify({"id": marker_id, "expires_at": now + ttl})
 
@@ -370,13 +383,12 @@ def refresh_busy(marker_id: str) -> Any:
 def delete_busy(marker_id: str) -> Any:
     c = ctx()
     now = c.clock()
-    with c.store.tx() as conn:
-        row = conn.execute("SELECT * FROM markers WHERE id = ?", (marker_id,)).fetchone()
-        if row is None:
+    with c.store.tx() as tx:
+        gone = tx.remove_marker(marker_id)
+        if gone is None:
             return _error(404, f"no marker {marker_id[:40]!r}")
-        conn.execute("DELETE FROM markers WHERE id = ?", (marker_id,))
-        Store.event(conn, now, "marker_removed", row["backend"], reason=f"busy marker {marker_id} removed",
-                    marker_id=marker_id, owner=row["owner"])
+        tx.event(now, "marker_removed", gone.backend, reason=f"busy marker {marker_id} removed",
+                 marker_id=marker_id, owner=gone.owner)
     return jsonify({"id": marker_id, "removed": True})
 
 
@@ -384,12 +396,10 @@ def delete_busy(marker_id: str) -> Any:
 def reset_breaker() -> Any:
     c = ctx()
     now = c.clock()
-    with c.store.tx() as conn:
-        was = bool(Store.breaker(conn)["open"])
-        conn.execute("UPDATE breaker SET open = 0, reset_at = ?, reason = '', reset_after_action = "
-                     "(SELECT coalesce(max(id), 0) FROM actions) WHERE id = 1", (now,))
-        Store.event(conn, now, "breaker_reset", reason="fleet circuit breaker reset through the API "
-                    f"(was {'open' if was else 'closed'}); earlier restarts no longer count toward it")
+    with c.store.tx() as tx:
+        was = tx.reset_breaker(now)
+        tx.event(now, "breaker_reset", reason="fleet circuit breaker reset through the API "
+                 f"(was {'open' if was else 'closed'}); earlier restarts no longer count toward it")
     return jsonify({"breaker_open": False, "was_open": was})
 
 
@@ -399,15 +409,15 @@ def ack(name: str) -> Any:
     if c.config.backend(name) is None:
         return _error(404, f"unknown backend {name[:80]!r}")
     now = c.clock()
-    with c.store.tx() as conn:
-        inc = Store.active_incident(conn, name)
-        if inc is None or inc["state"] not in (NEEDS_ACK, OBSERVED):
-            state = inc["state"] if inc else "none"
+    with c.store.tx() as tx:
+        inc = tx.active_incident(name)
+        if inc is None or inc.state not in ACKNOWLEDGEABLE:
+            state = inc.state if inc else "none"
             return _error(409, f"nothing to acknowledge for {name}: active incident state is {state}")
-        Store.set_state(conn, int(inc["id"]), now, CLOSED, close_reason="acknowledged")
-        Store.event(conn, now, "acknowledged", name, int(inc["id"]),
-                    reason=f"incident {inc['id']} ({inc['state']}) acknowledged through the API; closed")
-    return jsonify({"backend": name, "incident": int(inc["id"]), "closed": True})
+        tx.move_incident(inc.id, now, IncidentState.CLOSED, close_reason="acknowledged")
+        tx.event(now, "acknowledged", name, inc.id,
+                 reason=f"incident {inc.id} ({inc.state}) acknowledged through the API; closed")
+    return jsonify({"backend": name, "incident": inc.id, "closed": True})
 
 
 @api.get("/discovery")
@@ -439,7 +449,7 @@ def page() -> Any:
     c = ctx()
     authed = _token_given()
     events = [public_event(e, authed) for e in c.store.events(limit=50)]
-    br = redact(dict(Store.breaker(c.store.conn())))
+    br = redact(c.store.breaker().as_dict())
     return render_template("status.html", backends=backends_view(), events=events, breaker=br,
                            dry_run=c.config.remediator.dry_run, now=c.clock(), fmt=_fmt_time)
 
@@ -514,11 +524,11 @@ def create_app(
     worker then only opens that very file (never creates one) and refuses any other."""
     token = read_token(config)
     check_exposure(config, token)
-    store = Store(state_path(config), expect=expect_state)
+    store = store_for(config, expect=expect_state)
     if expect_state is None:
         store.init()
     else:
-        store.conn()   # the file the server's master created and checked, never a new one
+        store.open()   # the file the server's master created and checked, never a new one
     config, discovery = discovered.attach(config, store, clock)   # backends: static + discovered (if on)
     authority = None
     agent = None

@@ -34,7 +34,7 @@ from llm_health.exporter.backend import HttpFailure, Target
 from llm_health.exporter.observation import Verification, VerifyOutcome
 from llm_health.remediator import action as act
 from llm_health.remediator import clock as clocks_mod
-from llm_health.remediator import fleet, inflight, lifecycle, policy
+from llm_health.remediator import inflight, lifecycle, policy
 from llm_health.remediator.clock import Clocks
 from llm_health.remediator.inflight import InFlight
 from llm_health.remediator.lifecycle import LifecycleState
@@ -53,7 +53,15 @@ from llm_health.remediator.procedure import (  # noqa: F401 - re-exported names 
     probe_log,
 )
 from llm_health.remediator.scheduler import Scheduler
-from llm_health.remediator.store import NEEDS_ACK, RESTART_STATES, RESTARTING, Store
+from llm_health.remediator.store import (
+    Action,
+    ActionResultKind,
+    IncidentState,
+    Lease,
+    StateStore,
+    Transaction,
+    state_path,
+)
 
 from llm_health.config import Backend, Config
 
@@ -210,7 +218,7 @@ def action_dir(config: Config) -> Path:
 class Authority:
     def __init__(
         self,
-        store: Store,
+        store: StateStore,
         config: Config,
         *,
         verifier: Verifier | None = None,
@@ -309,40 +317,29 @@ class Authority:
     # -- the lease (monotonic: a step of the wall clock neither steals nor extends it) ---------------
     def renew_lease(self) -> bool:
         now, t, boot = self.clocks.wall(), self.clocks.mono(), self.clocks.boot
-        with self.store.tx() as c:
-            row = c.execute("SELECT holder, expires_at, boot FROM lease WHERE name = ?", (LEASE,)).fetchone()
-            other_boot = row is not None and row["boot"] != boot    # its expiry is another boot's clock
-            if row is None or row["holder"] == self.holder or other_boot or float(row["expires_at"]) < t:
-                c.execute("INSERT INTO lease (name, holder, expires_at, boot) VALUES (?,?,?,?) ON CONFLICT(name) "
-                          "DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at, "
-                          "boot = excluded.boot", (LEASE, self.holder, t + self.lease_ttl, boot))
-                lapsed = row is not None and row["holder"] == self.holder and float(row["expires_at"]) < t
+        with self.store.tx() as tx:
+            row = tx.lease(LEASE)
+            other_boot = row is not None and row.boot != boot    # its expiry is another boot's clock
+            if row is None or row.holder == self.holder or other_boot or row.expires_at < t:
+                tx.put_lease(Lease(LEASE, self.holder, t + self.lease_ttl, boot))
+                lapsed = row is not None and row.holder == self.holder and row.expires_at < t
                 if lapsed:
                     self._recovered = False  # ours again after it lapsed: what ran meanwhile may be unrecorded
-                if row is None or row["holder"] != self.holder:
+                if row is None or row.holder != self.holder:
                     self._recovered = False  # newly ours: look for restarts a previous holder left unfinished
                     if other_boot:
-                        self._rebase_deadlines(c, t)
-                    Store.event(c, now, "lease_acquired", reason=f"{self.holder} is the restart authority",
-                                previous=row["holder"] if row else None)
+                        tx.rebase_deadlines(t, t + self.r.warmup_timeout)
+                    tx.event(now, "lease_acquired", reason=f"{self.holder} is the restart authority",
+                             previous=row.holder if row else None)
                 self._holding.set()
                 return True
         self._holding.clear()
         return False
 
-    def _rebase_deadlines(self, c: Any, t: float) -> None:
-        """The stored monotonic deadlines belong to another boot (its clock started elsewhere): restart
-        them from now, never from a number that means nothing on this boot."""
-        c.execute("UPDATE incidents SET next_check_at = 0, unresponsive_since = NULL, unresponsive_seen_at = NULL, "
-                  "warm_deadline = "
-                  "CASE WHEN warm_deadline IS NULL THEN NULL ELSE ? END WHERE state != 'closed'",
-                  (t + self.r.warmup_timeout,))
-        c.execute("UPDATE lifecycle SET drain_deadline = ? WHERE drain_deadline IS NOT NULL", (t,))
-
-    def _still_holder(self, c: Any) -> bool:
-        row = c.execute("SELECT holder, expires_at, boot FROM lease WHERE name = ?", (LEASE,)).fetchone()
-        return (row is not None and row["holder"] == self.holder and row["boot"] == self.clocks.boot
-                and float(row["expires_at"]) >= self.clocks.mono())
+    def _still_holder(self, tx: Transaction) -> bool:
+        row = tx.lease(LEASE)
+        return (row is not None and row.holder == self.holder and row.boot == self.clocks.boot
+                and row.expires_at >= self.clocks.mono())
 
     # -- scheduling: what is due, and one look at one key -------------------------------------------
     def _due_keys(self) -> list[str]:
@@ -353,7 +350,7 @@ class Authority:
             self.last_pass = time.monotonic()
             return []
         self._recover_if_needed()
-        incidents = [inc["backend"] for inc in self.store.active_incidents()]
+        incidents = [inc.backend for inc in self.store.active_incidents()]
         busy = set(incidents)
         keys = incidents + [name for name in self.lifecycle_due() if name not in busy]
         self.last_pass = time.monotonic()
@@ -363,19 +360,19 @@ class Authority:
         """One look at one backend; seconds until it wants another look (None: at the next resync)."""
         if self._stop.is_set() or not self._holding.is_set():
             return None
-        inc = Store.active_incident(self.store.conn(), key)
+        inc = self.store.active_incident(key)
         if inc is None:
             self.look_after_lifecycle(key)
             return None
         t = self.clocks.mono()
-        due = float(inc["next_check_at"])
+        due = inc.next_check_at
         if due > t:
             return due - t
         self.procedure.look(inc)
-        after = Store.active_incident(self.store.conn(), key)
+        after = self.store.active_incident(key)
         if after is None:
             return None
-        wait = float(after["next_check_at"]) - self.clocks.mono()
+        wait = after.next_check_at - self.clocks.mono()
         return wait if wait > 0 else self.r.poll_interval
 
     def tick(self) -> None:
@@ -388,7 +385,7 @@ class Authority:
         for inc in self.store.active_incidents():
             if self._stop.is_set() or not self._holding.is_set():
                 return
-            if float(inc["next_check_at"]) <= self.clocks.mono():
+            if inc.next_check_at <= self.clocks.mono():
                 self.procedure.look(inc)
         self.look_after_lifecycles((S.ERROR,))          # full warm-up checks, after the incidents
         self.last_pass = time.monotonic()
@@ -412,40 +409,37 @@ class Authority:
         progress simply resumes."""
         now = self.clocks.wall()
         interrupted: set[str] = set()
-        collected: list[tuple[Any, act.ActionResult]] = []
-        with self.store.tx() as c:
+        collected: list[tuple[Action, act.ActionResult]] = []
+        with self.store.tx() as tx:
             # our own unfinished rows too: one of ours that no worker is running is a restart whose
             # bookkeeping failed (see Procedure.carry_out)
-            rows = c.execute("SELECT * FROM actions WHERE result IS NULL").fetchall()
-            for a in rows:
-                if self.procedure.running_here(int(a["id"])):
+            for a in tx.unfinished_actions():
+                if self.procedure.running_here(a.id):
                     continue
-                if a["status_path"]:
-                    path = Path(a["status_path"])
+                if a.status_path:
+                    path = Path(a.status_path)
                     result = act.collect(act.ActionFiles(path.parent, path.name.removesuffix(".status")))
                     if result is None:
                         continue                       # still running: collected when it ends
                     if not result.outcome_unknown or result.result == act.TIMEOUT:
                         collected.append((a, result))
                         continue
-                c.execute("UPDATE actions SET result = 'interrupted', finished_at = ? WHERE id = ?", (now, a["id"]))
-                inc = c.execute("SELECT * FROM incidents WHERE id = ?", (a["incident_id"],)).fetchone()
-                if inc is not None and inc["state"] == RESTARTING:
-                    Store.set_state(c, int(inc["id"]), now, NEEDS_ACK, last_decision="interrupted")
-                Store.event(c, now, "interrupted", a["backend"], a["incident_id"],
-                            reason="the remediator stopped while this restart was running and its exit status "
-                            "cannot be known: it may have happened; not repeated (acknowledge via POST "
-                            "/api/backends/<name>/ack, or the incident closes when the backend answers again "
-                            "or the alert resolves)",
-                            action_id=a["id"], holder=a["holder"], own=a["holder"] == self.holder)
-                if fleet.state_of(c, a["backend"]) != S.ERROR:
-                    fleet.move(c, a["backend"], S.ERROR, now, "interrupted mid-restart: outcome unknown",
-                               a["incident_id"])
-                self.procedure.escalate(c, a["backend"], a["incident_id"], now,
-                                        "restart interrupted: outcome unknown")
-                interrupted.add(a["backend"])
+                tx.finish_action(a.id, now, ActionResultKind.INTERRUPTED)
+                if tx.incident_in(a.incident_id, IncidentState.RESTARTING) is not None:
+                    tx.move_incident(a.incident_id, now, IncidentState.NEEDS_ACK, last_decision="interrupted")
+                tx.event(now, "interrupted", a.backend, a.incident_id,
+                         reason="the remediator stopped while this restart was running and its exit status "
+                         "cannot be known: it may have happened; not repeated (acknowledge via POST "
+                         "/api/backends/<name>/ack, or the incident closes when the backend answers again "
+                         "or the alert resolves)",
+                         action_id=a.id, holder=a.holder, own=a.holder == self.holder)
+                if tx.lifecycle_state(a.backend) != S.ERROR:
+                    tx.move_lifecycle(a.backend, S.ERROR, now, "interrupted mid-restart: outcome unknown",
+                                      a.incident_id)
+                self.procedure.escalate(tx, a.backend, a.incident_id, now, "restart interrupted: outcome unknown")
+                interrupted.add(a.backend)
         for a, result in collected:
-            self.procedure.record_result(int(a["incident_id"]), int(a["id"]), a["backend"], result, collected=True)
+            self.procedure.record_result(a.incident_id, a.id, a.backend, result, collected=True)
         for backend in sorted(interrupted):
             self.procedure.unsilence_safely(backend)      # ERROR: its alerts must reach people again
 
@@ -455,23 +449,22 @@ class Authority:
         first: a backend seen for the first time (INITIALIZING, every `warmup_poll`), an ERROR backend
         without an active incident (at most every max(ERROR_LOOK_MIN, warmup_poll * ERROR_LOOK_POLLS))."""
         now, t = self.clocks.wall(), self.clocks.mono()
-        c = self.store.conn()
-        rows = fleet.all_rows(c)
+        rows = self.store.lifecycles()
         missing = [b.name for b in self.config.backends if b.name not in rows]
         if missing:
             with self.store.tx() as tx:
                 for name in missing:
-                    fleet.ensure(tx, name, now)
-            rows = fleet.all_rows(c)
-        active = {i["backend"]: i for i in self.store.active_incidents()}
+                    tx.ensure_lifecycle(name, now)
+            rows = self.store.lifecycles()
+        active = {i.backend: i for i in self.store.active_incidents()}
         due: list[str] = []
         for b in self.config.backends:
             r = rows.get(b.name)
-            if r is None or fleet.owned(r):
+            if r is None or r.owned:
                 continue
-            st = LifecycleState(r["state"])
+            st = r.state
             inc = active.get(b.name)
-            if st not in states or (inc is not None and inc["state"] in RESTART_STATES):
+            if st not in states or (inc is not None and inc.restart_under_way):
                 continue
             if (st == S.INITIALIZING or (st == S.ERROR and inc is None)) and \
                     self._next_look.get(b.name, float("-inf")) <= t:
@@ -494,16 +487,15 @@ class Authority:
         b = self.config.backend(name)
         if b is None:
             return
-        c = self.store.conn()
-        r = fleet.row(c, name)
-        inc = Store.active_incident(c, name)
-        if r is None or fleet.owned(r) or (inc is not None and inc["state"] in RESTART_STATES):
+        r = self.store.lifecycle(name)
+        inc = self.store.active_incident(name)
+        if r is None or r.owned or (inc is not None and inc.restart_under_way):
             return
-        st = LifecycleState(r["state"])
+        st = r.state
         if st not in states or (st == S.ERROR and inc is not None) or \
                 self._next_look.get(name, float("-inf")) > self.clocks.mono():
             return
-        since = float(r["since"])
+        since = r.since
         pause = self.r.warmup_poll if st == S.INITIALIZING else max(ERROR_LOOK_MIN,
                                                                      self.r.warmup_poll * ERROR_LOOK_POLLS)
         try:
@@ -516,19 +508,15 @@ class Authority:
             ready, why = False, f"check raised {exc.__class__.__name__}: {exc}"[:300]
         now, t = self.clocks.wall(), self.clocks.mono()
         self._next_look[name] = t + pause
-        with self.store.tx() as c:
-            r = fleet.row(c, name)
-            if r is None or r["state"] != st.value or fleet.owned(r):
+        with self.store.tx() as tx:
+            r = tx.lifecycle(name)
+            if r is None or r.state != st or r.owned:
                 return
             if ready:
                 if st == S.ERROR:
-                    fleet.move(c, name, S.INITIALIZING, now, f"out of ERROR: {why}")
-                fleet.move(c, name, S.READY, now, why)
+                    tx.move_lifecycle(name, S.INITIALIZING, now, f"out of ERROR: {why}")
+                tx.move_lifecycle(name, S.READY, now, why)
             elif st == S.INITIALIZING and lifecycle.warmup_expired(since, now, self.r.warmup_timeout):
-                fleet.move(c, name, S.ERROR, now, f"not answering {self.r.warmup_timeout:g}s after it "
-                           f"was first seen: {why}")
-                self.procedure.escalate(c, name, None, now, f"{name} never became ready: {why}")
-
-
-def state_path(config: Config) -> Path:
-    return config.resolve_path(config.remediator.state)
+                tx.move_lifecycle(name, S.ERROR, now, f"not answering {self.r.warmup_timeout:g}s after it "
+                                  f"was first seen: {why}")
+                self.procedure.escalate(tx, name, None, now, f"{name} never became ready: {why}")

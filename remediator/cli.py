@@ -14,9 +14,8 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 from llm_health.remediator.app import check_exposure, create_app, read_token, token_file_warning
-from llm_health.remediator.authority import state_path
 from llm_health.remediator.serving import CONNECTIONS_BEYOND_PENDING, GuardedThreadWorker, ServingLimits
-from llm_health.remediator.store import StateError, Store
+from llm_health.remediator.store import StateError, store_for
 
 from llm_health.config import Config, ConfigError, load_config
 from llm_health.redact import configure_logging
@@ -88,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     warning = token_file_warning(config)
     if warning:
         print(f"llm-health remediator: {warning}", file=sys.stderr, flush=True)
-    store = Store(state_path(config))
+    store = store_for(config)
     try:
         store.init()   # creates the file on first start, checks its integrity
     except StateError as exc:

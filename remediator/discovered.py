@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from llm_health.remediator.store import Store
+from llm_health.remediator.store import StateStore
 
 from llm_health.config import Backend, Config
 from llm_health.discovery import Discovery, LiveBackends, Refusal, RefusalKind
@@ -34,40 +34,40 @@ EVENT = "discovery_refused"
 DUPLICATE_EVENT = "discovery_duplicate"
 
 
-def audit_refusals(store: Store, refusals: tuple[Refusal, ...], now: float) -> int:
+def audit_refusals(store: StateStore, refusals: tuple[Refusal, ...], now: float) -> int:
     """One audit event per refusal (one per name for duplicates) not already recorded in the last
     AUDIT_EVERY seconds; returns how many."""
     written = 0
     if not refusals:
         return 0
     claimed: dict[str, list[str]] = {}
-    with store.tx() as c:
+    with store.tx() as tx:
         for r in refusals:
             if r.kind == RefusalKind.DUPLICATE:
                 claimed.setdefault(r.backend, []).append(r.target)
                 continue
             reason = (f"{r.reason}; watched, never restarted by us" if r.restart_only
                       else f"target {r.target} not used: {r.reason}")
-            if Store.event_unless_recent(c, now, EVENT, r.backend, reason, AUDIT_EVERY, target=r.target,
-                                         restart_only=r.restart_only, refusal=str(r.kind)):
+            if tx.event_unless_recent(now, EVENT, r.backend, reason, AUDIT_EVERY, target=r.target,
+                                      restart_only=r.restart_only, refusal=str(r.kind)):
                 written += 1
         for name, targets in sorted(claimed.items()):
             targets = sorted(targets)
             reason = (f"backend name {name} is claimed by {len(targets)} discovery targets ({', '.join(targets)}): "
                       "none of them is restarted while this lasts; needs a person: remove the target that is not "
                       "yours (a PodMonitor/ServiceMonitor copying the name), or give two real servers two names")
-            if Store.event_unless_recent(c, now, DUPLICATE_EVENT, name, reason, AUDIT_EVERY, targets=targets):
+            if tx.event_unless_recent(now, DUPLICATE_EVENT, name, reason, AUDIT_EVERY, targets=targets):
                 written += 1
     return written
 
 
-def attach(config: Config, store: Store, clock: Callable[[], float] = time.time) -> tuple[Config, Discovery | None]:
+def attach(config: Config, store: StateStore, clock: Callable[[], float] = time.time) -> tuple[Config, Discovery | None]:
     """With discovery configured: a started Discovery (one refresh done) and the config reading the live
     fleet. Without it: the config unchanged and None."""
     if not config.discovery.enabled:
         return config, None
     def keep(name: str) -> bool:
-        return Store.active_incident(store.conn(), name) is not None
+        return store.active_incident(name) is not None
 
     discovery = Discovery(config.discovery, static=tuple(config.backends), keep=keep,
                           reserved=[p.name for p in config.proxies])

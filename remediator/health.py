@@ -3,7 +3,7 @@
 Unhealthy (503, with the reasons) when
 * the state file is not the file this remediator opened (deleted or replaced: the store stops),
 * a small committed write fails (disk full, read-only file system, locked or damaged database),
-* `PRAGMA quick_check` fails (cached for `INTEGRITY_EVERY` seconds; it reads every page),
+* the store's own integrity check fails (cached for `INTEGRITY_EVERY` seconds; it reads every page),
 * the authority loop has not finished a pass for `remediator.health_stale_after` seconds, unless
   a restart action of this worker is running and still inside `action_timeout` (the loop waits for it),
 * a worker has been on one key (a backend's look) for longer than any look can take with the settings
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from llm_health.remediator.authority import Authority
-from llm_health.remediator.store import StateError, Store
+from llm_health.remediator.store import StateError, StateStore
 
 from llm_health.config import Config
 
@@ -28,7 +28,7 @@ INTEGRITY_EVERY = 30.0
 
 
 class Health:
-    def __init__(self, config: Config, store: Store, authority: Authority | None,
+    def __init__(self, config: Config, store: StateStore, authority: Authority | None,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.store = store
@@ -54,8 +54,7 @@ class Health:
         if age <= r.health_stale_after:
             return ""
         try:
-            running = self.store.conn().execute(
-                "SELECT max(started_at) FROM actions WHERE holder = ? AND result IS NULL", (a.holder,)).fetchone()[0]
+            running = self.store.latest_unfinished_start(a.holder)
         except StateError as exc:
             return str(exc)
         if running is not None and a.clock() - float(running) <= r.action_timeout + r.health_stale_after:

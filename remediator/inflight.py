@@ -3,18 +3,17 @@
 The backend's own gauges (`vllm:num_requests_running` + `waiting`, read with the exporter's reading
 code) are the primary source; when `remediator.haproxy_socket` is set, HAProxy's current sessions for
 the server (`scur`) must be 0 as well. A reading that fails is "unknown" (principle 3): the drain then
-runs to its deadline. The counters read when the drain began are kept (as JSON, in SQLite) so that
+runs to its deadline. The reading taken when the drain began is kept whole in the store so that
 progress during the drain - in-flight requests finishing - can be told from a stalled engine.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from llm_health.exporter.backend import Target, observe
 from llm_health.exporter.observation import ReadResult
-from llm_health.exporter.reading import EngineReading, Reading
+from llm_health.exporter.reading import Reading
 from llm_health.exporter.verdict import other_process, progressed
 from llm_health.remediator.drain import StatsError, show_stat
 
@@ -75,22 +74,6 @@ def kv_usage(reading: Reading | None) -> float | None:
         return None
     values = [e.kv_usage for e in reading.engines.values() if e.kv_usage is not None]
     return max(values) if values else None
-
-
-def dump(reading: Reading | None) -> str:
-    return json.dumps(asdict(reading)) if reading is not None else ""
-
-
-def load(text: str) -> Reading | None:
-    if not text:
-        return None
-    try:
-        data = json.loads(text)
-        engines = {k: EngineReading(**v) for k, v in data["engines"].items()}
-        return Reading(flavour=data["flavour"], engines=engines, process_start=data.get("process_start"),
-                       created=dict(data.get("created") or {}))
-    except (ValueError, KeyError, TypeError):
-        return None
 
 
 def moved(before: Reading | None, after: Reading | None) -> str:

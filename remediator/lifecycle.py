@@ -25,8 +25,9 @@ The restart cycle is READY -> DRAINING -> STOPPED -> INITIALIZING -> READY.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 
 class LifecycleState(enum.StrEnum):
@@ -39,8 +40,11 @@ class LifecycleState(enum.StrEnum):
 
 S = LifecycleState
 
-#: States in which a backend is being restarted, i.e. out of service because of us.
-RESTARTING: frozenset[LifecycleState] = frozenset({S.DRAINING, S.STOPPED, S.INITIALIZING})
+#: States in which a backend is out of service because a restart of ours holds it (and its host's mutex).
+OUT_OF_SERVICE: frozenset[LifecycleState] = frozenset({S.DRAINING, S.STOPPED, S.INITIALIZING})
+
+#: the state of a backend that has no lifecycle row yet (the authority has not looked at it)
+UNSEEN = S.INITIALIZING
 
 LEGAL: Mapping[LifecycleState, frozenset[LifecycleState]] = {
     S.READY: frozenset({S.DRAINING, S.STOPPED, S.ERROR}),
@@ -87,6 +91,33 @@ def transition(current: LifecycleState, target: LifecycleState, now: float, reas
     return Transition(source=current, target=target, at=now, reason=reason.strip())
 
 
+class StoredState(Protocol):
+    """What the gates need of a stored lifecycle row (store.rows.LifecycleRow)."""
+
+    @property
+    def state(self) -> LifecycleState: ...
+
+    @property
+    def owned(self) -> bool: ...
+
+
+def gate_states(rows: Mapping[str, StoredState], names: Iterable[str]) -> dict[str, LifecycleState]:
+    """The states `may_start` / `may_drain` judge from, for the backends `names`.
+
+    A backend waiting since start-up to answer for the first time is INITIALIZING but is not being
+    restarted by us: it must not hold its host's mutex (nor its own restart), so it is left out here.
+    It is not READY either, so it never counts toward min_ready.
+    """
+    out: dict[str, LifecycleState] = {}
+    for name in names:
+        r = rows.get(name)
+        st = r.state if r is not None else UNSEEN
+        if st == S.INITIALIZING and not (r is not None and r.owned):
+            continue
+        out[name] = st
+    return out
+
+
 def warmup_expired(entered_initializing_at: float, now: float, warmup_timeout: float) -> bool:
     """INITIALIZING for longer than warmup_timeout: time for INITIALIZING -> ERROR."""
     return now - entered_initializing_at >= warmup_timeout
@@ -108,12 +139,12 @@ def may_start(
     other backend to its host. A backend that is itself already restarting may not start again.
     """
     own = states_by_backend.get(backend)
-    if own in RESTARTING:
+    if own in OUT_OF_SERVICE:
         return False, f"{backend} is already {own.value}"
     if not host:
         return True, f"{backend} has no host: no per-host limit"
     for other, state in sorted(states_by_backend.items()):
-        if other == backend or state not in RESTARTING:
+        if other == backend or state not in OUT_OF_SERVICE:
             continue
         if _host_of(other, hosts) == host:
             return False, f"{other} on the same host {host} is {state.value}"

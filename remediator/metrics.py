@@ -11,10 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from llm_health.remediator import fleet
 from llm_health.remediator.authority import VERIFY, WARMUP
-from llm_health.remediator.lifecycle import LifecycleState
-from llm_health.remediator.store import NEEDS_ACK, Store
+from llm_health.remediator.lifecycle import UNSEEN, LifecycleState
+from llm_health.remediator.store import IncidentState, StateStore
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.gc_collector import GCCollector
@@ -28,14 +27,13 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class StateCollector(Collector):
-    def __init__(self, config: Config, store: Store, health: Callable[[], dict[str, Any]] | None = None) -> None:
+    def __init__(self, config: Config, store: StateStore, health: Callable[[], dict[str, Any]] | None = None) -> None:
         self.config = config
         self.store = store
         self.health = health
 
     def collect(self) -> Iterator[Metric]:
         store, config = self.store, self.config
-        conn = store.conn()
         names = [b.name for b in config.backends]
 
         received = store.counters("alerts_received")
@@ -51,10 +49,7 @@ class StateCollector(Collector):
             m.add_metric([kind], n)
         yield m
 
-        restarts: dict[tuple[str, str], int] = {}
-        for r in conn.execute("SELECT backend, coalesce(result, 'running') AS result, count(*) AS n FROM actions "
-                              "WHERE coalesce(result, '') != 'dry_run' GROUP BY 1, 2").fetchall():
-            restarts[(r["backend"], r["result"])] = int(r["n"])
+        restarts = store.restart_counts()
         for label, n in store.counters("restarts_pruned").items():   # history pruned by retention still counts
             backend, _, result = label.partition("\t")
             if result and result != "dry_run":
@@ -66,10 +61,10 @@ class StateCollector(Collector):
         yield m
 
         g = GaugeMetricFamily("llm_health_remediator_breaker_open", "1 while the fleet circuit breaker is open.")
-        g.add_metric([], int(Store.breaker(conn)["open"]))
+        g.add_metric([], int(store.breaker().open))
         yield g
 
-        rows = fleet.all_rows(conn)
+        rows = store.lifecycles()
         state = GaugeMetricFamily("llm_health_remediator_lifecycle_state",
                                   "1 for the lifecycle state each backend is in, 0 for the others.",
                                   labels=["backend", "state"])
@@ -78,15 +73,14 @@ class StateCollector(Collector):
                                   labels=["backend"])
         for name in names:
             r = rows.get(name)
-            current = r["state"] if r else fleet.UNSEEN.value
+            current = r.state if r else UNSEEN
             for st in LifecycleState:
-                state.add_metric([name, st.value], int(st.value == current))
-            since.add_metric([name], float(r["since"]) if r else 0.0)
+                state.add_metric([name, st.value], int(st == current))
+            since.add_metric([name], r.since if r else 0.0)
         yield state
         yield since
 
-        acks = {r["backend"] for r in conn.execute("SELECT backend FROM incidents WHERE state = ?",
-                                                   (NEEDS_ACK,)).fetchall()}
+        acks = store.backends_in(IncidentState.NEEDS_ACK)
         g = GaugeMetricFamily("llm_health_remediator_needs_ack",
                               "1 while the backend's incident waits for a person (outcome unknown, never "
                               "retried blindly): acknowledge through POST /api/backends/<name>/ack.",
@@ -138,7 +132,7 @@ class StateCollector(Collector):
                 yield g
 
 
-def registry_for(config: Config, store: Store, health: Callable[[], dict[str, Any]] | None = None) -> CollectorRegistry:
+def registry_for(config: Config, store: StateStore, health: Callable[[], dict[str, Any]] | None = None) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StateCollector(config, store, health))
     ProcessCollector(registry=registry)

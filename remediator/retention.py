@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from llm_health.remediator.store import StateError, Store
+from llm_health.remediator.store import StateError, StateStore
 
 from llm_health.config import Config
 
@@ -23,15 +23,15 @@ def protected_window(config: Config) -> float:
     return max(r.budget.window, r.breaker.window, r.backoff.stable_after, r.backoff.cap) + r.action_timeout
 
 
-def prune(store: Store, config: Config, now: float) -> dict[str, int]:
+def prune(store: StateStore, config: Config, now: float) -> dict[str, int]:
     ret = config.remediator.retention
-    with store.tx() as c:
-        return Store.prune(c, now, max_age=ret.max_age, max_events=ret.max_events, max_actions=ret.max_actions,
-                           protect=protected_window(config))
+    with store.tx() as tx:
+        return tx.prune(now, max_age=ret.max_age, max_events=ret.max_events, max_actions=ret.max_actions,
+                        protect=protected_window(config))
 
 
 class Pruner:
-    def __init__(self, store: Store, config: Config, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, store: StateStore, config: Config, clock: Callable[[], float] = time.time) -> None:
         self.store, self.config, self.clock = store, config, clock
         self._stop = threading.Event()
 

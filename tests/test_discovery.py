@@ -429,18 +429,18 @@ def test_config_lookups_see_discovered_backends() -> None:
 
 def test_refusals_are_audited_once_while_they_last(tmp_path: Any) -> None:
     from llm_health.remediator.discovered import AUDIT_EVERY, EVENT, audit_refusals
-    from llm_health.remediator.store import Store
+    from llm_health.remediator.store import SqliteStore
 
-    store = Store(tmp_path / "state.db")
+    store = SqliteStore(tmp_path / "state.db")
     store.init()
     found = backends_from_targets([pod("a", namespace="a;reboot"), target("bad name")],
                                   SETTINGS, parse_selector(SETTINGS.selector))
     assert audit_refusals(store, found.refusals, 1000.0) == 2
     assert audit_refusals(store, found.refusals, 1001.0) == 0          # the next refresh: nothing new
     events = store.events(kind=EVENT)
-    assert {e["backend"] for e in events} == {"a", ""}
-    (restart,) = [e for e in events if e["backend"] == "a"]
-    assert "a;reboot" in restart["reason"] and restart["detail"]["restart_only"] is True
+    assert {e.backend for e in events} == {"a", ""}
+    (restart,) = [e for e in events if e.backend == "a"]
+    assert "a;reboot" in restart.reason and restart.detail["restart_only"] is True
     assert audit_refusals(store, found.refusals, 1000.0 + AUDIT_EVERY + 1) == 2   # still there a day later
 
 

@@ -26,7 +26,7 @@ from llm_health.exporter.observation import Verification
 from llm_health.remediator import action
 from llm_health.remediator.app import create_app
 from llm_health.remediator.authority import Authority
-from llm_health.remediator.store import Store
+from llm_health.remediator.store import Event, SqliteStore
 from test_discovery import K8S, pod
 from test_discovery_trust import rogue
 from test_remediator_helpers import alert, payload
@@ -79,7 +79,7 @@ class FakePrometheus:
 class World:
     client: FlaskClient
     authority: Authority
-    store: Store
+    store: SqliteStore
     clock: FakeClock
     prometheus: FakePrometheus
     app: Any
@@ -94,9 +94,9 @@ class World:
         return self.client.post("/webhook", json=body, headers=AUTH)
 
     def kinds(self, backend: str) -> list[str]:
-        return [e["kind"] for e in reversed(self.store.events(backend=backend, limit=1000))]
+        return [e.kind for e in reversed(self.store.events(backend=backend, limit=1000))]
 
-    def events(self, backend: str, kind: str) -> list[dict[str, Any]]:
+    def events(self, backend: str, kind: str) -> list[Event]:
         return self.store.events(backend=backend, kind=kind, limit=1000)
 
     def publish(self, *targets: dict[str, Any]) -> None:
@@ -174,8 +174,8 @@ def test_a_hijacked_name_means_no_restart_for_either_an_audit_event_and_the_metr
     w.publish(pod("vllm-0", "10.0.0.5:8000"))
     w.publish(pod("vllm-0", "10.0.0.5:8000"), rogue("vllm-0", "vllm-0", "10.0.0.1:8000"))
     (dup,) = w.events("vllm-0", "discovery_duplicate")
-    assert "claimed by 2" in dup["reason"] and "needs a person" in dup["reason"]
-    assert sorted(dup["detail"]["targets"]) == ["http://10.0.0.1:8000/metrics", "http://10.0.0.5:8000/metrics"]
+    assert "claimed by 2" in dup.reason and "needs a person" in dup.reason
+    assert sorted(dup.detail["targets"]) == ["http://10.0.0.1:8000/metrics", "http://10.0.0.5:8000/metrics"]
     metrics = w.client.get("/metrics").get_data(as_text=True)
     assert "llm_health_discovery_duplicate_names 1.0" in metrics
     assert w.post(payload(alert("vllm-0"))).status_code == 202
@@ -229,7 +229,7 @@ def test_a_webhook_storm_about_unknown_backends_answers_at_once_and_costs_few_qu
     assert queries <= 4, f"41 webhooks about unknown backends cost {queries} targets queries"
     assert w.calls == []
     closed = w.store.events(kind="closed", limit=100)
-    assert len(closed) == 41 and all("no longer configured" in e["reason"] for e in closed)
+    assert len(closed) == 41 and all("no longer configured" in e.reason for e in closed)
 
 
 def test_an_alert_about_a_backend_discovered_after_the_webhook_is_not_lost(w: World) -> None:

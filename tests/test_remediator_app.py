@@ -22,7 +22,7 @@ from llm_health.exporter.observation import Verification
 from llm_health.remediator import action
 from llm_health.remediator.app import create_app
 from llm_health.remediator.authority import Authority
-from llm_health.remediator.store import Store
+from llm_health.remediator.store import IncidentState, SqliteStore
 from test_remediator_helpers import alert, payload
 
 from llm_health.config import parse_config
@@ -35,7 +35,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 class World:
     client: FlaskClient
     authority: Authority
-    store: Store
+    store: SqliteStore
     clock: FakeClock
     outcomes: dict[str, str]
     ready: dict[str, bool]
@@ -53,10 +53,10 @@ class World:
             self.authority.tick()
 
     def kinds(self, backend: str = "") -> list[str]:
-        return [e["kind"] for e in reversed(self.store.events(backend=backend, limit=1000))]
+        return [e.kind for e in reversed(self.store.events(backend=backend, limit=1000))]
 
     def incident(self, backend: str = "gpu-a") -> Any:
-        return Store.active_incident(self.store.conn(), backend)
+        return self.store.active_incident(backend)
 
 
 def build(tmp_path: Path, **remediator: Any) -> World:
@@ -187,7 +187,7 @@ def test_bad_bodies_are_refused_and_change_nothing(w: World) -> None:
         assert r.status_code == status, body[:60]
         assert r.get_json()["error"]
     w.run()
-    assert [e for e in w.store.events(limit=10) if e["kind"] != "lease_acquired"] == []
+    assert [e for e in w.store.events(limit=10) if e.kind != "lease_acquired"] == []
     assert w.store.active_incidents() == [] and w.calls == [] and w.store.counters("alerts_received") == {}
 
 
@@ -235,7 +235,7 @@ def test_unknown_verification_fails_closed_then_retries(w: World) -> None:
     w.outcomes["gpu-a"] = "unknown"
     w.post(payload(alert()))
     w.run(5)
-    assert w.calls == [] and w.incident()["state"] == "open"
+    assert w.calls == [] and w.incident().state == "open"
     assert w.kinds("gpu-a").count("deferred_unknown") == 1
     assert w.verifications == 1            # not re-verified on every tick
     w.outcomes["gpu-a"] = "no_progress"
@@ -252,7 +252,7 @@ def test_api_busy_marker_defers_until_removed(w: World) -> None:
     w.run(5)
     assert w.calls == [] and w.verifications == 0
     deferred = w.store.events(kind="deferred_marker")
-    assert len(deferred) == 1 and "batch-7" in deferred[0]["reason"]
+    assert len(deferred) == 1 and "batch-7" in deferred[0].reason
     view = w.client.get("/api/backends").get_json()["backends"][0]
     assert view["markers"][0]["owner"] == "batch-7"
     assert w.client.delete(f"/api/busy/{marker['id']}").status_code == 401
@@ -339,12 +339,12 @@ def test_resolved_closes_an_open_incident(w: World) -> None:
 def test_warmup_absorbs_alerts_then_recovers(w: World) -> None:
     w.post(payload(alert()))
     w.run()
-    assert w.incident()["state"] == "warming"
+    assert w.incident().state == "warming"
     w.post(payload(alert(alertname="LLMBackendDown")))
     w.post(payload(alert(status="resolved")))                # mid-restart: noted, not closed
     w.clock.advance(5)
     w.run()
-    assert w.incident()["state"] == "warming"
+    assert w.incident().state == "warming"
     w.ready["gpu-a"] = True
     w.clock.advance(5)
     w.run()
@@ -358,7 +358,7 @@ def test_warmup_timeout_needs_ack(w: World) -> None:
     w.run()
     w.clock.advance(101)
     w.run()
-    assert w.incident()["state"] == "needs_ack" and "warmup_timeout" in w.kinds("gpu-a")
+    assert w.incident().state == "needs_ack" and "warmup_timeout" in w.kinds("gpu-a")
     w.clock.advance(10_000)
     w.post(payload(alert(starts_at="2026-11-30T09:00:00Z")))
     w.run()
@@ -372,7 +372,7 @@ def test_failed_action_waits_for_backoff(w: World) -> None:
     w.result = action.ActionResult(action.FAILED, 3, "boom")
     w.post(payload(alert()))
     w.run(5)
-    assert len(w.calls) == 1 and w.incident()["state"] == "open"
+    assert len(w.calls) == 1 and w.incident().state == "open"
     assert "deferred_backoff" in w.kinds("gpu-a")
     w.clock.advance(99)
     w.run()
@@ -390,7 +390,7 @@ def test_timed_out_action_is_never_retried_blindly(w: World) -> None:
     w.run()
     w.clock.advance(100_000)
     w.run()
-    assert len(w.calls) == 1 and w.incident()["state"] == "needs_ack"
+    assert len(w.calls) == 1 and w.incident().state == "needs_ack"
     w.ready["gpu-a"] = True                  # it does answer again: the incident closes by itself
     w.clock.advance(10)
     w.run()
@@ -433,17 +433,16 @@ def test_budget_holds_over_incidents(tmp_path: Path) -> None:
 def test_interrupted_restart_is_not_repeated(w: World) -> None:
     """A restart whose intent is recorded by a holder that died: the next authority never repeats it."""
     w.post(payload(alert()))
-    with w.store.tx() as c:
-        inc = Store.active_incident(c, "gpu-a")
-        c.execute("INSERT INTO actions (incident_id, backend, argv, holder, started_at) VALUES (?,?,?,?,?)",
-                  (inc["id"], "gpu-a", "restart-a", "dead-worker", w.clock.t))
-        Store.set_state(c, inc["id"], w.clock.t, "restarting")
+    with w.store.tx() as tx:
+        inc = tx.active_incident("gpu-a")
+        tx.add_action(inc.id, "gpu-a", "restart-a", "dead-worker", w.clock.t, w.clock.t, "")
+        tx.move_incident(inc.id, w.clock.t, IncidentState.RESTARTING)
     w.run()
     w.clock.advance(100_000)
     w.post(payload(alert(alertname="LLMBackendDown")))
     w.run()
     assert w.calls == []
-    assert w.incident()["state"] == "needs_ack"
+    assert w.incident().state == "needs_ack"
     assert "interrupted" in w.kinds("gpu-a")
 
 
@@ -503,14 +502,12 @@ def test_a_discovered_backend_mid_restart_survives_a_remediator_start_while_prom
     and the lifecycle is released."""
     import dataclasses
 
-    from llm_health.remediator import fleet
-
     from llm_health.config import DiscoverySettings
     from llm_health.discovery import Discovery, LiveBackends
 
     w.post(payload(alert()))
     w.run(3)
-    assert w.incident()["state"] == "warming"                    # restarted, not warm yet (ready False)
+    assert w.incident().state == "warming"                    # restarted, not warm yet (ready False)
     config = w.authority.config
     gpu_a = config.backend("gpu-a")
     answer: dict[str, Any] = {"targets": None}
@@ -529,7 +526,7 @@ def test_a_discovered_backend_mid_restart_survives_a_remediator_start_while_prom
     w.clock.advance(10)
     w.run(3)
     inc = w.incident()
-    assert inc is not None and inc["state"] == "warming"
+    assert inc is not None and inc.state == "warming"
     assert "waiting_for_discovery" in w.kinds("gpu-a")
     answer["targets"] = []                                       # answers, gpu-a really gone
     w.clock.advance(10)
@@ -539,7 +536,7 @@ def test_a_discovered_backend_mid_restart_survives_a_remediator_start_while_prom
     w.clock.advance(10)
     w.run(3)
     assert w.incident() is None
-    with w.store.reader() as c:
-        r = fleet.row(c, "gpu-a")
-        assert r["state"] == "error" and r["incident_id"] is None
+    with w.store.reader() as rd:
+        r = rd.lifecycle("gpu-a")
+        assert r.state == "error" and r.incident_id is None
     assert gpu_a is not None

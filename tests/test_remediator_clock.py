@@ -9,7 +9,7 @@ from typing import Any
 
 from fakes import FakeClock
 from llm_health.exporter.observation import Verification
-from llm_health.remediator import action, fleet
+from llm_health.remediator import action
 from llm_health.remediator.app import create_app
 from llm_health.remediator.authority import Authority
 from llm_health.remediator.inflight import InFlight
@@ -47,7 +47,7 @@ def test_wall_clock_steps_move_neither_lease_nor_deadlines(tmp_path: Path) -> No
     a, b = authority("a"), authority("b")
 
     def state() -> str:
-        return fleet.state_of(store.conn(), "gpu-a").value
+        return store.lifecycle_state("gpu-a").value
 
     assert a.renew_lease() and not b.renew_lease()
     a.tick()
@@ -72,10 +72,10 @@ def test_wall_clock_steps_move_neither_lease_nor_deadlines(tmp_path: Path) -> No
     mono.advance(5)
     a.tick()
     assert state() == "ready"
-    kinds = [e["kind"] for e in store.events(backend="gpu-a", limit=100)]
+    kinds = [e.kind for e in store.events(backend="gpu-a", limit=100)]
     assert "recovered" in kinds and "interrupted" not in kinds
     restarted = store.events(backend="gpu-a", kind="restarted")[0]
-    assert restarted["at"] == wall.t                   # events carry wall time (after the step back)
+    assert restarted.at == wall.t                   # events carry wall time (after the step back)
 
     # the lease expires on the monotonic clock only
     mono.advance(a.lease_ttl + 1)
@@ -128,7 +128,7 @@ class Rig:
             self.authority.tick()
 
     def kinds(self, backend: str = "gpu-a") -> list[str]:
-        return [e["kind"] for e in reversed(self.store.events(backend=backend, limit=1000))]
+        return [e.kind for e in reversed(self.store.events(backend=backend, limit=1000))]
 
 
 def test_a_forward_step_of_the_wall_clock_never_allows_a_restart_inside_the_backoff(tmp_path: Path) -> None:

@@ -20,12 +20,12 @@ from typing import Any
 
 from flask.testing import FlaskClient
 from llm_health.exporter.observation import Verification
-from llm_health.remediator import action, fleet
+from llm_health.remediator import action
 from llm_health.remediator.app import create_app
 from llm_health.remediator.authority import Authority
 from llm_health.remediator.inflight import InFlight
-from llm_health.remediator.lifecycle import RESTARTING as OUT_OF_SERVICE
-from llm_health.remediator.store import Store
+from llm_health.remediator.lifecycle import OUT_OF_SERVICE
+from llm_health.remediator.store import SqliteStore
 from test_remediator_helpers import alert, payload
 
 from llm_health.config import RemediatorSettings, parse_config
@@ -40,7 +40,7 @@ SLACK = 8.0     # seconds on top of one verification: scheduling, SQLite, a load
 class Fleet:
     client: FlaskClient
     authority: Authority
-    store: Store
+    store: SqliteStore
     names: tuple[str, ...]
     outcomes: dict[str, str]
     starts: dict[str, list[float]] = field(default_factory=dict)     # monotonic action start times
@@ -55,11 +55,11 @@ class Fleet:
         return at
 
     def states(self) -> dict[str, str]:
-        with self.store.reader() as c:
-            return {n: fleet.state_of(c, n).value for n in self.names}
+        with self.store.reader() as rd:
+            return {n: rd.lifecycle_state(n).value for n in self.names}
 
     def kinds(self, name: str) -> list[str]:
-        return [e["kind"] for e in self.store.events(backend=name, limit=1000)]
+        return [e.kind for e in self.store.events(backend=name, limit=1000)]
 
     def sample(self) -> None:
         while self.sampling:
@@ -171,9 +171,8 @@ def test_breaker_is_never_exceeded_when_incidents_race(tmp_path: Path) -> None:
             held = [n for n in f.names if "deferred_breaker" in kinds[n]]
             return len(done) + len(held) == len(f.names)
         wait_until(settled, timeout=60, what="every incident restarted or held by the breaker")
-        with f.store.reader() as c:
-            actions = c.execute("SELECT count(*) FROM actions").fetchone()[0]
-            breaker_open = Store.breaker(c)["open"]
+        actions = f.store.conn().execute("SELECT count(*) FROM actions").fetchone()[0]
+        breaker_open = f.store.breaker().open
         assert actions == 3 and sum(len(v) for v in f.starts.values()) == 3
         assert breaker_open
         assert len(f.store.events(kind="breaker_open")) == 1

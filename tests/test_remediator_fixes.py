@@ -22,7 +22,7 @@ from llm_health.remediator.agent_check import agent_reply
 from llm_health.remediator.app import create_app
 from llm_health.remediator.authority import Authority
 from llm_health.remediator.inflight import InFlight
-from llm_health.remediator.store import Store
+from llm_health.remediator.store import SqliteStore
 from llm_health.simulator.server import SimConfig, Simulator
 from test_remediator_helpers import alert, payload
 from test_remediator_lifecycle import AUTH, World, build
@@ -101,7 +101,7 @@ def test_runner_that_raises_leaves_needs_ack_error_and_frees_the_host(tmp_path: 
     rows = w.store.conn().execute("SELECT result, output FROM actions").fetchall()
     assert [r["result"] for r in rows] == ["error"] and "embedded null byte" in rows[0]["output"]
     aborted = w.store.events(kind="aborted")
-    assert len(aborted) == 1 and "ValueError" in aborted[0]["reason"]
+    assert len(aborted) == 1 and "ValueError" in aborted[0].reason
     assert "escalated" in w.kinds("gpu-a")
     # the host mutex is free again: gpu-b on the same host can be restarted
     w.authority.runner = lambda argv, timeout, env: (w.calls.append(env["LLM_HEALTH_BACKEND"])
@@ -144,7 +144,7 @@ def test_own_restart_whose_bookkeeping_failed_is_swept_by_recover(tmp_path: Path
     w.authority.tick()                            # recover() runs again and finds our own open row
     assert incident(w)["state"] == "needs_ack" and w.state() == "error"
     assert w.store.conn().execute("SELECT result FROM actions").fetchone()[0] == "interrupted"
-    assert w.store.events(kind="interrupted")[0]["detail"]["own"] is True
+    assert w.store.events(kind="interrupted")[0].detail["own"] is True
 
 
 # -- 3. unresponsive -------------------------------------------------------------------------------------
@@ -199,7 +199,7 @@ def test_unresponsive_restarts_once_after_the_window_and_a_break_restarts_the_wi
     assert w.calls == ["gpu-a"]
     assert len(w.store.events(kind="restarting", backend="gpu-a")) == 1
     draining = w.store.events(kind="draining", backend="gpu-a")
-    assert len(draining) == 1 and "no answer to /metrics for 120 s with work in flight" in draining[0]["reason"]
+    assert len(draining) == 1 and "no answer to /metrics for 120 s with work in flight" in draining[0].reason
 
 
 # -- 4. the re-verification window -----------------------------------------------------------------------
@@ -234,7 +234,7 @@ def test_resolved_during_the_drain_but_still_stalled_restarts(tmp_path: Path) ->
     w.clock.advance(5)
     w.run()
     assert w.calls == ["gpu-a"]
-    assert "re-verified at the end of the drain" in w.store.events(kind="restarting")[0]["reason"]
+    assert "re-verified at the end of the drain" in w.store.events(kind="restarting")[0].reason
 
 
 def test_drain_without_a_starting_reading_reverifies_before_the_restart(tmp_path: Path) -> None:
@@ -360,7 +360,7 @@ def test_older_state_file_gets_the_new_columns(tmp_path: Path) -> None:
                   "state TEXT NOT NULL, opened_at REAL NOT NULL, updated_at REAL NOT NULL, closed_at REAL, "
                   "close_reason TEXT NOT NULL DEFAULT '', next_check_at REAL NOT NULL DEFAULT 0, "
                   "last_note TEXT NOT NULL DEFAULT '', warm_deadline REAL, last_decision TEXT NOT NULL DEFAULT '')")
-    store = Store(path)
+    store = SqliteStore(path)
     store.init()
     cols = {r[1] for r in store.conn().execute("PRAGMA table_info(incidents)").fetchall()}
     assert {"verified_outcome", "verified_at", "unresponsive_since"} <= cols

@@ -20,14 +20,14 @@ from fakes import FakeClock, has_sample
 from flask.testing import FlaskClient
 from llm_health.exporter.observation import Verification
 from llm_health.exporter.reading import EngineReading, Reading
-from llm_health.remediator import action, fleet
+from llm_health.remediator import action
 from llm_health.remediator.agent import FleetAgent
 from llm_health.remediator.agent_check import AgentCheckServer
 from llm_health.remediator.app import create_app
 from llm_health.remediator.authority import Authority
 from llm_health.remediator.inflight import InFlight
 from llm_health.remediator.lifecycle import LifecycleState
-from llm_health.remediator.store import Store
+from llm_health.remediator.store import SqliteStore
 from llm_health.simulator.server import SimConfig, Simulator
 from test_remediator_helpers import alert, payload
 
@@ -49,7 +49,7 @@ def reading(work: float, tokens: float) -> Reading:
 class World:
     client: FlaskClient
     authority: Authority
-    store: Store
+    store: SqliteStore
     clock: FakeClock
     config: Config
     outcomes: dict[str, str]
@@ -68,14 +68,14 @@ class World:
             self.authority.tick()
 
     def state(self, name: str = "gpu-a") -> str:
-        return fleet.state_of(self.store.conn(), name).value
+        return self.store.lifecycle_state(name).value
 
     def steps(self, name: str = "gpu-a") -> list[tuple[str, str]]:
-        return [(e["detail"]["source"], e["detail"]["target"])
+        return [(e.detail["source"], e.detail["target"])
                 for e in reversed(self.store.events(backend=name, kind="lifecycle", limit=1000))]
 
     def kinds(self, name: str = "gpu-a") -> list[str]:
-        return [e["kind"] for e in reversed(self.store.events(backend=name, limit=1000))]
+        return [e.kind for e in reversed(self.store.events(backend=name, limit=1000))]
 
 
 def build(tmp_path: Path, names: tuple[str, ...] = ("gpu-a", "gpu-b"), hosts: dict[str, str] | None = None,
@@ -166,7 +166,7 @@ def test_restart_goes_through_every_state_and_every_view_shows_it(w: World) -> N
                          ("stopped", "initializing"), ("initializing", "ready")]
     kinds = w.kinds()
     assert kinds.index("draining") < kinds.index("restarting") < kinds.index("restarted") < kinds.index("recovered")
-    assert Store.active_incident(w.store.conn(), "gpu-a") is None
+    assert w.store.active_incident("gpu-a") is None
 
 
 def test_verified_down_skips_the_drain(w: World) -> None:
@@ -185,7 +185,7 @@ def test_drain_ends_when_nothing_is_in_flight_any_more(w: World) -> None:
     w.clock.advance(0.2)
     w.run()
     assert w.calls == ["gpu-a"] and w.steps()[2] == ("draining", "stopped")
-    assert any(e["reason"] == "draining -> stopped: in-flight work finished"
+    assert any(e.reason == "draining -> stopped: in-flight work finished"
                for e in w.store.events(kind="lifecycle", backend="gpu-a"))
 
 
@@ -199,15 +199,15 @@ def test_progress_during_the_drain_calls_the_restart_off(w: World) -> None:
     w.run()
     assert w.calls == [] and w.state() == "ready"
     assert w.steps()[-2:] == [("ready", "draining"), ("draining", "ready")]
-    assert "restart_called_off" in w.kinds() and Store.active_incident(w.store.conn(), "gpu-a") is None
+    assert "restart_called_off" in w.kinds() and w.store.active_incident("gpu-a") is None
 
 
 def test_illegal_transition_is_refused_and_audited(w: World) -> None:
-    with w.store.tx() as c:
-        assert not fleet.move(c, "gpu-a", S.INITIALIZING, w.clock.t, "skip the drain")
+    with w.store.tx() as tx:
+        assert not tx.move_lifecycle("gpu-a", S.INITIALIZING, w.clock.t, "skip the drain")
     assert w.state() == "ready"
     refused = w.store.events(kind="lifecycle_refused")
-    assert len(refused) == 1 and "ready -> initializing" in refused[0]["reason"]
+    assert len(refused) == 1 and "ready -> initializing" in refused[0].reason
     assert 'decision="lifecycle_refused"} 1' in w.client.get("/metrics").get_data(as_text=True)
 
 
@@ -218,7 +218,7 @@ def test_per_host_mutex_defers_the_second_backend(tmp_path: Path) -> None:
     w.run()
     assert (w.state("gpu-a"), w.state("gpu-b"), w.state("gpu-c")) == ("draining", "ready", "draining")
     deferred = w.store.events(kind="deferred_host")
-    assert [e["backend"] for e in deferred] == ["gpu-b"] and "gpu-a on the same host n1" in deferred[0]["reason"]
+    assert [e.backend for e in deferred] == ["gpu-b"] and "gpu-a on the same host n1" in deferred[0].reason
     w.ready["gpu-a"] = w.ready["gpu-c"] = False
     w.clock.advance(5)
     w.run()
@@ -236,7 +236,7 @@ def test_min_ready_floor_and_the_down_exception(tmp_path: Path) -> None:
     w.post(payload(alert("gpu-a"), alert("gpu-b")))
     w.run()
     assert (w.state("gpu-a"), w.state("gpu-b")) == ("draining", "ready")
-    assert [e["backend"] for e in w.store.events(kind="deferred_min_ready")] == ["gpu-b"]
+    assert [e.backend for e in w.store.events(kind="deferred_min_ready")] == ["gpu-b"]
     w.outcomes["gpu-b"] = "down"                   # gpu-b goes down: restarting it costs no capacity
     w.ready["gpu-b"] = False
     w.clock.advance(1)
@@ -305,9 +305,9 @@ def test_lifecycle_survives_a_crash_and_every_process_answers_the_same(tmp_path:
     other_app = create_app(w.config, clock=w.clock, start_authority=False)
     other = other_app.test_client()
     assert other.get("/api/backends").get_json()["backends"] == w.client.get("/api/backends").get_json()["backends"]
-    agents = [FleetAgent(Store(w.store.path), w.config, kv_reader=lambda url: 0.2) for _ in range(2)]
+    agents = [FleetAgent(SqliteStore(w.store.path), w.config, kv_reader=lambda url: 0.2) for _ in range(2)]
     assert {a.status_for("gpu-a").state for a in agents} == {S.DRAINING}
-    second = Authority(Store(w.store.path), w.config, clock=w.clock, holder="second", runner=w.authority.runner,
+    second = Authority(SqliteStore(w.store.path), w.config, clock=w.clock, holder="second", runner=w.authority.runner,
                        verifier=w.authority.verifier, warmup_check=w.authority.warmup_check,
                        answer_check=w.authority.answer_check, in_flight=w.authority.in_flight)
     w.clock.advance(w.authority.lease_ttl + 1)
@@ -333,7 +333,7 @@ def test_agent_answers_from_sqlite_with_kv_from_the_backend(tmp_path: Path) -> N
         config = parse_config({"backends": [{"name": "gpu-a", "url": sim.url}, {"name": "gpu-b",
                                "url": "http://127.0.0.1:18101"}], "remediator": {"state": w.store.path}})
         for _ in range(2):   # two processes' worth of agents, each with its own store handle
-            servers.append(AgentCheckServer("127.0.0.1", 0, FleetAgent(Store(w.store.path), config).status_for)
+            servers.append(AgentCheckServer("127.0.0.1", 0, FleetAgent(SqliteStore(w.store.path), config).status_for)
                            .start())
         answers = lambda name: {ask(s.port, name) for s in servers}  # noqa: E731
         assert answers("gpu-a") == {"ready up 100%"}           # KV 0 from the simulator's own /metrics
@@ -411,15 +411,14 @@ def test_unreachable_alertmanager_is_recorded_and_never_blocks_the_restart(tmp_p
     restart_cycle(w)
     assert w.calls == ["gpu-a"]
     failed = w.store.events(kind="silence_failed")
-    assert len(failed) == 1 and "restart goes on" in failed[0]["reason"]
+    assert len(failed) == 1 and "restart goes on" in failed[0].reason
     assert w.store.conn().execute("SELECT count(*) FROM silences").fetchone()[0] == 0
 
 
 def test_a_lifecycle_check_that_raises_never_starves_the_other_backends(w: World) -> None:
     """Backends outside a restart are looked at oldest first; a check raising for the first one ended
     the pass before the others (and it stayed first in line): they were never marked READY."""
-    with w.store.tx() as c:
-        c.execute("UPDATE lifecycle SET state = 'initializing', incident_id = NULL")
+    w.store.conn().execute("UPDATE lifecycle SET state = 'initializing', incident_id = NULL")
     answers = w.authority.answer_check
 
     def check(b: Any) -> tuple[bool, str]:

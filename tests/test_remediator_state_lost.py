@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 import requests
 from llm_health.remediator import state_traces
-from llm_health.remediator.store import StateError, Store
+from llm_health.remediator.store import SqliteStore, StateError
 from test_self_watch_process import write_config
 
 from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
 
 
 def init(path: Path) -> None:
-    store = Store(path)
+    store = SqliteStore(path)
     try:
         store.init()
     finally:

@@ -22,7 +22,7 @@ from llm_health.exporter.observation import Verification
 from llm_health.remediator.app import create_app
 from llm_health.remediator.authority import Authority
 from llm_health.remediator.inflight import InFlight
-from llm_health.remediator.store import Store
+from llm_health.remediator.store import SqliteStore
 from loopback import Loopback
 from test_remediator_helpers import alert, payload
 
@@ -79,7 +79,7 @@ def test_a_deposed_holder_leaves_the_outcome_and_the_silence_to_the_new_holder(t
     }, source=str(tmp_path / "llm-health.yml"))
     wall, mono = FakeClock(1_000_000.0), FakeClock(5_000.0)
     app = create_app(config, clock=wall, start_authority=False)
-    store: Store = app.extensions["remediator"].store
+    store: SqliteStore = app.extensions["remediator"].store
 
     def authority(holder: str) -> Authority:
         return Authority(store, config, clock=wall, mono=mono, holder=holder,
@@ -114,11 +114,11 @@ def test_a_deposed_holder_leaves_the_outcome_and_the_silence_to_the_new_holder(t
         acting.join(timeout=30)
         assert not acting.is_alive()
 
-        inc = Store.active_incident(store.conn(), "gpu-a")
-        assert inc is not None and inc["state"] == "warming"      # B's warm-up, undisturbed
+        inc = store.active_incident("gpu-a")
+        assert inc is not None and inc.state == "warming"      # B's warm-up, undisturbed
         late = store.events(kind="late_result")
-        assert len(late) == 1 and "lost the lease: recorded nothing" in late[0]["reason"], late
-        assert store.events(kind="restarted")[0]["detail"].get("collected"), "B collected the wrapper's exit status"
+        assert len(late) == 1 and "lost the lease: recorded nothing" in late[0].reason, late
+        assert store.events(kind="restarted")[0].detail.get("collected"), "B collected the wrapper's exit status"
         assert am.expired == [], "the deposed holder expired the silence of the new holder's warm-up"
         actions = store.conn().execute("SELECT result, exit_code, holder FROM actions").fetchall()
         assert [tuple(x) for x in actions] == [("ok", 0, "a")]

@@ -16,7 +16,7 @@ from fakes import has_sample
 from llm_health.remediator import retention
 from llm_health.remediator.app import create_app
 from llm_health.remediator.marker import file_markers
-from llm_health.remediator.store import Store
+from llm_health.remediator.store import IncidentState, SqliteStore
 from test_remediator_app import AUTH, World, build
 from test_remediator_helpers import alert, payload
 
@@ -35,8 +35,8 @@ def test_f1_metrics_come_from_prometheus_client_with_needs_ack_and_process_serie
     assert "process_cpu_seconds_total" in text and "python_info" in text        # the standard series
     assert has_sample(text, 'llm_health_remediator_needs_ack{backend="gpu-a"} 0')
     assert has_sample(text, "llm_health_remediator_healthy 1")
-    with w.store.tx() as c:
-        c.execute("INSERT INTO incidents (backend, state, opened_at, updated_at) VALUES ('gpu-a', 'needs_ack', 1, 1)")
+    with w.store.tx() as tx:
+        tx.move_incident(tx.open_incident("gpu-a", 1), 1, IncidentState.NEEDS_ACK)
     text = w.client.get("/metrics").get_data(as_text=True)
     assert has_sample(text, 'llm_health_remediator_needs_ack{backend="gpu-a"} 1')
 
@@ -50,9 +50,9 @@ def test_f2_healthz_fails_when_the_store_cannot_be_written(w: World) -> None:
 
 
 def test_f2_healthz_fails_on_a_corrupted_page(w: World) -> None:
-    with w.store.tx() as c:
+    with w.store.tx() as tx:
         for i in range(300):
-            Store.event(c, float(i), "received", reason="x" * 500)
+            tx.event(float(i), "received", reason="x" * 500)
     w.store.conn().execute("PRAGMA wal_checkpoint(TRUNCATE)")
     with open(w.store.path, "r+b") as f:                          # scribble over the middle of the file
         f.seek(4096 * 6)
@@ -64,18 +64,18 @@ def test_f2_healthz_fails_on_a_corrupted_page(w: World) -> None:
 
 def test_f2_startup_refuses_a_damaged_state(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
-    store = Store(path)
+    store = SqliteStore(path)
     store.init()
-    with store.tx() as c:
+    with store.tx() as tx:
         for i in range(300):
-            Store.event(c, float(i), "received", reason="x" * 500)
+            tx.event(float(i), "received", reason="x" * 500)
     store.conn().execute("PRAGMA wal_checkpoint(TRUNCATE)")
     store.close()
     with open(path, "r+b") as f:
         f.seek(4096 * 6)
         f.write(os.urandom(4096 * 4))
     with pytest.raises(Exception, match="integrity|malformed|not a database"):
-        Store(path).init()
+        SqliteStore(path).init()
 
 
 def test_f2_healthz_fails_when_the_authority_loop_stops(w: World) -> None:
@@ -142,9 +142,9 @@ def test_f10_unauthenticated_gets_redact_credentials_and_hide_output(tmp_path: P
     w = build(tmp_path)
     try:
         secret_url = "http://admin:hunter2@10.0.0.5:8000"
-        with w.store.tx() as c:
-            Store.event(c, 1.0, "failed", "gpu-a", reason=f"could not reach {secret_url}",
-                        output="restart failed: password=hunter2", url=secret_url)
+        with w.store.tx() as tx:
+            tx.event(1.0, "failed", "gpu-a", reason=f"could not reach {secret_url}",
+                     output="restart failed: password=hunter2", url=secret_url)
         for path in ("/api/events", "/", "/api/backends"):
             body = w.client.get(path).get_data(as_text=True)
             assert "hunter2" not in body, path
@@ -198,8 +198,8 @@ def test_f6_f10_fuzzed_webhook_never_breaks_a_view(w: World) -> None:
 
 
 def test_f6_an_event_cut_by_an_older_version_still_renders(w: World) -> None:
-    with w.store.tx() as c:
-        c.execute("INSERT INTO events (at, kind, reason, detail) VALUES (1, 'ignored', 'old', ?)", ('{"labels": {"a": "\\u04',))
+    w.store.conn().execute("INSERT INTO events (at, kind, reason, detail) VALUES (1, 'ignored', 'old', ?)",
+                           ('{"labels": {"a": "\\u04',))
     assert w.client.get("/").status_code == 200
     assert w.client.get("/api/events").status_code == 200
 
@@ -249,14 +249,14 @@ def test_f9_events_and_actions_are_pruned_and_events_paginated(tmp_path: Path) -
     w = build(tmp_path, retention={"max_events": 50, "max_actions": 5, "page_size": 20, "max_age": 86400})
     try:
         now = w.clock()
-        with w.store.tx() as c:
+        with w.store.tx() as tx:
             for i in range(200):
-                Store.event(c, now - 10 * 86400 + i, "received", reason=f"old {i}")
+                tx.event(now - 10 * 86400 + i, "received", reason=f"old {i}")
             for i in range(120):
-                Store.event(c, now - 100 + i * 0.1, "received", reason=f"new {i}")
+                tx.event(now - 100 + i * 0.1, "received", reason=f"new {i}")
             for i in range(12):
-                c.execute("INSERT INTO actions (incident_id, backend, argv, holder, started_at, finished_at, result) "
-                          "VALUES (0, 'gpu-b', '[]', 'h', ?, ?, 'ok')", (now - 30 * 86400 + i, now - 30 * 86400 + i))
+                at = now - 30 * 86400 + i
+                tx.finish_action(tx.add_action(0, "gpu-b", "[]", "h", at, at, ""), at, "ok")
         before = w.client.get("/metrics").get_data(as_text=True)
         assert has_sample(before, 'llm_health_remediator_restarts_total{backend="gpu-b",result="ok"} 12')
         retention.prune(w.store, w.authority.config, now)
@@ -282,11 +282,11 @@ def test_f9_restart_history_inside_the_policy_windows_is_kept(tmp_path: Path) ->
     w = build(tmp_path, retention={"max_actions": 1, "max_age": 3600})
     try:
         now = w.clock()
-        with w.store.tx() as c:
+        with w.store.tx() as tx:
             for i in range(3):
-                c.execute("INSERT INTO actions (incident_id, backend, argv, holder, started_at, finished_at, result) "
-                          "VALUES (0, 'gpu-a', '[]', 'h', ?, ?, 'ok')", (now - 7000 + i, now - 6999 + i))
+                tx.finish_action(tx.add_action(0, "gpu-a", "[]", "h", now - 7000 + i, now - 7000 + i, ""),
+                                 now - 6999 + i, "ok")
         retention.prune(w.store, w.authority.config, now)
-        assert len(Store.restart_times(w.store.conn(), "gpu-a", since=now - 10000)) == 3
+        assert len(w.store.restart_times("gpu-a", since=now - 10000)) == 3
     finally:
         w.store.close()

@@ -1,0 +1,48 @@
+"""The remediator's state: the only code that knows a database.
+
+* base.py: the contract (`StateStore`, `Transaction`, `Reads`): domain verbs, typed rows, no SQL;
+* rows.py: the rows (frozen dataclasses) and `IncidentState`;
+* details.py, shared.py: what every store does alike (event details; verbs built on primitives);
+* sqlite/: the store on SQLite, one module per table, the schema and its migrations.
+
+Everything else in the remediator imports from here, never from a driver.
+"""
+
+from pathlib import Path
+
+from llm_health.remediator.store.base import Reads, StateError, StateStore, Transaction
+from llm_health.remediator.store.rows import (
+    ACKNOWLEDGEABLE,
+    ACTIVE_STATES,
+    NO_RESTART_UNDER_WAY,
+    RESTART_UNDER_WAY,
+    Action,
+    ActionResultKind,
+    BreakerState,
+    Event,
+    Incident,
+    IncidentState,
+    Lease,
+    LifecycleRow,
+    Silence,
+)
+from llm_health.remediator.store.sqlite import SqliteStore
+
+from llm_health.config import Config
+
+__all__ = [
+    "ACKNOWLEDGEABLE", "ACTIVE_STATES", "NO_RESTART_UNDER_WAY", "RESTART_UNDER_WAY", "Action", "ActionResultKind",
+    "BreakerState", "Event", "Incident", "IncidentState", "Lease", "LifecycleRow", "Reads", "Silence", "SqliteStore",
+    "StateError", "StateStore", "Transaction", "state_path", "store_for",
+]
+
+
+def state_path(config: Config) -> Path:
+    """The configured state file (remediator.state), resolved against the config's folder."""
+    return config.resolve_path(config.remediator.state)
+
+
+def store_for(config: Config, *, expect: tuple[int, int] | None = None) -> SqliteStore:
+    """The store the configuration names. `expect`: (device, inode) of the state file the server's master
+    created and checked before forking; a worker then uses exactly that file."""
+    return SqliteStore(state_path(config), expect=expect)

@@ -1,0 +1,161 @@
+"""What the store hands out: one frozen dataclass per table, and the incident states.
+
+Callers never see a database row (`sqlite3.Row`, a psycopg tuple): each store maps its rows to these
+types, one mapping per table, so code outside the store reads `incident.state`, never a column name.
+`as_dict()` gives the record as the API has always shown it (every column, as stored).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from llm_health.exporter.observation import VerifyOutcome
+from llm_health.exporter.reading import Reading
+from llm_health.remediator.lifecycle import LifecycleState
+
+
+class IncidentState(enum.StrEnum):
+    """Where an incident is (stored in `incidents.state` and shown by the API: the values never change)."""
+
+    OPEN = "open"                # waiting for gates and verification
+    DRAINING = "draining"        # restart decided; the load balancer drains the backend, no action yet
+    RESTARTING = "restarting"    # intent recorded, action running
+    WARMING = "warming"          # action succeeded, waiting for the backend to answer again
+    NEEDS_ACK = "needs_ack"      # outcome unknown (timeout, crash mid-restart, warm-up timeout): never retried blindly
+    OBSERVED = "observed"        # nothing more to do (dry run, no action): absorbs alerts until resolved
+    CLOSED = "closed"
+
+
+ACTIVE_STATES = frozenset(s for s in IncidentState if s != IncidentState.CLOSED)
+#: incident states in which a restart of the backend is under way (the lifecycle belongs to it)
+RESTART_UNDER_WAY = frozenset({IncidentState.DRAINING, IncidentState.RESTARTING, IncidentState.WARMING})
+#: active incident states with no restart of ours under way (a resolved alert closes them at once)
+NO_RESTART_UNDER_WAY = frozenset({IncidentState.OPEN, IncidentState.OBSERVED, IncidentState.NEEDS_ACK})
+#: incident states a person may acknowledge (POST /api/backends/<name>/ack)
+ACKNOWLEDGEABLE = frozenset({IncidentState.NEEDS_ACK, IncidentState.OBSERVED})
+
+
+class ActionResultKind(enum.StrEnum):
+    """`actions.result` beyond what an action's wrapper reports (remediator/action.py)."""
+
+    DRY_RUN = "dry_run"            # a dry run's "would restart": counted by the policy, never executed
+    ERROR = "error"                # aborted by an error of the remediator between claim and result
+    INTERRUPTED = "interrupted"    # the remediator stopped mid-restart and its outcome cannot be known
+    RUNNING = "running"            # shown for an action without a result yet
+
+
+@dataclass(frozen=True)
+class Incident:
+    id: int
+    backend: str
+    state: IncidentState
+    opened_at: float
+    updated_at: float
+    closed_at: float | None = None
+    close_reason: str = ""
+    next_check_at: float = 0.0                    # monotonic: when to look again
+    last_note: str = ""
+    warm_deadline: float | None = None            # monotonic
+    last_decision: str = ""
+    verified_outcome: VerifyOutcome | None = None  # the authority's latest verification (the agent answers from it)
+    verified_at: float | None = None
+    unresponsive_since: float | None = None       # monotonic: first of the current run of `unresponsive`
+    unresponsive_seen_at: float | None = None     # monotonic: the latest `unresponsive`
+
+    @property
+    def restart_under_way(self) -> bool:
+        return self.state in RESTART_UNDER_WAY
+
+    def as_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["state"] = self.state.value
+        out["verified_outcome"] = self.verified_outcome.value if self.verified_outcome is not None else ""
+        return out
+
+
+@dataclass(frozen=True)
+class Action:
+    """A restart attempt: its intent is recorded before the argv runs, its result when it is known."""
+
+    id: int
+    incident_id: int
+    backend: str
+    argv: str
+    holder: str
+    started_at: float                             # wall time (survives a reboot)
+    finished_at: float | None = None
+    result: str | None = None                     # action.OK ... or ActionResultKind; None while running
+    exit_code: int | None = None
+    output: str = ""
+    status_path: str = ""                         # where the action's wrapper writes its exit status
+    started_mono: float | None = None             # monotonic start, on the clock of `boot`
+    boot: str = ""
+
+
+@dataclass(frozen=True)
+class LifecycleRow:
+    """One backend's lifecycle state (lifecycle.py's table) as stored."""
+
+    backend: str
+    state: LifecycleState
+    since: float                                  # wall time of the last transition
+    reason: str = ""
+    incident_id: int | None = None                # the incident whose restart owns the state
+    drain_deadline: float | None = None           # monotonic
+    drain_baseline: Reading | None = None         # the backend's reading when the drain began
+
+    @property
+    def owned(self) -> bool:
+        """The state belongs to a restart of ours (not the start-up wait of a backend never seen READY)."""
+        return self.incident_id is not None
+
+
+@dataclass(frozen=True)
+class Silence:
+    id: str
+    backend: str
+    incident_id: int | None
+    created_at: float
+    ends_at: float
+    expired_at: float | None = None
+    result: str = "active"
+
+
+@dataclass(frozen=True)
+class Lease:
+    name: str
+    holder: str
+    expires_at: float                             # monotonic, on the clock of `boot`
+    boot: str = ""
+
+
+@dataclass(frozen=True)
+class BreakerState:
+    open: bool = False
+    opened_at: float | None = None
+    reason: str = ""
+    reset_at: float = 0.0
+    reset_after_action: int = 0                   # the breaker counts actions with larger ids
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": 1, "open": int(self.open), "opened_at": self.opened_at, "reason": self.reason,
+                "reset_at": self.reset_at, "reset_after_action": self.reset_after_action}
+
+
+@dataclass(frozen=True)
+class Event:
+    """One line of the audit log."""
+
+    id: int
+    at: float
+    kind: str
+    backend: str = ""
+    incident_id: int | None = None
+    reason: str = ""
+    detail: Any = None                            # decoded JSON (details.decode_detail)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

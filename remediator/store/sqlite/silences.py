@@ -1,0 +1,29 @@
+"""Alertmanager silences around restarts: `silences` (their ids, so they are expired when the restart ends)."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from llm_health.remediator.store.rows import Silence
+from llm_health.remediator.store.sqlite.connected import Connected
+
+
+def silence_of(r: sqlite3.Row) -> Silence:
+    return Silence(id=r["id"], backend=r["backend"], incident_id=r["incident_id"], created_at=r["created_at"],
+                   ends_at=float(r["ends_at"]), expired_at=r["expired_at"], result=r["result"])
+
+
+class SilenceReads(Connected):
+    def active_silences(self, backend: str) -> list[Silence]:
+        return [silence_of(r) for r in self._db().execute(
+            "SELECT * FROM silences WHERE backend = ? AND expired_at IS NULL", (backend,)).fetchall()]
+
+
+class SilenceWrites(Connected):
+    def add_silence(self, silence: Silence) -> None:
+        self._db().execute("INSERT OR REPLACE INTO silences (id, backend, incident_id, created_at, ends_at) "
+                           "VALUES (?,?,?,?,?)", (silence.id, silence.backend, silence.incident_id,
+                                                  silence.created_at, silence.ends_at))
+
+    def end_silence(self, silence_id: str, at: float, result: str) -> None:
+        self._db().execute("UPDATE silences SET expired_at = ?, result = ? WHERE id = ?", (at, result, silence_id))
