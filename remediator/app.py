@@ -23,7 +23,8 @@ from flask import Blueprint, Flask, Response, current_app, jsonify, render_templ
 from llm_health.remediator import discovered, metrics, policy
 from llm_health.remediator.agent import AgentListener, FleetAgent
 from llm_health.remediator.alert import PayloadError, parse_notification
-from llm_health.remediator.authority import Authority, Verifier, WarmupCheck
+from llm_health.remediator.authority import Authority
+from llm_health.remediator.backend_io import Verifier, WarmupCheck
 from llm_health.remediator.clock import Clocks, injected
 from llm_health.remediator.health import Health
 from llm_health.remediator.incident import ingest

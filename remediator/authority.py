@@ -2,7 +2,7 @@
 
 Every gunicorn worker runs an `Authority`; only the holder of the SQLite lease acts. The parts:
 
-* remediator/procedure.py: ONE incident's procedure, step by step (consider -> verify -> floor ->
+* remediator/restart/: ONE incident's procedure, one module per step (consider -> verify -> floor ->
   silence -> drain -> claim -> act -> warm up), each step with its inputs and its one transaction.
 * remediator/scheduler.py: many incidents at once: a keyed queue (one key per backend, never two
   threads on one key) and `max_concurrent_incidents` workers; every open incident is looked at on
@@ -35,23 +35,25 @@ from llm_health.exporter.observation import Verification, VerifyOutcome
 from llm_health.remediator import action as act
 from llm_health.remediator import clock as clocks_mod
 from llm_health.remediator import inflight, lifecycle, policy
-from llm_health.remediator.clock import Clocks
-from llm_health.remediator.inflight import InFlight
-from llm_health.remediator.lifecycle import LifecycleState
-from llm_health.remediator.procedure import (  # noqa: F401 - re-exported names (tests, app)
-    DEFERRED_HOST,
-    DEFERRED_MIN_READY,
-    SILENCE_TIMEOUT,
-    VERIFY,
+from llm_health.remediator.backend_io import (
     WARMUP,
-    Checks,
+    BackendIO,
     InFlightReader,
-    Procedure,
     Runner,
     Verifier,
     WarmupCheck,
     probe_log,
+    probing,
 )
+from llm_health.remediator.clock import Clocks
+from llm_health.remediator.inflight import InFlight
+from llm_health.remediator.lifecycle import LifecycleState
+from llm_health.remediator.restart.act import record_result
+from llm_health.remediator.restart.context import Context
+from llm_health.remediator.restart.notes import escalate
+from llm_health.remediator.restart.reconcile import Reconciler
+from llm_health.remediator.restart.result import seconds_until
+from llm_health.remediator.restart.silences import SILENCE_TIMEOUT, unsilence_safely
 from llm_health.remediator.scheduler import Scheduler
 from llm_health.remediator.store import (
     Action,
@@ -63,7 +65,7 @@ from llm_health.remediator.store import (
     state_path,
 )
 
-from llm_health.config import Backend, Config
+from llm_health.config import Backend, Config, RemediatorSettings
 
 log = logging.getLogger("llm_health.remediator")
 
@@ -231,23 +233,22 @@ class Authority:
         mono: Callable[[], float] | None = None,
     ) -> None:
         self.store = store
-        self.config = config
-        self.r = config.remediator
+        r = config.remediator
         self.clocks: Clocks = clocks_mod.injected(clock, mono)
         self.clock = clock
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         verifier = verifier or default_verifier(config)
-        checks = Checks(
+        io = BackendIO(
             verifier=verifier,
             warmup_check=warmup_check or default_warmup_check(config, verifier),
             answer_check=answer_check or default_answer_check(config),
             in_flight=in_flight or default_in_flight(config),
             runner=runner or ActionRunner(action_dir(config)),
         )
-        self.procedure = Procedure(store, config, checks, self.clocks, self.holder, self._still_holder,
-                                   action_dir(config))
-        self.procedure.on_abort_unrecorded = self._recover_again   # type: ignore[method-assign]
-        self.lease_ttl = max(5.0, 10 * self.r.poll_interval)
+        self.ctx = Context(store, config, io, self.clocks, self.holder, self._still_holder, action_dir(config),
+                           on_abort_unrecorded=self._recover_again)
+        self.reconciler = Reconciler(self.ctx)
+        self.lease_ttl = max(5.0, 10 * r.poll_interval)
         self._next_look: dict[str, float] = {}   # backend -> when (monotonic) to check its lifecycle again
         self._stop = threading.Event()
         self._holding = threading.Event()
@@ -255,13 +256,21 @@ class Authority:
         self._recover_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self.last_pass = time.monotonic()        # end of the latest resync / tick; read by /healthz (health.py)
-        self.scheduler = Scheduler(keys=self._due_keys, work=self.work, workers=self.r.max_concurrent_incidents,
-                                   resync_every=self.r.poll_interval, clock=self.clocks.mono)
+        self.scheduler = Scheduler(keys=self._due_keys, work=self.work, workers=r.max_concurrent_incidents,
+                                   resync_every=r.poll_interval, clock=self.clocks.mono)
 
-    # -- the injectable checks (kept on the procedure) ----------------------------------------------
+    @property
+    def config(self) -> Config:
+        return self.ctx.config
+
+    @property
+    def r(self) -> RemediatorSettings:
+        return self.ctx.config.remediator
+
+    # -- the injectable checks (kept on the context) ------------------------------------------------
     def _check(name: str) -> property:  # noqa: N805 - a property factory used in the class body
-        return property(lambda self: getattr(self.procedure.checks, name),
-                        lambda self, value: setattr(self.procedure.checks, name, value))
+        return property(lambda self: getattr(self.ctx.io, name),
+                        lambda self, value: setattr(self.ctx.io, name, value))
 
     verifier = _check("verifier")
     warmup_check = _check("warmup_check")
@@ -271,7 +280,7 @@ class Authority:
     del _check
 
     def probing(self, backend: Backend, purpose: str, check: Callable[[Backend], Any]) -> Any:
-        return self.procedure.probing(backend, purpose, check)
+        return probing(self.store, backend, purpose, check)
 
     def look_bound(self, acting: bool) -> float:
         """The longest one look at one key may take with these settings, every I/O at its deadline: a
@@ -288,7 +297,7 @@ class Authority:
 
     def stuck_looks(self) -> dict[str, float]:
         """Keys a worker has had for longer than look_bound(): {key: seconds}."""
-        acting = self.procedure.acting_on()
+        acting = self.ctx.running.backends()
         return {key: age for key, age in self.scheduler.queue.processing_for().items()
                 if age > self.look_bound(key in acting)}
 
@@ -368,12 +377,7 @@ class Authority:
         due = inc.next_check_at
         if due > t:
             return due - t
-        self.procedure.look(inc)
-        after = self.store.active_incident(key)
-        if after is None:
-            return None
-        wait = after.next_check_at - self.clocks.mono()
-        return wait if wait > 0 else self.r.poll_interval
+        return seconds_until(self.reconciler.look(inc), self.clocks.mono())
 
     def tick(self) -> None:
         """One synchronous pass over everything that is due (tests drive the authority with this; the
@@ -386,7 +390,7 @@ class Authority:
             if self._stop.is_set() or not self._holding.is_set():
                 return
             if inc.next_check_at <= self.clocks.mono():
-                self.procedure.look(inc)
+                self.reconciler.look(inc)
         self.look_after_lifecycles((S.ERROR,))          # full warm-up checks, after the incidents
         self.last_pass = time.monotonic()
 
@@ -414,7 +418,7 @@ class Authority:
             # our own unfinished rows too: one of ours that no worker is running is a restart whose
             # bookkeeping failed (see Procedure.carry_out)
             for a in tx.unfinished_actions():
-                if self.procedure.running_here(a.id):
+                if a.id in self.ctx.running:
                     continue
                 if a.status_path:
                     path = Path(a.status_path)
@@ -436,12 +440,12 @@ class Authority:
                 if tx.lifecycle_state(a.backend) != S.ERROR:
                     tx.move_lifecycle(a.backend, S.ERROR, now, "interrupted mid-restart: outcome unknown",
                                       a.incident_id)
-                self.procedure.escalate(tx, a.backend, a.incident_id, now, "restart interrupted: outcome unknown")
+                escalate(tx, a.backend, a.incident_id, now, "restart interrupted: outcome unknown")
                 interrupted.add(a.backend)
         for a, result in collected:
-            self.procedure.record_result(a.incident_id, a.id, a.backend, result, collected=True)
+            record_result(self.ctx, a.incident_id, a.id, a.backend, result, collected=True)
         for backend in sorted(interrupted):
-            self.procedure.unsilence_safely(backend)      # ERROR: its alerts must reach people again
+            unsilence_safely(self.ctx, backend)      # ERROR: its alerts must reach people again
 
     # -- lifecycle outside a restart ----------------------------------------------------------------
     def lifecycle_due(self, states: tuple[LifecycleState, ...] = (S.INITIALIZING, S.ERROR)) -> list[str]:
@@ -500,9 +504,9 @@ class Authority:
                                                                      self.r.warmup_poll * ERROR_LOOK_POLLS)
         try:
             if st == S.ERROR:
-                ready, why = self.procedure.probing(b, WARMUP, self.procedure.checks.warmup_check)
+                ready, why = probing(self.store, b, WARMUP, self.ctx.io.warmup_check)
             else:
-                ready, why = self.procedure.checks.answer_check(b)
+                ready, why = self.ctx.io.answer_check(b)
         except Exception as exc:  # noqa: BLE001 - one broken backend never starves the others
             log.exception("lifecycle check of %s failed", name)
             ready, why = False, f"check raised {exc.__class__.__name__}: {exc}"[:300]
@@ -519,4 +523,4 @@ class Authority:
             elif st == S.INITIALIZING and lifecycle.warmup_expired(since, now, self.r.warmup_timeout):
                 tx.move_lifecycle(name, S.ERROR, now, f"not answering {self.r.warmup_timeout:g}s after it "
                                   f"was first seen: {why}")
-                self.procedure.escalate(tx, name, None, now, f"{name} never became ready: {why}")
+                escalate(tx, name, None, now, f"{name} never became ready: {why}")

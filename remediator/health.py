@@ -72,7 +72,7 @@ class Health:
             return ""
         key, age = max(stuck.items(), key=lambda kv: kv[1])
         return (f"a worker has been looking at {key!r} for {age:.0f}s, longer than any look can take with "
-                f"these settings ({a.look_bound(key in a.procedure.acting_on()):.0f}s): stuck"
+                f"these settings ({a.look_bound(key in a.ctx.running.backends()):.0f}s): stuck"
                 + (f" ({len(stuck)} keys stuck)" if len(stuck) > 1 else ""))
 
     def report(self) -> dict[str, Any]:

@@ -8,7 +8,7 @@ With service discovery on, each gunicorn worker refreshes its own backend list, 
 receives a restart alert may not know a backend discovered moments ago. Such an alert (a valid
 backend name, not a proxy) still opens its incident; the authority looks the name up after its next
 discovery refresh and closes the incident as "backend no longer configured" if it is really unknown
-(remediator/procedure.py). The webhook itself never queries Prometheus: it answers at once.
+(remediator/restart/reconcile.py). The webhook itself never queries Prometheus: it answers at once.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from llm_health.remediator.authority import VERIFY, WARMUP
+from llm_health.remediator.backend_io import VERIFY, WARMUP
 from llm_health.remediator.lifecycle import UNSEEN, LifecycleState
 from llm_health.remediator.store import IncidentState, StateStore
 from prometheus_client import CollectorRegistry, generate_latest

@@ -26,6 +26,10 @@ RESTARTED_BY_OTHER = "restarted_by_other"
 RESTART = "restart"
 WOULD_RESTART = "would_restart"
 NOT_CONFIGURED = "not_configured"
+# decided from the fleet, beside these (remediator/restart/gates.py)
+DEFERRED_HOST = "deferred_host"                  # the per-host mutex: another backend on the host restarts
+DEFERRED_MIN_READY = "deferred_min_ready"        # the min_ready floor
+DEFERRED_CONCURRENCY = "deferred_concurrency"    # max_concurrent_restarts restarts already take capacity
 
 HEALTHY_OUTCOMES = (VerifyOutcome.PROGRESS, VerifyOutcome.IDLE_OK)
 RESTART_OUTCOMES = (VerifyOutcome.NO_PROGRESS, VerifyOutcome.DOWN)

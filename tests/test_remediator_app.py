@@ -521,7 +521,7 @@ def test_a_discovered_backend_mid_restart_survives_a_remediator_start_while_prom
                   static=(), fetch=fetch)
     static = tuple(b for b in config.backends if b.name != "gpu-a")
     live = dataclasses.replace(config, backends=LiveBackends(static, d))
-    w.authority.config = w.authority.procedure.config = live
+    w.authority.ctx.config = live
     d.refresh()
     w.clock.advance(10)
     w.run(3)

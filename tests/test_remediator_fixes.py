@@ -16,12 +16,13 @@ import pytest
 import requests
 from fakes import has_sample
 from llm_health.exporter.observation import Verification
-from llm_health.remediator import action, authority, policy
+from llm_health.remediator import action, authority, backend_io, policy
 from llm_health.remediator.agent import FleetAgent
 from llm_health.remediator.agent_check import agent_reply
 from llm_health.remediator.app import create_app
 from llm_health.remediator.authority import Authority
 from llm_health.remediator.inflight import InFlight
+from llm_health.remediator.restart import act as restart_act
 from llm_health.remediator.store import SqliteStore
 from llm_health.simulator.server import SimConfig, Simulator
 from test_remediator_helpers import alert, payload
@@ -113,11 +114,12 @@ def test_runner_that_raises_leaves_needs_ack_error_and_frees_the_host(tmp_path: 
     assert incident(w)["state"] == "needs_ack"                   # gpu-a: never repeated blindly
 
 
-def test_silence_that_raises_is_handled_like_a_failed_restart(tmp_path: Path) -> None:
+def test_silence_that_raises_is_handled_like_a_failed_restart(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     w = build(tmp_path)
-    def locked(incident_id: int, backend: Any) -> None:
+    def locked(ctx: Any, incident_id: int, backend: Any) -> None:
         raise sqlite3.OperationalError("database is locked")
-    w.authority.procedure.silence = locked  # type: ignore[method-assign]
+    monkeypatch.setattr(restart_act, "silence", locked)
     w.outcomes["gpu-a"] = "down"
     w.ready["gpu-a"] = False
     w.post(payload(alert()))
@@ -126,15 +128,16 @@ def test_silence_that_raises_is_handled_like_a_failed_restart(tmp_path: Path) ->
     assert w.store.conn().execute("SELECT count(*) FROM actions WHERE result IS NULL").fetchone()[0] == 0
 
 
-def test_own_restart_whose_bookkeeping_failed_is_swept_by_recover(tmp_path: Path) -> None:
+def test_own_restart_whose_bookkeeping_failed_is_swept_by_recover(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     w = build(tmp_path)
     w.authority.runner = raising_runner(OSError("fork failed"))
     aborts: list[int] = []
 
-    def abort_that_cannot_write(incident_id: int, action_id: int, backend: Any, exc: BaseException) -> None:
+    def abort_that_cannot_write(ctx: Any, incident_id: int, action_id: int, backend: Any, exc: BaseException) -> None:
         aborts.append(action_id)                  # as if SQLite stayed locked: nothing recorded
-        w.authority._recovered = False
-    w.authority.procedure.abort = abort_that_cannot_write  # type: ignore[method-assign]
+        ctx.on_abort_unrecorded()
+    monkeypatch.setattr(restart_act, "abort", abort_that_cannot_write)
     w.outcomes["gpu-a"] = "down"
     w.ready["gpu-a"] = False
     w.post(payload(alert()))
@@ -312,9 +315,9 @@ def test_every_probe_is_counted_in_sqlite_and_metrics(tmp_path: Path, sim: Simul
     auth = Authority(store, config, holder="probe-test")
     backend = config.backend("gpu-a")
     assert backend is not None
-    v = auth.probing(backend, authority.VERIFY, auth.verifier)
+    v = auth.probing(backend, backend_io.VERIFY, auth.verifier)
     assert v.outcome == "idle_ok"
-    ready, why = auth.probing(backend, authority.WARMUP, auth.warmup_check)
+    ready, why = auth.probing(backend, backend_io.WARMUP, auth.warmup_check)
     assert ready, why
     assert store.counters("probes") == {"gpu-a\tverify": 1, "gpu-a\twarmup": 1}
     text = app.test_client().get("/metrics").get_data(as_text=True)

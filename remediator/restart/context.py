@@ -1,0 +1,86 @@
+"""What every step is given: the explicit context of one authority (no step keeps state of its own).
+
+`Context` holds the store, the configuration, the backend I/O, the clocks, who we are (the lease holder
+and how to check that we still are, inside a transaction), where the action files go, and the registry
+of restart actions running in this process. The authority builds one and shares it with every part
+(reconciler, recovery, lifecycle watch), so a test that swaps the configuration or a check does it once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llm_health.remediator import policy
+from llm_health.remediator.backend_io import BackendIO
+from llm_health.remediator.clock import Clocks
+from llm_health.remediator.store import StateStore, Transaction
+
+from llm_health.config import Config, RemediatorSettings
+
+
+class RunningActions:
+    """Restart actions whose argv runs in this process now (action id -> backend)."""
+
+    def __init__(self) -> None:
+        self._running: dict[int, str] = {}
+        self._lock = threading.Lock()
+
+    def add(self, action_id: int, backend: str) -> None:
+        with self._lock:
+            self._running[action_id] = backend
+
+    def remove(self, action_id: int) -> None:
+        with self._lock:
+            self._running.pop(action_id, None)
+
+    def __contains__(self, action_id: object) -> bool:
+        with self._lock:
+            return action_id in self._running
+
+    def backends(self) -> set[str]:
+        with self._lock:
+            return set(self._running.values())
+
+
+def _no_hook() -> None:
+    return None
+
+
+@dataclass
+class Context:
+    store: StateStore
+    config: Config
+    io: BackendIO
+    clocks: Clocks
+    holder: str
+    holds_lease: Callable[[Transaction], bool]     # inside the caller's transaction
+    action_dir: Path | None = None                 # where the default runner's files go
+    running: RunningActions = field(default_factory=RunningActions)
+    #: a restart was aborted and its abort could not be recorded: recover() must run again
+    on_abort_unrecorded: Callable[[], None] = _no_hook
+
+    @property
+    def r(self) -> RemediatorSettings:
+        return self.config.remediator
+
+    @property
+    def settings(self) -> policy.Settings:
+        r = self.r
+        return policy.Settings(backoff=r.backoff, budget=r.budget, breaker=r.breaker,
+                               unknown_retry=max(r.verify_interval, r.poll_interval),
+                               unresponsive_after=r.unresponsive_after)
+
+    @property
+    def busy_dir(self) -> Path | None:
+        return self.config.resolve_path(self.r.busy_dir) if self.r.busy_dir else None
+
+    def sample_gap(self) -> float:
+        """Two `unresponsive` verifications further apart than this are not one unbroken run: about two
+        verifications (each reading and its /health check at their deadlines) plus a retry and a poll."""
+        r = self.r
+        span = (max(2, r.verify_readings) - 1) * r.verify_interval + \
+            max(2, r.verify_readings) * 2 * self.config.exporter.read_timeout
+        return 2 * span + self.settings.unknown_retry + r.poll_interval

@@ -1,0 +1,144 @@
+"""One look at one incident: the incident's state picks the step (a dispatch table), the step answers when
+to look again. Level-based, as a controller-runtime reconciler: a look re-reads what it needs and does one
+step; nothing is remembered between looks except in the store (and the discovery wait below).
+
+    state       step (module)                   does                                          next state
+    ----------  ------------------------------  --------------------------------------------  ---------------------
+    open        consider (consider.py)          gates -> host mutex -> concurrency -> verify  open (deferred), closed,
+                                                -> min_ready floor -> begin                   draining, restarting
+    draining    watch_drain (draining.py)       in flight done / deadline / progress? (re-    restarting, open, closed
+                                                verifies first when the alerts resolved)
+    restarting  watch_action (act.py)           collect the result of an argv a previous      warming, open (failed),
+                                                authority began (ours runs in its claim)      needs_ack (unknown)
+    warming     watch_warmup (warmup.py)        /health, /v1/models, a healthy verification   closed, needs_ack
+    needs_ack   watch_recovery (warmup.py)      closes by itself when the backend answers     closed
+    observed    (nothing: absorbs alerts until they resolve)
+
+A backend the incident names that is not in this worker's fleet is looked up in service discovery first
+(`DiscoveryWait`): never closed on a missing answer, closed as "no longer configured" once an answer
+that started after we missed it has come without it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from llm_health.remediator.restart.act import watch_action
+from llm_health.remediator.restart.consider import consider
+from llm_health.remediator.restart.context import Context
+from llm_health.remediator.restart.draining import watch_drain
+from llm_health.remediator.restart.notes import close
+from llm_health.remediator.restart.result import DONE, LookAgain, StepResult
+from llm_health.remediator.restart.warmup import watch_recovery, watch_warmup
+from llm_health.remediator.store import Incident, IncidentState
+
+from llm_health.config import Backend
+
+IS = IncidentState
+Step = Callable[[Context, Incident, Backend], StepResult]
+
+STEPS: dict[IncidentState, Step] = {
+    IS.OPEN: consider,
+    IS.DRAINING: watch_drain,
+    IS.RESTARTING: watch_action,
+    IS.WARMING: watch_warmup,
+    IS.NEEDS_ACK: watch_recovery,
+}
+
+#: incidents whose backend this worker is looking up in service discovery (bounded; the oldest is dropped)
+MAX_UNKNOWN_TRACKED = 4096
+WAITING = "waiting_for_discovery"
+
+
+class Reconciler:
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.discovery = DiscoveryWait(ctx)
+
+    def look(self, inc: Incident) -> StepResult:
+        """The step the incident's state calls for (the caller checked that it is due)."""
+        backend = self.ctx.config.backend(inc.backend)
+        if backend is None:
+            waiting = self.discovery.wait(inc)
+            if waiting is not None:
+                return waiting
+            backend = self.ctx.config.backend(inc.backend)     # the refresh may have found it
+            if backend is None:
+                return close(self.ctx, inc.id, inc.backend, "closed", "backend no longer configured")
+        else:
+            self.discovery.found(inc.id)
+        step = STEPS.get(inc.state)
+        return step(self.ctx, inc, backend) if step is not None else DONE
+
+
+class DiscoveryWait:
+    """With service discovery on, an incident's backend that is not in this worker's fleet may just not be
+    seen yet (another worker, or the exporter, refreshed first): it is looked up again only after a refresh
+    that STARTED after we first missed it has answered. The refresher is asked for one (it serves such
+    requests at most once per discovery.extra_refresh_every: never a query per alert, and never here: this
+    only asks)."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self._unknown: dict[int, int] = {}          # incident id -> discovery mark when first not in the fleet
+        self._lock = threading.Lock()
+
+    def wait(self, inc: Incident) -> StepResult | None:
+        """None once the backend may be judged missing (or found); else the wait's answer."""
+        settled = self._settled(inc.id)
+        if self._unsure():
+            return self._keep(inc)
+        if not settled:
+            return self._keep(inc, refreshing=True)
+        return None
+
+    def found(self, incident_id: int) -> None:
+        if self._unknown:
+            with self._lock:
+                self._unknown.pop(incident_id, None)
+
+    def _settled(self, incident_id: int) -> bool:
+        """True once a refresh that started after we first missed the backend has answered; without
+        discovery, True at once."""
+        discovery = self.ctx.config.live_discovery()
+        if discovery is None:
+            return True
+        with self._lock:
+            mark = self._unknown.get(incident_id)
+            if mark is None:
+                while len(self._unknown) >= MAX_UNKNOWN_TRACKED:       # incidents closed by a webhook meanwhile
+                    self._unknown.pop(next(iter(self._unknown)))
+                self._unknown[incident_id] = discovery.mark()
+        if mark is not None and discovery.answered_since(mark):
+            with self._lock:
+                self._unknown.pop(incident_id, None)
+            return True
+        discovery.request_refresh()
+        return False
+
+    def _unsure(self) -> bool:
+        """Service discovery is on but has no good answer now (never since this worker started, or the
+        latest refresh failed): a backend missing from it may well still exist."""
+        discovery = self.ctx.config.live_discovery()
+        return discovery is not None and bool(discovery.status().stale)
+
+    def _keep(self, inc: Incident, refreshing: bool = False) -> StepResult:
+        """The backend is unknown only because Prometheus does not answer (e.g. the remediator restarted
+        while Prometheus is down), or (`refreshing`) this worker's discovery has not refreshed since it
+        first missed it: never close the incident (nor leave its restart's lifecycle owned by a closed
+        incident) on that; look again after poll_interval. Audited once per wait."""
+        ctx = self.ctx
+        now, t = ctx.clocks.wall(), ctx.clocks.mono()
+        with ctx.store.tx() as tx:
+            current = tx.incident_in(inc.id, inc.state)
+            if current is None:
+                return DONE
+            tx.look_again_at(inc.id, t + ctx.r.poll_interval, note=WAITING)
+            if current.last_note != WAITING:
+                why = ("not in this worker's fleet yet: looked up again after its next service discovery refresh"
+                       if refreshing else "not in the fleet while service discovery has no good answer "
+                       "(Prometheus unreachable?)")
+                tx.event(now, WAITING, inc.backend, inc.id,
+                         reason=f"{inc.backend} is {why}: incident kept ({inc.state}), looked at again when it answers")
+        return LookAgain(t + ctx.r.poll_interval)
