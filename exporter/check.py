@@ -26,6 +26,7 @@ are never compared.
                 with HTTP 4xx (a misconfigured probe: API key, model; never counted as down)
 
 The API key (vLLM `--api-key`) goes as a bearer token on /v1/* only (probe, /v1/models).
+`on_probe` is called right before each probe goes out (the remediator counts its probes with it).
 `check` exit codes: 0 idle/busy/restarted, 1 no_metrics/unknown (also unresponsive), 2 stalled/down.
 """
 
@@ -61,6 +62,7 @@ from llm_health.config import ConfigError, _check_url
 from llm_health.redact import redact
 
 DEFAULT_CEILING = 900.0   # exporter.stall_ceiling's default
+OnProbe = Callable[[], None]
 
 
 def _work(r: Reading) -> str:
@@ -79,6 +81,7 @@ def _examine(
     model: str = "",
     api_key: str = "",
     stall_ceiling: float = DEFAULT_CEILING,
+    on_probe: OnProbe | None = None,
 ) -> tuple[Verification, Verdict]:
     target = Target(url, read_timeout, api_key)
     seen: list[tuple[Observation, float]] = []
@@ -93,7 +96,7 @@ def _examine(
             seen.append((observe(target), clock()))
     finally:
         target.close()
-    return _judge_seen(url, seen, read_timeout, probe_timeout, probe, model, api_key, stall_ceiling)
+    return _judge_seen(url, seen, read_timeout, probe_timeout, probe, model, api_key, stall_ceiling, on_probe)
 
 
 def _good(seen: list[tuple[Observation, float]]) -> list[tuple[Reading, float]]:
@@ -114,7 +117,8 @@ def _more_span_needed(seen: list[tuple[Observation, float]], ceiling: float) -> 
 
 
 def _judge_seen(url: str, seen: list[tuple[Observation, float]], read_timeout: float, probe_timeout: float,
-                probe: bool, model: str, api_key: str, stall_ceiling: float) -> tuple[Verification, Verdict]:
+                probe: bool, model: str, api_key: str, stall_ceiling: float,
+                on_probe: OnProbe | None = None) -> tuple[Verification, Verdict]:
     good = _good(seen)
     outcomes = [o.outcome for o, _ in seen]
 
@@ -141,7 +145,7 @@ def _judge_seen(url: str, seen: list[tuple[Observation, float]], read_timeout: f
         if not may_probe_engine(last):
             return (Verification(VerifyOutcome.UNKNOWN, f"{_work(last)}; not probed: llama.cpp's /props did not say whether it "
                                  "sleeps", 0.0), Verdict.IDLE)
-        return _probe_idle(url, probe_timeout, read_timeout, last, model, api_key)
+        return _probe_idle(url, probe_timeout, read_timeout, last, model, api_key, on_probe)
     return (Verification(VerifyOutcome.UNKNOWN, f"{_work(last)}; not enough readings to judge progress "
                          f"({', '.join(outcomes)})", last.work), Verdict.UNKNOWN)
 
@@ -244,7 +248,8 @@ def _engines(good: list[tuple[Reading, float]], all_good: bool) -> tuple[Verific
 
 
 def _probe_idle(
-    url: str, probe_timeout: float, read_timeout: float, last: Reading, model: str, api_key: str = ""
+    url: str, probe_timeout: float, read_timeout: float, last: Reading, model: str, api_key: str = "",
+    on_probe: OnProbe | None = None,
 ) -> tuple[Verification, Verdict]:
     """Idle: ask for an answer. A failure is retried once after a fresh reading that is still idle.
 
@@ -254,6 +259,8 @@ def _probe_idle(
     try:
         failures: list[str] = []
         for _attempt in range(2):
+            if on_probe is not None:
+                on_probe()                  # before it goes out: a probe that fails was sent too
             result = prober.probe()
             if result.outcome == ProbeOutcome.OK:
                 return (Verification(VerifyOutcome.IDLE_OK, f"{_work(last)}; probe answered in {result.seconds:.2f} s", 0.0),
@@ -286,10 +293,11 @@ def verify(
     model: str = "",
     api_key: str = "",
     stall_ceiling: float = DEFAULT_CEILING,
+    on_probe: OnProbe | None = None,
 ) -> Verification:
     """Fresh direct readings of one server, `interval` apart: may it be restarted? (see module doc)"""
     return _examine(url, readings, interval, read_timeout, probe_timeout, sleep, clock, True, model, api_key,
-                    stall_ceiling)[0]
+                    stall_ceiling, on_probe)[0]
 
 
 EXIT_CODES = {

@@ -1,23 +1,30 @@
-"""The authority's I/O towards one backend, injectable: the checks a step calls and the action runner.
+"""The authority's I/O towards one backend: the checks a step calls and the action runner, injectable.
 
-Tests script these; the defaults (authority.py) read the backend with the exporter's code and run the
-restart argv through action.py's wrapper.
+Tests script them; the defaults read the backend with the exporter's code (every request with a total
+deadline) and run the restart argv through action.py's wrapper. Every generation request a default check
+sends is counted before it goes out (principle 2): exporter.check.verify calls its `on_probe`, and the
+remediator's `on_probe` adds one to the store's `probes` counter of the backend and the purpose (`verify`
+for a verification, `warmup` for a warm-up check), so nothing outside the remediator is counted.
 """
 
 from __future__ import annotations
 
-import contextvars
+import inspect
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from llm_health.exporter.observation import Verification
+from llm_health.exporter.backend import HttpFailure, Target, load_api_key
+from llm_health.exporter.observation import Verification, VerifyOutcome
 from llm_health.remediator import action as act
+from llm_health.remediator import inflight, policy
 from llm_health.remediator.inflight import InFlight
-from llm_health.remediator.store import StateStore
+from llm_health.remediator.store import StateStore, state_path
 
-from llm_health.config import Backend
+from llm_health.config import Backend, Config, ConfigError
 
 log = logging.getLogger("llm_health.remediator")
 
@@ -28,32 +35,166 @@ Verifier = Callable[[Backend], Verification]
 WarmupCheck = Callable[[Backend], tuple[bool, str]]  # -> (ready, why)
 InFlightReader = Callable[[Backend], InFlight]
 Runner = Callable[[Sequence[str], float, dict[str, str]], act.ActionResult]
+OnProbe = Callable[[Backend], None]
 
 
 @dataclass
 class BackendIO:
-    verifier: Verifier
-    warmup_check: WarmupCheck
-    answer_check: WarmupCheck
-    in_flight: InFlightReader
-    runner: Runner
+    verifier: Verifier           # may it be restarted? (exporter.check.verify)
+    warmup_check: WarmupCheck    # is it back after a restart? (answers, and a healthy verification)
+    answer_check: WarmupCheck    # does a backend seen for the first time answer? (no generation request)
+    in_flight: InFlightReader    # how much work a draining backend still has
+    runner: Runner               # runs the restart argv
 
 
-#: while set (per thread), every idle probe exporter.check sends is appended here (counted afterwards)
-probe_log: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("probe_log", default=None)
+def default_io(store: StateStore, config: Config, *, verifier: Verifier | None = None,
+               warmup_check: WarmupCheck | None = None, answer_check: WarmupCheck | None = None,
+               in_flight: InFlightReader | None = None, runner: Runner | None = None) -> BackendIO:
+    """The given checks, and the defaults for the others (their probes counted in `store`)."""
+    counter = ProbeCounter(store)
+    verify = verifier or default_verifier(config, counter.counting(VERIFY))
+    warm_verify = verifier or default_verifier(config, counter.counting(WARMUP))
+    return BackendIO(
+        verifier=verify,
+        warmup_check=warmup_check or default_warmup_check(config, warm_verify),
+        answer_check=answer_check or default_answer_check(config),
+        in_flight=in_flight or default_in_flight(config),
+        runner=runner or ActionRunner(action_dir(config)),
+    )
 
 
-def probing(store: StateStore, backend: Backend, purpose: str, check: Callable[[Backend], Any]) -> Any:
-    """Run a verifier / warm-up check and count the probes it sent (`probes` counters in the store)."""
-    sink: list[str] = []
-    token = probe_log.set(sink)
-    try:
-        return check(backend)
-    finally:
-        probe_log.reset(token)
-        if sink:
+class ProbeCounter:
+    """Counts each probe in the store before it goes out; a count that cannot be written is logged and never
+    stops the check."""
+
+    def __init__(self, store: StateStore) -> None:
+        self.store = store
+
+    def counting(self, purpose: str) -> OnProbe:
+        def count(backend: Backend) -> None:
             try:
-                with store.tx() as tx:
-                    tx.bump("probes", f"{backend.name}\t{purpose}", len(sink))
+                with self.store.tx() as tx:
+                    tx.bump("probes", f"{backend.name}\t{purpose}")
             except Exception:  # noqa: BLE001 - counting must never stop the restart procedure
-                log.exception("could not count %d probe(s) to %s", len(sink), backend.name)
+                log.exception("could not count a probe to %s", backend.name)
+        return count
+
+
+def read_api_key(config: Config) -> tuple[str, str]:
+    """(key, problem): the exporter's API key (`exporter.api_key_file`, exporter.backend.load_api_key), read
+    once; ("", "") when not set."""
+    path = str(config.exporter.api_key_file or "")
+    if not path:
+        return "", ""
+    try:
+        return load_api_key(config.resolve_path(path), "exporter.api_key_file"), ""
+    except ConfigError as exc:
+        return "", f"API key unreadable: {exc}"
+
+
+def default_verifier(config: Config, on_probe: OnProbe | None = None) -> Verifier:
+    """exporter.check.verify with the configured readings; any error is `unknown` (fail closed)."""
+    r = config.remediator
+    api_key, key_problem = read_api_key(config)
+
+    def verify_backend(backend: Backend) -> Verification:
+        try:
+            from llm_health.exporter.check import verify
+        except ImportError as exc:
+            return Verification(VerifyOutcome.UNKNOWN, f"verifier unavailable: {exc}")
+        if key_problem:
+            return Verification(VerifyOutcome.UNKNOWN, key_problem)
+        extra: dict[str, Any] = {}
+        accepts = inspect.signature(verify).parameters
+        if api_key and "api_key" in accepts:
+            extra["api_key"] = api_key
+        if on_probe is not None and "on_probe" in accepts:
+            extra["on_probe"] = lambda: on_probe(backend)
+        try:
+            return verify(
+                backend.url, readings=max(2, r.verify_readings), interval=r.verify_interval,
+                read_timeout=config.exporter.read_timeout, probe_timeout=config.exporter.probe_timeout,
+                sleep=time.sleep, clock=time.time, model=backend.model,
+                stall_ceiling=config.exporter.stall_ceiling, **extra,
+            )
+        except Exception as exc:  # noqa: BLE001 - a broken verifier must never mean "restart"
+            return Verification(VerifyOutcome.UNKNOWN, f"verification raised {exc!r}")
+
+    return verify_backend
+
+
+def default_answer_check(config: Config) -> WarmupCheck:
+    """/health 200 and /v1/models 200 listing the configured model; no generation request. Used for a
+    backend seen for the first time (start-up: INITIALIZING -> READY). Each request has a total
+    deadline (read_timeout): a server that drips its answer costs at most that."""
+    timeout = config.exporter.read_timeout
+
+    def check(backend: Backend) -> tuple[bool, str]:
+        target = Target(backend.url, timeout)
+        try:
+            health = target.get("/health")
+            if health.status != 200:
+                return False, f"/health answered {health.status}"
+            models = target.get("/v1/models")
+            if models.status != 200:
+                return False, f"/v1/models answered {models.status}"
+            if backend.model:
+                data = models.json().get("data", [])
+                ids = [m.get("id") for m in data if isinstance(m, dict)] if isinstance(data, list) else []
+                if backend.model not in ids:
+                    return False, f"/v1/models does not list {backend.model!r} yet"
+        except HttpFailure as exc:
+            return False, f"not answering: {exc.kind}: {exc.detail}"
+        except (ValueError, AttributeError) as exc:
+            return False, f"/v1/models unreadable: {exc.__class__.__name__}"
+        finally:
+            target.close()
+        return True, "answers /health and /v1/models"
+
+    return check
+
+
+def default_warmup_check(config: Config, verifier: Verifier) -> WarmupCheck:
+    """Warm = /health 200, /v1/models 200 (listing the configured model), and a healthy verification:
+    engine progress, or (idle) a one-token request that succeeds (exporter.check.verify)."""
+    answers = default_answer_check(config)
+
+    def check(backend: Backend) -> tuple[bool, str]:
+        ok, why = answers(backend)
+        if not ok:
+            return False, why
+        v = verifier(backend)
+        if v.outcome in policy.HEALTHY_OUTCOMES:
+            return True, f"answers again: /health, /v1/models, verify {v.outcome}"
+        return False, f"verify {v.outcome}: {v.reason}"
+
+    return check
+
+
+def default_in_flight(config: Config) -> InFlightReader:
+    r = config.remediator
+
+    def read(backend: Backend) -> InFlight:
+        sock = str(config.resolve_path(r.haproxy_socket)) if r.haproxy_socket else ""
+        return inflight.read_in_flight(backend, config.exporter.read_timeout, sock, r.haproxy_proxy)
+
+    return read
+
+
+class ActionRunner:
+    """The default runner: the argv runs through action.py's wrapper; its pid, output and exit status
+    go to files under `folder` (next to the state file), named by the action id, so that a later
+    authority can collect the result of an action this one did not live to see finish."""
+
+    keeps_files = True
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def __call__(self, argv: Sequence[str], timeout: float, env: dict[str, str]) -> act.ActionResult:
+        return act.run_action(argv, timeout, env, folder=self.folder, key=env.get("LLM_HEALTH_ACTION", "action"))
+
+
+def action_dir(config: Config) -> Path:
+    state = state_path(config)
+    return state.with_name(state.name + ".actions")

@@ -29,7 +29,7 @@ from llm_health.remediator.authority import Authority
 from llm_health.remediator.store import Event, SqliteStore
 from test_discovery import K8S, pod
 from test_discovery_trust import rogue
-from test_remediator_helpers import alert, payload
+from test_remediator_helpers import alert, one_pass, payload
 
 from llm_health.config import parse_config
 from llm_health.procs import WaitTimeout, wait_until
@@ -109,8 +109,8 @@ class World:
     def run_until(self, done: Any, what: str, timeout: float = 20.0) -> Any:
         """Authority passes (the fake clock moves a poll interval each) until `done()` is truthy."""
         def step() -> Any:
-            assert self.authority.renew_lease()
-            self.authority.tick()
+            assert self.authority.lease.renew()
+            one_pass(self.authority)
             self.clock.advance(0.5)
             return done()
         return wait_until(step, timeout=timeout, interval=0.02, what=what)
@@ -146,7 +146,7 @@ def build(tmp_path: Path, **discovery: Any) -> World:
     authority = Authority(ctx.store, ctx.config, verifier=verifier, warmup_check=lambda b: (False, "warming"),
                           clock=clock, runner=runner, holder="test-authority")
     world = World(app.test_client(), authority, ctx.store, clock, prometheus, app)
-    assert authority.renew_lease()
+    assert authority.lease.renew()
     return world
 
 
@@ -210,7 +210,7 @@ def test_a_webhook_storm_about_unknown_backends_answers_at_once_and_costs_few_qu
     def storm() -> None:
         for i in range(41):
             answers.append(w.post(payload(alert(f"new-{i}"))).status_code)
-            w.authority.tick()                                 # the authority asks for refreshes meanwhile
+            one_pass(w.authority)                                 # the authority asks for refreshes meanwhile
 
     t = threading.Thread(target=storm, daemon=True)
     t.start()

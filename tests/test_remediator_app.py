@@ -23,7 +23,7 @@ from llm_health.remediator import action
 from llm_health.remediator.app import create_app
 from llm_health.remediator.authority import Authority
 from llm_health.remediator.store import IncidentState, SqliteStore
-from test_remediator_helpers import alert, payload
+from test_remediator_helpers import alert, one_pass, payload
 
 from llm_health.config import parse_config
 
@@ -49,8 +49,8 @@ class World:
 
     def run(self, ticks: int = 3) -> None:
         for _ in range(ticks):
-            assert self.authority.renew_lease()      # the lease thread's job in production
-            self.authority.tick()
+            assert self.authority.lease.renew()      # the lease thread's job in production
+            one_pass(self.authority)
 
     def kinds(self, backend: str = "") -> list[str]:
         return [e.kind for e in reversed(self.store.events(backend=backend, limit=1000))]
@@ -101,7 +101,7 @@ def build(tmp_path: Path, **remediator: Any) -> World:
     authority = Authority(store, config, verifier=verifier, warmup_check=warmup, clock=clock,
                           runner=runner, holder="test-authority")
     world = World(app.test_client(), authority, store, clock, outcomes, ready)
-    assert authority.renew_lease()
+    assert authority.lease.renew()
     return world
 
 
@@ -447,11 +447,11 @@ def test_interrupted_restart_is_not_repeated(w: World) -> None:
 
 
 def test_only_one_lease_holder(w: World) -> None:
-    other = Authority(w.store, w.authority.config, clock=w.clock, holder="other")
-    assert not other.renew_lease()
-    w.clock.advance(w.authority.lease_ttl + 1)
-    assert other.renew_lease()
-    assert not w.authority.renew_lease()
+    other = Authority(w.store, w.authority.ctx.config, clock=w.clock, holder="other")
+    assert not other.lease.renew()
+    w.clock.advance(w.authority.lease.ttl + 1)
+    assert other.lease.renew()
+    assert not w.authority.lease.renew()
 
 
 # -- interfaces ----------------------------------------------------------------------------------------
@@ -508,7 +508,7 @@ def test_a_discovered_backend_mid_restart_survives_a_remediator_start_while_prom
     w.post(payload(alert()))
     w.run(3)
     assert w.incident().state == "warming"                    # restarted, not warm yet (ready False)
-    config = w.authority.config
+    config = w.authority.ctx.config
     gpu_a = config.backend("gpu-a")
     answer: dict[str, Any] = {"targets": None}
 

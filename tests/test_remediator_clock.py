@@ -13,7 +13,7 @@ from llm_health.remediator import action
 from llm_health.remediator.app import create_app
 from llm_health.remediator.authority import Authority
 from llm_health.remediator.inflight import InFlight
-from test_remediator_helpers import alert, payload
+from test_remediator_helpers import alert, one_pass, payload
 
 from llm_health.config import parse_config
 
@@ -49,28 +49,28 @@ def test_wall_clock_steps_move_neither_lease_nor_deadlines(tmp_path: Path) -> No
     def state() -> str:
         return store.lifecycle_state("gpu-a").value
 
-    assert a.renew_lease() and not b.renew_lease()
-    a.tick()
+    assert a.lease.renew() and not b.lease.renew()
+    one_pass(a)
     assert state() == "ready"
     client = app.test_client()
     assert client.post("/webhook", json=payload(alert("gpu-a")),
                        headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 202
-    a.tick()
+    one_pass(a)
     assert state() == "draining"                       # stalled: 5 s drain (monotonic deadline)
 
     wall.advance(2 * 3600)                             # the wall clock jumps 2 h forward
-    assert not b.renew_lease()                         # ... and the lease is still a's (mid-restart)
-    assert a.renew_lease()
-    a.tick()
+    assert not b.lease.renew()                         # ... and the lease is still a's (mid-restart)
+    assert a.lease.renew()
+    one_pass(a)
     assert state() == "draining" and calls == []       # ... and the drain did not end early
 
     wall.advance(-4 * 3600)                            # now 2 h back
     mono.advance(5.1)                                  # the drain's 5 s pass on the monotonic clock
-    assert a.renew_lease()
-    a.tick()                                           # not frozen: the drain ends, the restart runs
+    assert a.lease.renew()
+    one_pass(a)                                           # not frozen: the drain ends, the restart runs
     assert calls == ["gpu-a"] and state() == "initializing"
     mono.advance(5)
-    a.tick()
+    one_pass(a)
     assert state() == "ready"
     kinds = [e.kind for e in store.events(backend="gpu-a", limit=100)]
     assert "recovered" in kinds and "interrupted" not in kinds
@@ -78,8 +78,8 @@ def test_wall_clock_steps_move_neither_lease_nor_deadlines(tmp_path: Path) -> No
     assert restarted.at == wall.t                   # events carry wall time (after the step back)
 
     # the lease expires on the monotonic clock only
-    mono.advance(a.lease_ttl + 1)
-    assert b.renew_lease() and not a.renew_lease()
+    mono.advance(a.lease.ttl + 1)
+    assert b.lease.renew() and not a.lease.renew()
 
 
 class Rig:
@@ -111,7 +111,7 @@ class Rig:
             warmup_check=lambda b: (self.ready[b.name], "scripted"), answer_check=lambda b: (True, "answers"),
             in_flight=lambda b: InFlight(0.0, None, None, "idle"))
         self.client = self.app.test_client()
-        assert self.authority.renew_lease()
+        assert self.authority.lease.renew()
 
     def runner(self, argv: Any, timeout: float, env: dict[str, str]) -> action.ActionResult:
         self.calls.append(env["LLM_HEALTH_BACKEND"])
@@ -124,8 +124,8 @@ class Rig:
 
     def tick(self, n: int = 3) -> None:
         for _ in range(n):
-            assert self.authority.renew_lease()
-            self.authority.tick()
+            assert self.authority.lease.renew()
+            one_pass(self.authority)
 
     def kinds(self, backend: str = "gpu-a") -> list[str]:
         return [e.kind for e in reversed(self.store.events(backend=backend, limit=1000))]

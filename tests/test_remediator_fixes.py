@@ -16,7 +16,7 @@ import pytest
 import requests
 from fakes import has_sample
 from llm_health.exporter.observation import Verification
-from llm_health.remediator import action, authority, backend_io, policy
+from llm_health.remediator import action, backend_io, policy
 from llm_health.remediator.agent import FleetAgent
 from llm_health.remediator.agent_check import agent_reply
 from llm_health.remediator.app import create_app
@@ -25,7 +25,7 @@ from llm_health.remediator.inflight import InFlight
 from llm_health.remediator.restart import act as restart_act
 from llm_health.remediator.store import SqliteStore
 from llm_health.simulator.server import SimConfig, Simulator
-from test_remediator_helpers import alert, payload
+from test_remediator_helpers import alert, one_pass, payload
 from test_remediator_lifecycle import AUTH, World, build
 
 from llm_health.config import RemediatorSettings, parse_config
@@ -91,7 +91,7 @@ def raising_runner(exc: Exception) -> Any:
 
 def test_runner_that_raises_leaves_needs_ack_error_and_frees_the_host(tmp_path: Path) -> None:
     w = build(tmp_path, hosts={"gpu-a": "n1", "gpu-b": "n1"})
-    w.authority.runner = raising_runner(ValueError("embedded null byte"))
+    w.authority.io.runner = raising_runner(ValueError("embedded null byte"))
     w.outcomes["gpu-a"] = "down"
     w.ready["gpu-a"] = False                      # still not answering: needs_ack stays
     w.post(payload(alert("gpu-a")))
@@ -105,7 +105,7 @@ def test_runner_that_raises_leaves_needs_ack_error_and_frees_the_host(tmp_path: 
     assert len(aborted) == 1 and "ValueError" in aborted[0].reason
     assert "escalated" in w.kinds("gpu-a")
     # the host mutex is free again: gpu-b on the same host can be restarted
-    w.authority.runner = lambda argv, timeout, env: (w.calls.append(env["LLM_HEALTH_BACKEND"])
+    w.authority.io.runner = lambda argv, timeout, env: (w.calls.append(env["LLM_HEALTH_BACKEND"])
                                                       or action.ActionResult(action.OK, 0, "ok"))
     w.outcomes["gpu-b"] = "down"
     w.post(payload(alert("gpu-b")))
@@ -131,7 +131,7 @@ def test_silence_that_raises_is_handled_like_a_failed_restart(tmp_path: Path,
 def test_own_restart_whose_bookkeeping_failed_is_swept_by_recover(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     w = build(tmp_path)
-    w.authority.runner = raising_runner(OSError("fork failed"))
+    w.authority.io.runner = raising_runner(OSError("fork failed"))
     aborts: list[int] = []
 
     def abort_that_cannot_write(ctx: Any, incident_id: int, action_id: int, backend: Any, exc: BaseException) -> None:
@@ -141,10 +141,10 @@ def test_own_restart_whose_bookkeeping_failed_is_swept_by_recover(tmp_path: Path
     w.outcomes["gpu-a"] = "down"
     w.ready["gpu-a"] = False
     w.post(payload(alert()))
-    w.authority.renew_lease()
-    w.authority.tick()
+    w.authority.lease.renew()
+    one_pass(w.authority)
     assert aborts and incident(w)["state"] == "restarting"
-    w.authority.tick()                            # recover() runs again and finds our own open row
+    one_pass(w.authority)                            # recover() runs again and finds our own open row
     assert incident(w)["state"] == "needs_ack" and w.state() == "error"
     assert w.store.conn().execute("SELECT result FROM actions").fetchone()[0] == "interrupted"
     assert w.store.events(kind="interrupted")[0].detail["own"] is True
@@ -248,8 +248,8 @@ def test_drain_without_a_starting_reading_reverifies_before_the_restart(tmp_path
     def verifier(b: Any) -> Verification:
         verified.append(b.name)
         return Verification(outcomes[b.name], "fake verifier")
-    w.authority.verifier = verifier
-    w.authority.in_flight = lambda b: InFlight(None, None, None, "reading failed")
+    w.authority.io.verifier = verifier
+    w.authority.io.in_flight = lambda b: InFlight(None, None, None, "reading failed")
     w.post(payload(alert()))
     w.run()
     assert w.state() == "draining" and verified == ["gpu-a"]
@@ -277,9 +277,9 @@ def test_error_backends_are_checked_after_incidents_and_at_most_every_30s(tmp_pa
     w = build(tmp_path)
     to_error(w, "gpu-a")
     order: list[str] = []
-    warm, verify = w.authority.warmup_check, w.authority.verifier
-    w.authority.warmup_check = lambda b: (order.append(f"warmup {b.name}"), warm(b))[1]
-    w.authority.verifier = lambda b: (order.append(f"verify {b.name}"), verify(b))[1]
+    warm, verify = w.authority.io.warmup_check, w.authority.io.verifier
+    w.authority.io.warmup_check = lambda b: (order.append(f"warmup {b.name}"), warm(b))[1]
+    w.authority.io.verifier = lambda b: (order.append(f"verify {b.name}"), verify(b))[1]
     w.clock.advance(60)
     w.post(payload(alert("gpu-b")))
     w.run(1)
@@ -315,9 +315,9 @@ def test_every_probe_is_counted_in_sqlite_and_metrics(tmp_path: Path, sim: Simul
     auth = Authority(store, config, holder="probe-test")
     backend = config.backend("gpu-a")
     assert backend is not None
-    v = auth.probing(backend, backend_io.VERIFY, auth.verifier)
+    v = auth.io.verifier(backend)
     assert v.outcome == "idle_ok"
-    ready, why = auth.probing(backend, backend_io.WARMUP, auth.warmup_check)
+    ready, why = auth.io.warmup_check(backend)
     assert ready, why
     assert store.counters("probes") == {"gpu-a\tverify": 1, "gpu-a\twarmup": 1}
     text = app.test_client().get("/metrics").get_data(as_text=True)
@@ -341,7 +341,7 @@ def test_api_key_file_is_read_once_and_passed_to_verify(tmp_path: Path, monkeypa
     (tmp_path / "key").write_text("  s3cret \n")
     config = parse_config({"backends": [{"name": "a", "url": "http://127.0.0.1:9"}],
                            "exporter": {"api_key_file": "key"}}, source=str(tmp_path / "x.yml"))
-    verify = authority.default_verifier(config)
+    verify = backend_io.default_verifier(config)
     (tmp_path / "key").write_text("changed")
     verify(config.backends[0])
     verify(config.backends[0])
@@ -349,10 +349,10 @@ def test_api_key_file_is_read_once_and_passed_to_verify(tmp_path: Path, monkeypa
     assert seen[0]["readings"] == 3 and seen[0]["interval"] == 10.0
     missing = parse_config({"backends": [{"name": "a", "url": "http://127.0.0.1:9"}],
                             "exporter": {"api_key_file": "nope"}}, source=str(tmp_path / "x.yml"))
-    v = authority.default_verifier(missing)(missing.backends[0])
+    v = backend_io.default_verifier(missing)(missing.backends[0])
     assert v.outcome == "unknown" and "unreadable" in v.reason
     plain = parse_config({"backends": [{"name": "a", "url": "http://127.0.0.1:9"}]})
-    authority.default_verifier(plain)(plain.backends[0])
+    backend_io.default_verifier(plain)(plain.backends[0])
     assert "api_key" not in seen[-1]
 
 

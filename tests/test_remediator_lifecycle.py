@@ -29,7 +29,7 @@ from llm_health.remediator.inflight import InFlight
 from llm_health.remediator.lifecycle import LifecycleState
 from llm_health.remediator.store import SqliteStore
 from llm_health.simulator.server import SimConfig, Simulator
-from test_remediator_helpers import alert, payload
+from test_remediator_helpers import alert, one_pass, payload
 
 from llm_health.config import Config, parse_config
 from llm_health.procs import ManagedProcess, free_port, wait_until
@@ -64,8 +64,8 @@ class World:
 
     def run(self, ticks: int = 3) -> None:
         for _ in range(ticks):
-            assert self.authority.renew_lease()
-            self.authority.tick()
+            assert self.authority.lease.renew()
+            one_pass(self.authority)
 
     def state(self, name: str = "gpu-a") -> str:
         return self.store.lifecycle_state(name).value
@@ -307,13 +307,13 @@ def test_lifecycle_survives_a_crash_and_every_process_answers_the_same(tmp_path:
     assert other.get("/api/backends").get_json()["backends"] == w.client.get("/api/backends").get_json()["backends"]
     agents = [FleetAgent(SqliteStore(w.store.path), w.config, kv_reader=lambda url: 0.2) for _ in range(2)]
     assert {a.status_for("gpu-a").state for a in agents} == {S.DRAINING}
-    second = Authority(SqliteStore(w.store.path), w.config, clock=w.clock, holder="second", runner=w.authority.runner,
-                       verifier=w.authority.verifier, warmup_check=w.authority.warmup_check,
-                       answer_check=w.authority.answer_check, in_flight=w.authority.in_flight)
-    w.clock.advance(w.authority.lease_ttl + 1)
-    assert second.renew_lease()
+    second = Authority(SqliteStore(w.store.path), w.config, clock=w.clock, holder="second", runner=w.authority.io.runner,
+                       verifier=w.authority.io.verifier, warmup_check=w.authority.io.warmup_check,
+                       answer_check=w.authority.io.answer_check, in_flight=w.authority.io.in_flight)
+    w.clock.advance(w.authority.lease.ttl + 1)
+    assert second.lease.renew()
     w.clock.advance(5)
-    second.tick()                                 # resumes the drain where it was: deadline passed
+    one_pass(second)                                 # resumes the drain where it was: deadline passed
     assert w.calls == ["gpu-a"] and w.state() == "initializing"
 
 
@@ -419,16 +419,16 @@ def test_a_lifecycle_check_that_raises_never_starves_the_other_backends(w: World
     """Backends outside a restart are looked at oldest first; a check raising for the first one ended
     the pass before the others (and it stayed first in line): they were never marked READY."""
     w.store.conn().execute("UPDATE lifecycle SET state = 'initializing', incident_id = NULL")
-    answers = w.authority.answer_check
+    answers = w.authority.io.answer_check
 
     def check(b: Any) -> tuple[bool, str]:
         if b.name == "gpu-a":
             raise RuntimeError("odd answer")
         return answers(b)
 
-    w.authority.answer_check = check
+    w.authority.io.answer_check = check
     for _ in range(3):
         w.clock.advance(10)                         # past warmup_poll: both due
-        w.authority.look_after_lifecycles()
+        one_pass(w.authority)
     assert w.state("gpu-b") == "ready"
     assert w.state("gpu-a") == "initializing"

@@ -24,7 +24,7 @@ from llm_health.remediator.authority import Authority
 from llm_health.remediator.inflight import InFlight
 from llm_health.remediator.store import SqliteStore
 from loopback import Loopback
-from test_remediator_helpers import alert, payload
+from test_remediator_helpers import alert, one_pass, payload
 
 from llm_health.config import parse_config
 from llm_health.procs import wait_until
@@ -88,27 +88,27 @@ def test_a_deposed_holder_leaves_the_outcome_and_the_silence_to_the_new_holder(t
                          in_flight=lambda b: InFlight(None, None, None, "refused"))
     a, b = authority("a"), authority("b")
     try:
-        assert a.renew_lease()
-        a.tick()
+        assert a.lease.renew()
+        one_pass(a)
         r = app.test_client().post("/webhook", json=payload(alert("gpu-a")),
                                    headers={"Authorization": f"Bearer {TOKEN}"})
         assert r.status_code == 202
-        acting = threading.Thread(target=a.tick, daemon=True)     # A claims and runs the action
+        acting = threading.Thread(target=one_pass, args=(a,), daemon=True)     # A claims and runs the action
         acting.start()
         wait_until(lambda: store.events(kind="restarting"), timeout=10, what="A started the restart")
         wait_until(lambda: list((tmp_path / "state.db.actions").glob("*.pid")), timeout=10, what="the wrapper")
         assert am.created == ["s-1"]
 
-        mono.advance(a.lease_ttl + 1)                             # A is frozen past its lease ...
-        assert b.renew_lease()                                    # ... and B takes over
-        b.tick()                                                  # recover(): the wrapper still runs
+        mono.advance(a.lease.ttl + 1)                             # A is frozen past its lease ...
+        assert b.lease.renew()                                    # ... and B takes over
+        one_pass(b)                                                  # recover(): the wrapper still runs
         flag.write_text("")                                       # the restart ends: exit 0
 
         def collected() -> bool:
             mono.advance(1)
             wall.advance(1)
-            b.renew_lease()
-            b.tick()
+            b.lease.renew()
+            one_pass(b)
             return bool(store.events(kind="restarted"))
         wait_until(collected, timeout=30, interval=0.2, what="B collected the exit status")
         acting.join(timeout=30)

@@ -101,7 +101,7 @@ def test_f3_state_file_deleted_or_replaced_stops_acting(w: World, how: str) -> N
     assert r.status_code == 503 and how[:6] in " ".join(r.get_json()["problems"])
     assert w.post(payload(alert())).status_code == 503                # says why instead of acting
     with pytest.raises(Exception, match="deleted|replaced"):
-        w.authority.renew_lease()
+        w.authority.lease.renew()
     if how == "delete":
         assert not path.exists()                                      # no new database behind our back
 
@@ -259,7 +259,7 @@ def test_f9_events_and_actions_are_pruned_and_events_paginated(tmp_path: Path) -
                 tx.finish_action(tx.add_action(0, "gpu-b", "[]", "h", at, at, ""), at, "ok")
         before = w.client.get("/metrics").get_data(as_text=True)
         assert has_sample(before, 'llm_health_remediator_restarts_total{backend="gpu-b",result="ok"} 12')
-        retention.prune(w.store, w.authority.config, now)
+        retention.prune(w.store, w.authority.ctx.config, now)
         n_events = w.store.conn().execute("SELECT count(*) FROM events").fetchone()[0]
         n_actions = w.store.conn().execute("SELECT count(*) FROM actions").fetchone()[0]
         assert n_events == 50 and n_actions == 0
@@ -286,7 +286,7 @@ def test_f9_restart_history_inside_the_policy_windows_is_kept(tmp_path: Path) ->
             for i in range(3):
                 tx.finish_action(tx.add_action(0, "gpu-a", "[]", "h", now - 7000 + i, now - 7000 + i, ""),
                                  now - 6999 + i, "ok")
-        retention.prune(w.store, w.authority.config, now)
+        retention.prune(w.store, w.authority.ctx.config, now)
         assert len(w.store.restart_times("gpu-a", since=now - 10000)) == 3
     finally:
         w.store.close()

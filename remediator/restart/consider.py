@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from llm_health.exporter.observation import Verification, VerifyOutcome
 from llm_health.remediator import policy
-from llm_health.remediator.backend_io import VERIFY, probing
 from llm_health.remediator.inflight import InFlight
 from llm_health.remediator.lifecycle import LifecycleState
 from llm_health.remediator.restart.act import carry_out, claim
@@ -47,7 +46,7 @@ def consider(ctx: Context, inc: Incident, backend: Backend) -> StepResult:
             if tx.incident_in(incident_id, IS.OPEN) is not None:
                 return note(ctx, tx, incident_id, backend.name, d, now)
         return DONE
-    verification = probing(ctx.store, backend, VERIFY, ctx.io.verifier)
+    verification = ctx.io.verifier(backend)
     baseline = None
     if verification.outcome in (VerifyOutcome.NO_PROGRESS, VerifyOutcome.UNRESPONSIVE):
         baseline = in_flight_now(ctx, backend)   # read outside the transaction: what the drain starts from

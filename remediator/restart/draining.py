@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from llm_health.exporter.observation import Verification
 from llm_health.remediator import inflight, policy
-from llm_health.remediator.backend_io import VERIFY, probing
 from llm_health.remediator.inflight import InFlight
 from llm_health.remediator.lifecycle import LifecycleState
 from llm_health.remediator.restart.act import carry_out, claim
@@ -43,7 +42,7 @@ def watch_drain(ctx: Context, inc: Incident, backend: Backend) -> StepResult:
     if drain_ends(ctx, backend, seen) and needs_recheck(ctx.store, incident_id, backend):
         # the alerts resolved meanwhile, or the drain has no starting reading to tell progress from:
         # the pre-drain verification alone is not enough to act on (principle 6)
-        verification = probing(ctx.store, backend, VERIFY, ctx.io.verifier)
+        verification = ctx.io.verifier(backend)
     now, t = ctx.clocks.wall(), ctx.clocks.mono()
     claimed: int | None = None
     unsilence = False

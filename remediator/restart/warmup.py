@@ -8,7 +8,6 @@ backend answers again, or stays for a person. Both close the incident as `recove
 
 from __future__ import annotations
 
-from llm_health.remediator.backend_io import WARMUP, probing
 from llm_health.remediator.lifecycle import LifecycleState
 from llm_health.remediator.restart.choices import Warmup, moves_when_warm, warmup_after_check
 from llm_health.remediator.restart.context import Context
@@ -41,7 +40,7 @@ def watch_recovery(ctx: Context, inc: Incident, backend: Backend) -> StepResult:
 
 def check(ctx: Context, backend: Backend) -> tuple[bool, str]:
     """The warm-up check (it may send a probe: counted); a backend found warm gets its alerts back."""
-    ready, why = probing(ctx.store, backend, WARMUP, ctx.io.warmup_check)
+    ready, why = ctx.io.warmup_check(backend)
     if ready:
         unsilence_safely(ctx, backend.name)
     return ready, why
