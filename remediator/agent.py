@@ -1,6 +1,6 @@
 """The remediator's HAProxy agent: answers from SQLite, one listener per remediator.
 
-`FleetAgent.status_for(name)` builds the `AgentStatus` of a backend from the lifecycle rows and the active
+`AgentAnswers.status_for(name)` builds the `AgentStatus` of a backend from the lifecycle rows and the active
 incidents (so every process gives the same answer), plus a fresh KV-cache reading of the backend's own
 /metrics (cached a few seconds) for the weight of a backend answered `up`:
 
@@ -46,7 +46,7 @@ KV_READ_TIMEOUT = 1.0
 RETRY_BIND_SECONDS = 2.0
 
 
-class FleetAgent:
+class AgentAnswers:
     def __init__(self, store: StateStore, config: Config, clock: Callable[[], float] = time.monotonic,
                  kv_reader: Callable[[str], float | None] | None = None) -> None:
         self.store = store

@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 
 from flask import Blueprint, Flask, Response, current_app, jsonify, render_template, request
 from llm_health.remediator import discovered, metrics, policy
-from llm_health.remediator.agent import AgentListener, FleetAgent
+from llm_health.remediator.agent import AgentAnswers, AgentListener
 from llm_health.remediator.alert import PayloadError, parse_notification
 from llm_health.remediator.authority import Authority
 from llm_health.remediator.backend_io import Verifier, WarmupCheck
@@ -538,7 +538,7 @@ def create_app(
         authority.start()
         Pruner(store, config, clock).start()
         if config.remediator.agent_listen:
-            agent = AgentListener(config.remediator.agent_listen, FleetAgent(store, config).status_for).start()
+            agent = AgentListener(config.remediator.agent_listen, AgentAnswers(store, config).status_for).start()
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = config.remediator.max_body_bytes
     app.extensions["remediator"] = Ctx(config, store, token, clock, authority, agent, discovery)

@@ -17,7 +17,7 @@ import requests
 from fakes import has_sample
 from llm_health.exporter.observation import Verification
 from llm_health.remediator import action, backend_io, policy
-from llm_health.remediator.agent import FleetAgent
+from llm_health.remediator.agent import AgentAnswers
 from llm_health.remediator.agent_check import agent_reply
 from llm_health.remediator.app import create_app
 from llm_health.remediator.authority import Authority
@@ -33,7 +33,7 @@ from llm_health.procs import free_port, wait_until
 
 
 def answer(w: World, name: str) -> str:
-    return agent_reply(FleetAgent(w.store, w.config, kv_reader=lambda url: 0.2).status_for(name))
+    return agent_reply(AgentAnswers(w.store, w.config, kv_reader=lambda url: 0.2).status_for(name))
 
 
 def incident(w: World, name: str = "gpu-a") -> Any:
@@ -65,7 +65,7 @@ def test_verified_unresponsive_takes_a_server_out_but_never_below_min_ready(tmp_
     w.post(payload(alert("gpu-c")))
     w.run()
     # every backend verified unresponsive: taking any out would leave none READY and up
-    agent = FleetAgent(w.store, w.config, kv_reader=lambda url: 0.2)
+    agent = AgentAnswers(w.store, w.config, kv_reader=lambda url: 0.2)
     for n in ("gpu-a", "gpu-b", "gpu-c"):
         status = agent.status_for(n)
         assert status is not None and agent_reply(status) == "ready up 100%"

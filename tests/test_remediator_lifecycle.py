@@ -21,7 +21,7 @@ from flask.testing import FlaskClient
 from llm_health.exporter.observation import Verification
 from llm_health.exporter.reading import EngineReading, Reading
 from llm_health.remediator import action
-from llm_health.remediator.agent import FleetAgent
+from llm_health.remediator.agent import AgentAnswers
 from llm_health.remediator.agent_check import AgentCheckServer
 from llm_health.remediator.app import create_app
 from llm_health.remediator.authority import Authority
@@ -305,7 +305,7 @@ def test_lifecycle_survives_a_crash_and_every_process_answers_the_same(tmp_path:
     other_app = create_app(w.config, clock=w.clock, start_authority=False)
     other = other_app.test_client()
     assert other.get("/api/backends").get_json()["backends"] == w.client.get("/api/backends").get_json()["backends"]
-    agents = [FleetAgent(SqliteStore(w.store.path), w.config, kv_reader=lambda url: 0.2) for _ in range(2)]
+    agents = [AgentAnswers(SqliteStore(w.store.path), w.config, kv_reader=lambda url: 0.2) for _ in range(2)]
     assert {a.status_for("gpu-a").state for a in agents} == {S.DRAINING}
     second = Authority(SqliteStore(w.store.path), w.config, clock=w.clock, holder="second", runner=w.authority.io.runner,
                        verifier=w.authority.io.verifier, warmup_check=w.authority.io.warmup_check,
@@ -333,7 +333,7 @@ def test_agent_answers_from_sqlite_with_kv_from_the_backend(tmp_path: Path) -> N
         config = parse_config({"backends": [{"name": "gpu-a", "url": sim.url}, {"name": "gpu-b",
                                "url": "http://127.0.0.1:18101"}], "remediator": {"state": w.store.path}})
         for _ in range(2):   # two processes' worth of agents, each with its own store handle
-            servers.append(AgentCheckServer("127.0.0.1", 0, FleetAgent(SqliteStore(w.store.path), config).status_for)
+            servers.append(AgentCheckServer("127.0.0.1", 0, AgentAnswers(SqliteStore(w.store.path), config).status_for)
                            .start())
         answers = lambda name: {ask(s.port, name) for s in servers}  # noqa: E731
         assert answers("gpu-a") == {"ready up 100%"}           # KV 0 from the simulator's own /metrics
