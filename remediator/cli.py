@@ -1,7 +1,10 @@
 """`llm-health remediator --config FILE [--listen HOST:PORT] [--workers N] [--dry-run]`.
 
 Serves `remediator.app.create_app` under gunicorn. The app is built in each worker after the fork
-(no preload), so each worker has its own authority thread; the SQLite lease makes one of them act.
+(no preload), and the worker's services (its authority, retention, the agent-check listener, service
+discovery; remediator/services.py) are started by gunicorn's `post_worker_init` hook: in each worker,
+once its app is loaded and before it accepts a request. create_app() itself starts nothing. Every worker
+has its own authority; the lease in the store makes one of them act.
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ import sys
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
-from llm_health.remediator.app import check_exposure, create_app, read_token, token_file_warning
+from llm_health.remediator.app import create_app
 from llm_health.remediator.serving import CONNECTIONS_BEYOND_PENDING, GuardedThreadWorker, ServingLimits
 from llm_health.remediator.store import StateError, store_for
+from llm_health.remediator.web.tokens import check_exposure, read_token, token_file_warning
 
 from llm_health.config import Config, ConfigError, load_config
 from llm_health.redact import configure_logging
@@ -75,10 +79,16 @@ class RemediatorServer(BaseApplication):  # type: ignore[misc]
         self.cfg.set("preload_app", False)
         self.cfg.set("accesslog", "-")
         self.cfg.set("proc_name", "llm-health-remediator")
+        self.cfg.set("post_worker_init", start_services)
 
     def load(self) -> Any:
         configure_logging("%(asctime)s %(process)d %(levelname)s %(message)s")   # URLs redacted
         return create_app(self.llm_config, expect_state=self.state_identity)
+
+
+def start_services(worker: Any) -> None:
+    """gunicorn's post_worker_init: this worker's app is loaded (`worker.wsgi`) and it accepts nothing yet."""
+    worker.wsgi.extensions["remediator"].services.start()
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,9 +1,10 @@
 """The remediator's side of discovery: backends from Prometheus' targets join the configured ones.
 
-`attach` starts one refresher per gunicorn worker (each worker reads Prometheus on its own; they
+`attach` builds one Discovery per gunicorn worker (each worker reads Prometheus on its own; they
 agree within one refresh interval) and returns the config whose `backends` is the live list, so the
 webhook, the authority, the API and the agent check all resolve a backend by name against static +
-discovered backends without knowing where it came from.
+discovered backends without knowing where it came from. It queries nothing and starts nothing: the
+worker's services do (services.py: one refresh before the first request, then the refresher thread).
 
 * A discovered backend with an open incident is never removed, even past the grace period: a
   restart in progress (a pod being recreated leaves the target list for a while) must be finished
@@ -62,7 +63,7 @@ def audit_refusals(store: StateStore, refusals: tuple[Refusal, ...], now: float)
 
 
 def attach(config: Config, store: StateStore, clock: Callable[[], float] = time.time) -> tuple[Config, Discovery | None]:
-    """With discovery configured: a started Discovery (one refresh done) and the config reading the live
+    """With discovery configured: a Discovery (not refreshed, not started) and the config reading the live
     fleet. Without it: the config unchanged and None."""
     if not config.discovery.enabled:
         return config, None
@@ -81,7 +82,5 @@ def attach(config: Config, store: StateStore, clock: Callable[[], float] = time.
         last[:] = [(refusals, now)]
 
     discovery.on_change(audit)
-    discovery.refresh()          # before the first webhook: discovered backends are known from the start
-    discovery.start()
     live = LiveBackends(config.backends, discovery)
     return dataclasses.replace(config, backends=live), discovery

@@ -132,8 +132,9 @@ def build(tmp_path: Path, **discovery: Any) -> World:
         },
     }, source=str(tmp_path / "llm-health.yml"))
     clock = FakeClock()
-    app = create_app(config, clock=clock, start_authority=False)
+    app = create_app(config, clock=clock, with_authority=False)
     ctx = app.extensions["remediator"]
+    ctx.services.start()                 # this worker's discovery: one refresh, then its refresher thread
     world: World
 
     def verifier(backend: Any) -> Verification:
@@ -173,7 +174,8 @@ def test_a_rogue_target_labelled_pod_vllm_0_never_gets_vllm_0_deleted(w: World) 
 def test_a_hijacked_name_means_no_restart_for_either_an_audit_event_and_the_metric(w: World) -> None:
     w.publish(pod("vllm-0", "10.0.0.5:8000"))
     w.publish(pod("vllm-0", "10.0.0.5:8000"), rogue("vllm-0", "vllm-0", "10.0.0.1:8000"))
-    (dup,) = w.events("vllm-0", "discovery_duplicate")
+    # the audit is written by the refresh's listener, just after the refresh counts as answered
+    (dup,) = wait_until(lambda: w.events("vllm-0", "discovery_duplicate"), timeout=10, what="the audit event")
     assert "claimed by 2" in dup.reason and "needs a person" in dup.reason
     assert sorted(dup.detail["targets"]) == ["http://10.0.0.1:8000/metrics", "http://10.0.0.5:8000/metrics"]
     metrics = w.client.get("/metrics").get_data(as_text=True)

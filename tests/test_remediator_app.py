@@ -80,7 +80,7 @@ def build(tmp_path: Path, **remediator: Any) -> World:
         "remediator": settings,
     }, source=str(tmp_path / "llm-health.yml"))
     clock = FakeClock()
-    app = create_app(config, clock=clock, start_authority=False)
+    app = create_app(config, clock=clock, with_authority=False)
     store = app.extensions["remediator"].store
     outcomes = {"gpu-a": "no_progress", "gpu-b": "no_progress", "gpu-c": "down", "gpu-n": "down"}
     ready = {"gpu-a": False, "gpu-b": False, "gpu-c": False, "gpu-n": False}
@@ -481,17 +481,17 @@ def test_api_metrics_status_and_events(w: World) -> None:
 
 def test_monotonic_deadlines_are_shown_as_wall_time() -> None:
     # The authority stores deadlines on the monotonic clock; the API and status page show wall time.
-    from llm_health.remediator.app import MONOTONIC_INCIDENT_FIELDS, _shown
     from llm_health.remediator.clock import Clocks
+    from llm_health.remediator.web.views import MONOTONIC_INCIDENT_FIELDS, shown
 
     clocks = Clocks(wall=lambda: 1_700_000_000.0, mono=lambda: 500.0)
     row = {"id": 1, "opened_at": 1_699_999_990.0, "next_check_at": 510.0, "warm_deadline": None,
            "unresponsive_since": 470.0}
-    shown = _shown(clocks, row, MONOTONIC_INCIDENT_FIELDS)
-    assert shown["next_check_at"] == 1_700_000_010.0
-    assert shown["unresponsive_since"] == 1_699_999_970.0
-    assert shown["warm_deadline"] is None
-    assert shown["opened_at"] == row["opened_at"]  # wall time already: untouched
+    view = shown(clocks, row, MONOTONIC_INCIDENT_FIELDS)
+    assert view["next_check_at"] == 1_700_000_010.0
+    assert view["unresponsive_since"] == 1_699_999_970.0
+    assert view["warm_deadline"] is None
+    assert view["opened_at"] == row["opened_at"]  # wall time already: untouched
 
 
 def test_a_discovered_backend_mid_restart_survives_a_remediator_start_while_prometheus_is_down(w: World) -> None:

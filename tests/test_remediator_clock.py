@@ -28,7 +28,7 @@ def test_wall_clock_steps_move_neither_lease_nor_deadlines(tmp_path: Path) -> No
                        "stalled_drain_timeout": 5, "warmup_timeout": 100, "action_timeout": 30},
     }, source=str(tmp_path / "llm-health.yml"))
     wall, mono = FakeClock(1_000_000.0), FakeClock(5_000.0)
-    app = create_app(config, clock=wall, start_authority=False)
+    app = create_app(config, clock=wall, with_authority=False)
     store = app.extensions["remediator"].store
     outcome = {"gpu-a": "no_progress"}
     calls: list[str] = []
@@ -100,7 +100,7 @@ class Rig:
             "remediator": settings,
         }, source=str(tmp_path / "llm-health.yml"))
         self.wall, self.mono = FakeClock(1_000_000.0), FakeClock(5_000.0)
-        self.app = create_app(self.config, clock=self.wall, start_authority=False)
+        self.app = create_app(self.config, clock=self.wall, with_authority=False)
         self.store = self.app.extensions["remediator"].store
         self.outcome = {"gpu-a": "down", "gpu-b": "progress"}
         self.calls: list[str] = []

@@ -86,7 +86,7 @@ def running_fleet(tmp_path: Path, n: int, *, hosts: list[str] | None = None, ver
         "remediator": settings,
         "exporter": exporter or {},
     }, source=str(tmp_path / "llm-health.yml"))
-    app = create_app(config, start_authority=False)
+    app = create_app(config, with_authority=False)
     store = app.extensions["remediator"].store
     outcomes = dict.fromkeys(names, outcome)
     world: Fleet

@@ -310,7 +310,7 @@ def test_every_probe_is_counted_in_sqlite_and_metrics(tmp_path: Path, sim: Simul
         "exporter": {"read_timeout": 2.0, "probe_timeout": 5.0, "api_key_file": "key"},
         "remediator": {"state": "state.db", "verify_readings": 2, "verify_interval": 0.1, "insecure_no_auth": True},
     }, source=str(tmp_path / "llm-health.yml"))
-    app = create_app(config, start_authority=False)
+    app = create_app(config, with_authority=False)
     store = app.extensions["remediator"].store
     auth = Authority(store, config, holder="probe-test")
     backend = config.backend("gpu-a")

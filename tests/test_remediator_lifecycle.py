@@ -90,7 +90,7 @@ def build(tmp_path: Path, names: tuple[str, ...] = ("gpu-a", "gpu-b"), hosts: di
                        "backoff": {"initial": 10, "factor": 2, "cap": 100, "stable_after": 5000}, **remediator},
     }, source=str(tmp_path / "llm-health.yml"))
     clock = FakeClock()
-    app = create_app(config, clock=clock, start_authority=False)
+    app = create_app(config, clock=clock, with_authority=False)
     store = app.extensions["remediator"].store
     outcomes = dict.fromkeys(names, "no_progress")
     ready = dict.fromkeys(names, True)
@@ -302,7 +302,7 @@ def test_lifecycle_survives_a_crash_and_every_process_answers_the_same(tmp_path:
     w.run()
     assert w.state() == "draining"
     # the process dies; another one (another worker, or after a restart) opens the same state file
-    other_app = create_app(w.config, clock=w.clock, start_authority=False)
+    other_app = create_app(w.config, clock=w.clock, with_authority=False)
     other = other_app.test_client()
     assert other.get("/api/backends").get_json()["backends"] == w.client.get("/api/backends").get_json()["backends"]
     agents = [AgentAnswers(SqliteStore(w.store.path), w.config, kv_reader=lambda url: 0.2) for _ in range(2)]

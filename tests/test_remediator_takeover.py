@@ -78,7 +78,7 @@ def test_a_deposed_holder_leaves_the_outcome_and_the_silence_to_the_new_holder(t
                        "warmup_timeout": 600, "action_timeout": 60, "alertmanager_url": am.url},
     }, source=str(tmp_path / "llm-health.yml"))
     wall, mono = FakeClock(1_000_000.0), FakeClock(5_000.0)
-    app = create_app(config, clock=wall, start_authority=False)
+    app = create_app(config, clock=wall, with_authority=False)
     store: SqliteStore = app.extensions["remediator"].store
 
     def authority(holder: str) -> Authority:

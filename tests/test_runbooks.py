@@ -38,7 +38,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, str, str]:
         "backends": [{"name": "gpu-a", "url": "http://127.0.0.1:18001", "restart": ["true"]}],
         "remediator": {"state": "state.db", "token_file": "token"},
     }, source=str(tmp / "llm-health.yml"))
-    app = create_app(config, start_authority=False)
+    app = create_app(config, with_authority=False)
     response = app.test_client().get("/runbooks")  # no token: a pager link must open
     return response.status_code, response.content_type, response.get_data(as_text=True)
 

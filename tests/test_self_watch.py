@@ -114,10 +114,10 @@ def test_f4_no_token_refused_unless_insecure_and_loopback(tmp_path: Path) -> Non
         return parse_config({**base, "remediator": {"state": "s.db", **r}}, source=str(tmp_path / "c.yml"))
 
     with pytest.raises(ConfigError, match="token"):
-        create_app(cfg(), start_authority=False)
+        create_app(cfg(), with_authority=False)
     with pytest.raises(ConfigError, match="loopback"):
-        create_app(cfg(insecure_no_auth=True, listen="0.0.0.0:9411"), start_authority=False)
-    app = create_app(cfg(insecure_no_auth=True, listen="127.0.0.1:9411"), start_authority=False)
+        create_app(cfg(insecure_no_auth=True, listen="0.0.0.0:9411"), with_authority=False)
+    app = create_app(cfg(insecure_no_auth=True, listen="127.0.0.1:9411"), with_authority=False)
     client = app.test_client()
     assert client.post("/api/busy", json={"backend": "gpu-a", "owner": "me"}).status_code == 201
     # a cross-site page: text/plain body, or a foreign Origin, or a rebound Host name
@@ -155,7 +155,7 @@ def test_f10_unauthenticated_gets_redact_credentials_and_hide_output(tmp_path: P
 
 
 def test_f10_world_readable_token_file_is_reported(tmp_path: Path) -> None:
-    from llm_health.remediator.app import token_file_warning
+    from llm_health.remediator.web.tokens import token_file_warning
 
     (tmp_path / "token").write_text("t\n")
     cfg = parse_config({"remediator": {"token_file": "token"}}, source=str(tmp_path / "c.yml"))

@@ -1,0 +1,56 @@
+"""A worker's background services: built by the app factory, started by the server, never by the factory.
+
+`create_app()` (app.py) only wires: it builds the store, the live fleet and these services, and returns the
+Flask app; nothing runs yet, no thread, no listener, no query to Prometheus. The server entry point starts
+them: under gunicorn `post_worker_init` (cli.py), which gunicorn calls in each worker once its app is
+loaded and before the worker accepts a request. Tests build the app the same way and start what they need.
+
+Started in this order: service discovery (one refresh first, so discovered backends are known before the
+first webhook, then its refresher thread), the authority (lease thread, scheduler: resync + workers),
+retention (the pruner) and the HAProxy agent-check listener (it retries until it holds the port: one of
+the workers gets it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llm_health.remediator.agent import AgentListener
+from llm_health.remediator.authority import Authority
+from llm_health.remediator.retention import Pruner
+
+from llm_health.discovery import Discovery
+
+
+@dataclass
+class Services:
+    discovery: Discovery | None = None
+    authority: Authority | None = None
+    pruner: Pruner | None = None
+    agent: AgentListener | None = None
+    started: bool = False
+
+    def start(self) -> None:
+        if self.started:
+            return
+        self.started = True
+        if self.discovery is not None:
+            self.discovery.refresh()          # before the first webhook: discovered backends are known
+            self.discovery.start()
+        if self.authority is not None:
+            self.authority.start()
+        if self.pruner is not None:
+            self.pruner.start()
+        if self.agent is not None:
+            self.agent.start()
+
+    def stop(self) -> None:
+        """For tests and tools; the server's workers simply exit (every thread is a daemon)."""
+        if self.agent is not None:
+            self.agent.stop()
+        if self.pruner is not None:
+            self.pruner.stop()
+        if self.authority is not None:
+            self.authority.stop()
+        if self.discovery is not None:
+            self.discovery.stop()

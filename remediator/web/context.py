@@ -1,0 +1,40 @@
+"""What the request handlers need, kept in `app.extensions['remediator']` (Flask's place for per-app state)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from flask import current_app
+from llm_health.remediator import metrics
+from llm_health.remediator.health import Health
+from llm_health.remediator.services import Services
+from llm_health.remediator.store import StateStore
+from llm_health.remediator.web.guard import token_given
+
+from llm_health.config import Config
+from llm_health.discovery_collector import DiscoveryCollector
+
+
+class WebContext:
+    def __init__(self, config: Config, store: StateStore, token: str, clock: Callable[[], float],
+                 services: Services) -> None:
+        self.config = config
+        self.store = store
+        self.token = token
+        self.clock = clock
+        self.services = services          # built, not started: the server starts them (services.py)
+        self.discovery = services.discovery
+        self.authority = services.authority
+        self.agent = services.agent
+        self.health = Health(config, store, services.authority)
+        self.registry = metrics.registry_for(config, store, self.health.report)
+        if services.discovery is not None:
+            self.registry.register(DiscoveryCollector(services.discovery.status))
+
+    def authenticated(self) -> bool:
+        """This request carries the bearer token (restart output is shown to it)."""
+        return token_given(self.token)
+
+
+def ctx() -> WebContext:
+    return current_app.extensions["remediator"]

@@ -1,0 +1,37 @@
+"""For people and for Prometheus: the status page (GET /), /metrics (a collector over the store, so every
+worker answers the same) and /healthz (this worker can do its job now; health.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, Response, jsonify, render_template
+from llm_health.remediator import metrics
+from llm_health.remediator.web.context import ctx
+from llm_health.remediator.web.views import backends_view, fmt_time, public_event
+
+from llm_health.redact import redact
+
+status = Blueprint("status", __name__)
+
+
+@status.get("/metrics")
+def metrics_page() -> Any:
+    return Response(metrics.render(ctx().registry), mimetype=metrics.CONTENT_TYPE.split(";")[0],
+                    content_type=metrics.CONTENT_TYPE)
+
+
+@status.get("/healthz")
+def healthz() -> Any:
+    report = ctx().health.report()
+    return jsonify(report), 200 if report["ok"] else 503
+
+
+@status.get("/")
+def page() -> Any:
+    c = ctx()
+    authed = c.authenticated()
+    events = [public_event(e, authed) for e in c.store.events(limit=50)]
+    br = redact(c.store.breaker().as_dict())
+    return render_template("status.html", backends=backends_view(c), events=events, breaker=br,
+                           dry_run=c.config.remediator.dry_run, now=c.clock(), fmt=fmt_time)

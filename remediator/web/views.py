@@ -1,0 +1,81 @@
+"""What the API and the status page show: read models built from store verbs (every worker agrees)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from llm_health.remediator import policy
+from llm_health.remediator.clock import Clocks, injected
+from llm_health.remediator.lifecycle import UNSEEN
+from llm_health.remediator.marker import file_markers
+from llm_health.remediator.store import Event, LifecycleRow
+from llm_health.remediator.web.context import WebContext
+
+from llm_health.redact import redact
+
+HIDDEN_OUTPUT = "[hidden: send the bearer token to see action output]"
+# Incident and lifecycle columns that hold monotonic deadlines (remediator/clock.py): shown as wall time.
+MONOTONIC_INCIDENT_FIELDS = ("next_check_at", "warm_deadline", "unresponsive_since")
+
+
+def shown(clocks: Clocks, row: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
+    """A row for people: its monotonic instants converted to wall time (None stays None)."""
+    return {k: (clocks.wall_of(float(v)) if k in fields and v is not None else v) for k, v in row.items()}
+
+
+def public_event(event: Event, authenticated: bool) -> dict[str, Any]:
+    """An audit event as shown: URLs redacted; restart output only to requests with the token."""
+    out = redact(event.as_dict())
+    detail = out.get("detail")
+    if not authenticated and isinstance(detail, dict) and "output" in detail:
+        out["detail"] = {**detail, "output": HIDDEN_OUTPUT}
+    return out
+
+
+def lifecycle_view(r: LifecycleRow | None) -> dict[str, Any]:
+    """A backend's lifecycle as the API and the status page show it."""
+    if r is None:
+        return {"state": UNSEEN.value, "since": None, "reason": "not looked at by the remediator yet",
+                "incident_id": None, "drain_deadline": None}
+    return {"state": r.state.value, "since": r.since, "reason": r.reason, "incident_id": r.incident_id,
+            "drain_deadline": r.drain_deadline}
+
+
+def backends_view(c: WebContext) -> list[dict[str, Any]]:
+    clocks = injected(c.clock)
+    store = c.store
+    now = c.clock()
+    r = c.config.remediator
+    out = []
+    busy_dir = c.config.resolve_path(r.busy_dir) if r.busy_dir else None
+    lifecycles = store.lifecycles()
+    for b in c.config.backends:
+        inc = store.active_incident(b.name)
+        last = store.last_event(b.name, skip_kinds=("received",))
+        restarts = store.restart_counts(b.name)
+        times = store.restart_times(b.name, include_dry_run=r.dry_run, now=now, mono=clocks.mono(), boot=clocks.boot)
+        allowed = policy.next_allowed(times, now, r.backoff)
+        markers = list(store.markers(b.name))
+        if busy_dir is not None:
+            markers += file_markers(busy_dir, b.name, r.busy_file_ttl, r.marker_max_ttl, now=now)
+        out.append({
+            "backend": b.name,
+            "url": redact(b.url),
+            "host": b.host,
+            "lifecycle": shown(clocks, lifecycle_view(lifecycles.get(b.name)), ("drain_deadline",)),
+            "restart_configured": bool(b.restart),
+            "incident": shown(clocks, inc.as_dict(), MONOTONIC_INCIDENT_FIELDS) if inc else None,
+            "last_decision": redact({"kind": last.kind, "reason": last.reason, "at": last.at}) if last else None,
+            "restarts": {result: n for (_, result), n in restarts.items()},
+            "next_allowed_restart": allowed,
+            "markers": [{"id": m.id, "owner": m.owner, "expires_at": m.expires_at} for m in markers
+                        if m.valid(now)],
+        })
+    return out
+
+
+def fmt_time(t: float | None) -> str:
+    if not t:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(t))) + "Z"
