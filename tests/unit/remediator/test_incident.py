@@ -1,0 +1,93 @@
+"""Alerts -> incidents (remediator/incident.py): deduplication, late resends, alerts that resolve one by one."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from llm_health.remediator.alert import parse_notification
+from llm_health.remediator.incident import ingest
+from llm_health.remediator.store import IncidentState, SqliteStore
+from test_remediator_helpers import alert, payload
+
+from llm_health.config import Config, parse_config
+
+WINDOW = 60.0
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SqliteStore]:
+    s = SqliteStore(tmp_path / "state.db")
+    s.init()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def config() -> Config:
+    return parse_config({"backends": [{"name": "gpu-a", "url": "http://127.0.0.1:18001", "restart": ["r"]}]})
+
+
+def post(store: SqliteStore, config: Config, body: dict[str, Any], now: float = 1000.0) -> dict[str, Any]:
+    return ingest(store, config, parse_notification(body), now, WINDOW)
+
+
+def kinds(store: SqliteStore) -> list[str]:
+    return [e.kind for e in reversed(store.events(limit=100))]
+
+
+def test_the_same_notification_twice_is_one_delivery(store: SqliteStore, config: Config) -> None:
+    body = payload(alert())
+    assert post(store, config, body)["deduplicated"] is False
+    assert post(store, config, body, now=1030.0) == {"deduplicated": True, "alerts": 1}    # an HA copy
+    assert len(store.active_incidents()) == 1
+    assert post(store, config, body, now=1000.0 + WINDOW + 1)["outcomes"] == ["absorbed"]  # a resend later
+    assert kinds(store).count("deduplicated") == 1 and kinds(store).count("incident_opened") == 1
+    assert store.counters("alerts_received") == {"firing": 3}     # every copy counted as received
+
+
+def test_a_firing_resent_after_its_resolve_opens_nothing(store: SqliteStore, config: Config) -> None:
+    first = alert(starts_at="2026-11-30T00:00:00Z")
+    post(store, config, payload(first))
+    post(store, config, payload({**first, "status": "resolved"}), now=1010.0)
+    assert store.active_incidents() == []
+    late = payload(first, external="http://am-1:9093")            # an HA peer's delayed copy of the firing
+    late["groupKey"] += "-late"                                    # not a byte-identical duplicate
+    assert post(store, config, late, now=1020.0)["outcomes"] == ["stale_firing"]
+    assert store.active_incidents() == []
+    again = alert(starts_at="2026-11-30T01:00:00Z")               # a new firing has a new startsAt
+    assert post(store, config, payload(again), now=1030.0)["outcomes"] == ["incident_opened"]
+
+
+def test_an_incident_closes_only_when_all_its_alerts_resolved(store: SqliteStore, config: Config) -> None:
+    stalled, down = alert(), alert(alertname="LLMBackendDown")
+    assert post(store, config, payload(stalled, down))["outcomes"] == ["incident_opened", "absorbed"]
+    (inc,) = store.active_incidents()
+    assert store.firing_alerts(inc.id) == 2
+    assert post(store, config, payload({**stalled, "status": "resolved"}), now=1010.0)["outcomes"] == ["signal"]
+    assert store.active_incident("gpu-a") is not None
+    assert "1 alert(s) of the incident still firing" in store.events(kind="signal")[0].reason
+    assert post(store, config, payload({**down, "status": "resolved"}), now=1020.0)["outcomes"] == ["resolved"]
+    assert store.active_incident("gpu-a") is None
+    closed = store.incident(inc.id)
+    assert closed is not None and closed.state == IncidentState.CLOSED and closed.close_reason == "resolved"
+
+
+def test_a_resolve_during_a_restart_leaves_the_incident_to_the_restart(store: SqliteStore, config: Config) -> None:
+    post(store, config, payload(alert()))
+    (inc,) = store.active_incidents()
+    with store.tx() as tx:
+        tx.move_incident(inc.id, 1001.0, IncidentState.DRAINING)
+    assert post(store, config, payload(alert(status="resolved")), now=1010.0)["outcomes"] == ["signal"]
+    still = store.active_incident("gpu-a")
+    assert still is not None and still.state == IncidentState.DRAINING
+    assert store.firing_alerts(inc.id) == 0                       # the drain's end re-verifies (draining.py)
+
+
+def test_alerts_without_a_backend_or_a_restart_label_open_nothing(store: SqliteStore, config: Config) -> None:
+    outcomes = post(store, config, payload(alert(backend="nope"), alert(restart=False, alertname="LLMHighErrorRate"),
+                                           alert(backend=None, instance="10.9.9.9:8000")))["outcomes"]
+    assert outcomes == ["ignored", "signal", "ignored"]
+    assert store.active_incidents() == []
