@@ -17,7 +17,8 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 from llm_health.remediator.app import create_app
-from llm_health.remediator.serving import CONNECTIONS_BEYOND_PENDING, GuardedThreadWorker, ServingLimits
+from llm_health.remediator.buffering import ServingLimits
+from llm_health.remediator.serving import CONNECTIONS_BEYOND_PENDING, GuardedThreadWorker
 from llm_health.remediator.store import StateError, store_for
 from llm_health.remediator.web.tokens import check_exposure, read_token, token_file_warning
 

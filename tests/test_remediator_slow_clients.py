@@ -329,8 +329,9 @@ def test_global_cap_stops_accepting_until_a_slot_frees(tight: Served) -> None:
 
 
 def test_settings_reach_gunicorn(monkeypatch: pytest.MonkeyPatch) -> None:
+    from llm_health.remediator.buffering import ServingLimits
     from llm_health.remediator.cli import RemediatorServer
-    from llm_health.remediator.serving import GuardedThreadWorker, ServingLimits
+    from llm_health.remediator.serving import GuardedThreadWorker
 
     monkeypatch.setattr(GuardedThreadWorker, "limits", GuardedThreadWorker.limits)   # restored afterwards
     settings = {"request_timeout": 7, "idle_timeout": 2.5, "max_header_bytes": 4096, "max_body_bytes": 5000,
