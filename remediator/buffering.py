@@ -23,7 +23,7 @@ from typing import Any
 
 from gunicorn.workers.gthread import TConn, ThreadWorker
 from llm_health.remediator.framing import Limits, RequestFraming, Step
-from llm_health.remediator.lingering import Lingering
+from llm_health.remediator.lingering import Lingering, recv_now
 
 LOG_EVERY = 10.0            # each kind of refusal is logged at most this often (with a count)
 
@@ -162,12 +162,9 @@ class Buffering(Lingering):
     def on_readable(self, r: Pending, sock: socket.socket) -> None:
         if r.conn not in self.reading:
             return
-        try:
-            data = sock.recv(65536)
-        except (BlockingIOError, InterruptedError):
+        data = recv_now(sock)
+        if data is None:
             return
-        except OSError:
-            data = b""
         if not data:                        # the client went away (or reset) before its request was whole
             self.drop(r)
             return

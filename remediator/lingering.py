@@ -27,6 +27,16 @@ def json_answer(status: int, message: str) -> bytes:
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
 
 
+def recv_now(sock: socket.socket) -> bytes | None:
+    """What the socket has now (at most 64 KiB), b"" when the peer closed or reset, None when nothing yet."""
+    try:
+        return sock.recv(65536)
+    except (BlockingIOError, InterruptedError):
+        return None
+    except OSError:
+        return b""
+
+
 class Lingering:
     """Mixed into the serving worker (serving.py), whose event loop (`poller`) watches the lingering sockets;
     `lingering` maps each to when it is closed at the latest, and `sweep()` (buffering.py) closes them."""
@@ -68,12 +78,9 @@ class Lingering:
         drained = [0]
 
         def drain(s: socket.socket) -> None:
-            try:
-                data = s.recv(65536)
-            except (BlockingIOError, InterruptedError):
+            data = recv_now(s)
+            if data is None:
                 return
-            except OSError:
-                data = b""
             drained[0] += len(data)
             if not data or drained[0] >= 65536:
                 self.close_lingering(s)

@@ -14,6 +14,7 @@ the workers gets it).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from llm_health.remediator.agent import AgentListener
 from llm_health.remediator.authority import Authority
@@ -30,27 +31,20 @@ class Services:
     agent: AgentListener | None = None
     started: bool = False
 
+    def running_order(self) -> list[Any]:
+        """The services there are, in the order they start (they stop in the reverse order)."""
+        return [part for part in (self.discovery, self.authority, self.pruner, self.agent) if part is not None]
+
     def start(self) -> None:
         if self.started:
             return
         self.started = True
         if self.discovery is not None:
             self.discovery.refresh()          # before the first webhook: discovered backends are known
-            self.discovery.start()
-        if self.authority is not None:
-            self.authority.start()
-        if self.pruner is not None:
-            self.pruner.start()
-        if self.agent is not None:
-            self.agent.start()
+        for part in self.running_order():
+            part.start()
 
     def stop(self) -> None:
         """For tests and tools; the server's workers simply exit (every thread is a daemon)."""
-        if self.agent is not None:
-            self.agent.stop()
-        if self.pruner is not None:
-            self.pruner.stop()
-        if self.authority is not None:
-            self.authority.stop()
-        if self.discovery is not None:
-            self.discovery.stop()
+        for part in reversed(self.running_order()):
+            part.stop()

@@ -4,17 +4,22 @@ it unless told so (insecure_no_auth) on a loopback address only."""
 from __future__ import annotations
 
 import stat
+from pathlib import Path
 
 from llm_health.remediator.web.guard import loopback_host
 
 from llm_health.config import Config, ConfigError
 
 
+def token_path(config: Config) -> Path | None:
+    token_file = config.remediator.token_file
+    return config.resolve_path(token_file) if token_file else None
+
+
 def read_token(config: Config) -> str:
-    r = config.remediator
-    if not r.token_file:
+    path = token_path(config)
+    if path is None:
         return ""
-    path = config.resolve_path(r.token_file)
     try:
         token = path.read_text().strip()
     except OSError as exc:
@@ -26,10 +31,9 @@ def read_token(config: Config) -> str:
 
 def token_file_warning(config: Config) -> str:
     """A warning when the token file can be read by anyone (others) or written by its group."""
-    r = config.remediator
-    if not r.token_file:
+    path = token_path(config)
+    if path is None:
         return ""
-    path = config.resolve_path(r.token_file)
     try:
         mode = path.stat().st_mode
     except OSError:
