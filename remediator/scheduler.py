@@ -37,13 +37,21 @@ class KeyedQueue:
         self._seq = itertools.count()
         self._closed = False
 
+    def _offer(self, key: str) -> bool:
+        """Under the lock: queue `key` unless it waits already; a key being processed is marked dirty
+        instead. True when it was queued now."""
+        if key in self._processing:
+            self._dirty.add(key)
+            return False
+        if key in self._queued:
+            return False
+        self._queue.append(key)
+        self._queued.add(key)
+        return True
+
     def add(self, key: str) -> None:
         with self._cond:
-            if key in self._processing:
-                self._dirty.add(key)
-            elif key not in self._queued:
-                self._queue.append(key)
-                self._queued.add(key)
+            if self._offer(key):
                 self._cond.notify()
 
     def add_after(self, key: str, delay: float) -> None:
@@ -59,11 +67,7 @@ class KeyedQueue:
         now = self._clock()
         while self._delayed and self._delayed[0][0] <= now:
             _, _, key = heapq.heappop(self._delayed)
-            if key in self._processing:
-                self._dirty.add(key)
-            elif key not in self._queued:
-                self._queue.append(key)
-                self._queued.add(key)
+            self._offer(key)
         return self._delayed[0][0] - now if self._delayed else None
 
     def get(self, timeout: float | None = None) -> str | None:
@@ -89,9 +93,7 @@ class KeyedQueue:
             self._processing.pop(key, None)
             if key in self._dirty:
                 self._dirty.discard(key)
-                if key not in self._queued:
-                    self._queue.append(key)
-                    self._queued.add(key)
+                self._offer(key)
                 self._cond.notify()
 
     def close(self) -> None:

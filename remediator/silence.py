@@ -97,6 +97,21 @@ def _check_id(silence_id: str) -> None:
         raise SilenceError(f"silence id {silence_id!r} must match {SILENCE_ID_RE.pattern}")
 
 
+def _one_silence(method: str, am_url: str, silence_id: str, doing: str, timeout: float) -> tuple[Response, str]:
+    """`method` on /api/v2/silence/{id} (singular path): the answer and the URL; SilenceError when no answer."""
+    _check_id(silence_id)
+    url = f"{_base(am_url)}/silence/{silence_id}"
+    try:
+        return fetch(method, url, timeout=timeout), url
+    except HttpFailure as exc:
+        raise SilenceError(f"cannot {doing} silence {silence_id} at {redact(url)}: {exc.kind}: {exc}") from exc
+
+
+def _unknown(resp: Response) -> bool:
+    """Alertmanager does not know the id (0.25: 500 "silence not found"; newer: 404)."""
+    return resp.status == 404 or (resp.status == 500 and "not found" in resp.text.lower())
+
+
 def expire_silence(
     am_url: str,
     silence_id: str,
@@ -105,15 +120,10 @@ def expire_silence(
 ) -> bool:
     """Expire a silence. True = expired now (or it had already expired); False = Alertmanager does not
     know it (0.25: 500 "silence not found"; newer: 404), i.e. it is gone anyway."""
-    _check_id(silence_id)
-    url = f"{_base(am_url)}/silence/{silence_id}"
-    try:
-        resp = fetch("DELETE", url, timeout=timeout)
-    except HttpFailure as exc:
-        raise SilenceError(f"cannot expire silence {silence_id} at {redact(url)}: {exc.kind}: {exc}") from exc
+    resp, url = _one_silence("DELETE", am_url, silence_id, "expire", timeout)
     if resp.status == 200:
         return True
-    if resp.status == 404 or (resp.status == 500 and "not found" in resp.text.lower()):
+    if _unknown(resp):
         return False
     raise SilenceError(f"alertmanager did not expire silence {silence_id} at {url}: {_describe(resp)}")
 
@@ -125,13 +135,8 @@ def get_silence(
     timeout: float = DEFAULT_TIMEOUT,
 ) -> dict[str, object] | None:
     """GET /api/v2/silence/{id}: the silence object, or None when Alertmanager does not know it."""
-    _check_id(silence_id)
-    url = f"{_base(am_url)}/silence/{silence_id}"
-    try:
-        resp = fetch("GET", url, timeout=timeout)
-    except HttpFailure as exc:
-        raise SilenceError(f"cannot read silence {silence_id} at {redact(url)}: {exc.kind}: {exc}") from exc
-    if resp.status == 404 or (resp.status == 500 and "not found" in resp.text.lower()):
+    resp, url = _one_silence("GET", am_url, silence_id, "read", timeout)
+    if _unknown(resp):
         return None
     if resp.status != 200:
         raise SilenceError(f"cannot read silence {silence_id} at {url}: {_describe(resp)}")

@@ -285,10 +285,15 @@ def test_file_marker_defers_and_expired_file_is_ignored(w: World, tmp_path: Path
     marker.write_text("ttl=600\n")
     os.utime(marker, (w.clock.t, w.clock.t))
     (busy / "gpu-ab").write_text("")                  # another name: not a marker for gpu-a
+    holds_for_its_ttl(w, 601)
+
+
+def holds_for_its_ttl(w: World, ttl: float) -> None:
+    """An alert about gpu-a: deferred by the marker, then restarted once `ttl` has passed."""
     w.post(payload(alert()))
     w.run()
     assert w.calls == [] and w.kinds("gpu-a")[-1] == "deferred_marker"
-    w.clock.advance(601)
+    w.clock.advance(ttl)
     w.run()
     assert w.calls == [("restart-a", "--now")]
 
@@ -301,12 +306,7 @@ def test_file_marker_with_a_future_mtime_holds_for_its_ttl_only(w: World, tmp_pa
     w.clock.t = time.time()                           # the kernel's ctime of the file is real time
     future = w.clock.t + 3650 * 86400                 # seen in the field: a marker valid for ten years
     os.utime(marker, (future, future))
-    w.post(payload(alert()))
-    w.run()
-    assert w.calls == [] and w.kinds("gpu-a")[-1] == "deferred_marker"
-    w.clock.advance(601)
-    w.run()
-    assert w.calls == [("restart-a", "--now")]
+    holds_for_its_ttl(w, 601)
 
 
 def test_dry_run_records_would_restart(tmp_path: Path) -> None:
