@@ -557,11 +557,11 @@ hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
 resource.setrlimit(resource.RLIMIT_NOFILE, (300, hard))
 import argparse
 from llm_health.exporter.cli import build_config, configure, watch_discovered
-from llm_health.exporter.cycle import Fleet
+from llm_health.exporter.scheduler import ReadScheduler
 p = argparse.ArgumentParser(); configure(p)
 config = build_config(p.parse_args(["--discover-from", f"http://127.0.0.1:{srv.server_address[1]}",
                                     "--discover-selector", 'job="vllm"']))
-fleet = Fleet(config.backends, config.proxies, config.exporter, dynamic=True)
+fleet = ReadScheduler(config.backends, config.proxies, config.exporter, dynamic=True)
 d = watch_discovered(config, fleet)
 assert len(fleet.backends) == n, len(fleet.backends)
 print(resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard)

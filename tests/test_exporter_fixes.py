@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 import requests
 from llm_health.exporter.check import verify
-from llm_health.exporter.cycle import Fleet
 from llm_health.exporter.observation import Observation, ProbeResult, ReadResult
 from llm_health.exporter.reading import read_text
+from llm_health.exporter.scheduler import ReadScheduler
 from llm_health.exporter.verdict import Thresholds, Verdict, judge
 from loopback import Loopback
 
@@ -294,7 +294,7 @@ def test_a_read_finishing_after_the_cycle_gave_up_is_never_used_later(fake) -> N
     """The reviewer's case: an idle page that arrives late must not allow a probe of a busy server."""
     f = fake()
     f.drip = True
-    fleet = Fleet([Backend(name="a", url=f.url)], [],
+    fleet = ReadScheduler([Backend(name="a", url=f.url)], [],
                   ExporterSettings(interval=0.3, read_timeout=1.0, probe_timeout=2.0))
     try:
         slot = fleet.backends[0]
@@ -356,16 +356,16 @@ def test_verify_judges_every_engine_like_the_exporter(fake) -> None:
 
 
 def test_probes_are_counted_when_sent(fake) -> None:
-    from llm_health.exporter.collector import FleetCollector
+    from llm_health.exporter.collector import ExporterCollector
     from prometheus_client import CollectorRegistry
     from prometheus_client.exposition import generate_latest
 
     f = fake()
     f.hold_completions.set()  # the probe is sent but not answered yet
-    fleet = Fleet([Backend(name="a", url=f.url)], [],
+    fleet = ReadScheduler([Backend(name="a", url=f.url)], [],
                   ExporterSettings(interval=0.3, read_timeout=1.0, probe_timeout=5.0))
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(FleetCollector(fleet.snapshot))
+    registry.register(ExporterCollector(fleet.snapshot))
     try:
         fleet.read_all(due=0.0)
         wait_until(lambda: f.probes == 1, timeout=5, what="probe sent")

@@ -449,12 +449,12 @@ def test_exporter_reads_the_shared_config_file(sim, exporter, tmp_path: Path) ->
 
 
 def test_probes_are_spaced_by_probe_every_and_one_at_a_time(sim) -> None:
-    from llm_health.exporter.cycle import Fleet
+    from llm_health.exporter.scheduler import ReadScheduler
 
     from llm_health.config import Backend, ExporterSettings
 
     s = sim()
-    fleet = Fleet([Backend(name="a", url=s.url)], [],
+    fleet = ReadScheduler([Backend(name="a", url=s.url)], [],
                   ExporterSettings(interval=0.3, probe_every=0.6, read_timeout=1.0, probe_timeout=2.0))
     try:
         slot = fleet.backends[0]
@@ -481,12 +481,12 @@ def test_probes_are_spaced_by_probe_every_and_one_at_a_time(sim) -> None:
 def test_verdict_changes_are_logged_idle_busy_only_at_debug(sim, caplog: pytest.LogCaptureFixture) -> None:
     import logging
 
-    from llm_health.exporter.cycle import Fleet
+    from llm_health.exporter.scheduler import ReadScheduler
 
     from llm_health.config import Backend, ExporterSettings
 
     s = sim()
-    fleet = Fleet([Backend(name="a", url=s.url)], [], ExporterSettings(interval=0.3, read_timeout=1.0))
+    fleet = ReadScheduler([Backend(name="a", url=s.url)], [], ExporterSettings(interval=0.3, read_timeout=1.0))
     caplog.set_level(logging.DEBUG, logger="llm_health.exporter")
     try:
         fleet.read_all(due=0.0)

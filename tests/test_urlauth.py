@@ -90,4 +90,4 @@ def test_healthcheck_sends_url_credentials_as_basic_auth(server: Loopback, resol
     assert healthcheck.check(f"http://{USER}:{QUOTED}@127.0.0.1:{server.port}/ok", timeout=10) == (True, "HTTP 200")
     assert healthcheck.check(f"http://{USER}:wrong@127.0.0.1:{server.port}/ok", timeout=10) == (False, "HTTP 401")
     assert healthcheck.check(f"{server.url}/ok", timeout=10) == (False, "HTTP 401")  # none given: none sent
-    assert set(resolved) == {"127.0.0.1"} and NeedsBasicAuth.seen[2] == ""
+    assert set(resolved) <= {"127.0.0.1"} and NeedsBasicAuth.seen[2] == ""   # an IP literal needs no lookup

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import requests
-from llm_health.exporter.cycle import Fleet, phase_of
+from llm_health.exporter.scheduler import ReadScheduler, phase_of
 
 from llm_health.config import Backend, ExporterSettings
 from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
@@ -220,7 +220,7 @@ def pages() -> Any:
     srv.server_close()
 
 
-def running(fleet: Fleet) -> Callable[[], None]:
+def running(fleet: ReadScheduler) -> Callable[[], None]:
     stop = threading.Event()
     t = threading.Thread(target=fleet.run_forever, args=(stop,), daemon=True)
     t.start()
@@ -233,13 +233,13 @@ def running(fleet: Fleet) -> Callable[[], None]:
     return end
 
 
-def verdicts(fleet: Fleet) -> dict[str, Any]:
+def verdicts(fleet: ReadScheduler) -> dict[str, Any]:
     return {b.name: b for b in fleet.snapshot().backends}
 
 
 def test_backends_are_added_and_removed_at_run_time(pages) -> None:
     settings = ExporterSettings(interval=0.3, read_timeout=0.5, probe_timeout=1.0)
-    fleet = Fleet([Backend(name="a", url=pages.url + "/a")], [], settings)
+    fleet = ReadScheduler([Backend(name="a", url=pages.url + "/a")], [], settings)
     stop = running(fleet)
     try:
         wait_until(lambda: verdicts(fleet)["a"].verdict.value == "idle", timeout=10, what="a idle")
@@ -269,7 +269,7 @@ def test_backends_are_added_and_removed_at_run_time(pages) -> None:
 def test_a_hung_read_is_never_doubled_and_the_skip_is_counted(pages) -> None:
     # the read timeout is longer than the interval, so the next read is due while the hung one runs
     settings = ExporterSettings(interval=0.3, read_timeout=1.0, probe_timeout=1.0)
-    fleet = Fleet([Backend(name="hang", url=pages.url + "/hang"), Backend(name="ok", url=pages.url + "/ok")],
+    fleet = ReadScheduler([Backend(name="hang", url=pages.url + "/hang"), Backend(name="ok", url=pages.url + "/ok")],
                   [], settings)
     stop = running(fleet)
     try:
@@ -301,7 +301,7 @@ def test_a_wall_clock_step_moves_no_stall_clock(pages) -> None:
     """Schedules and the stall clock run on the monotonic clock; the wall clock only labels exported times."""
     step = [0.0]
     settings = ExporterSettings(interval=0.2, read_timeout=0.5, probe_timeout=1.0, stall_after=2.0)
-    fleet = Fleet([Backend(name="frozen", url=pages.url + "/frozen"), Backend(name="a", url=pages.url + "/a",
+    fleet = ReadScheduler([Backend(name="frozen", url=pages.url + "/frozen"), Backend(name="a", url=pages.url + "/a",
                                                                             model="m")],
                   [], settings, clock=lambda: time.time() + step[0])
     stop = running(fleet)

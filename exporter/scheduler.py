@@ -51,7 +51,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from llm_health.exporter.backend import Target, health_ok, observe, proxy_up
+from llm_health.exporter.backend import MODELS, Target, answers, observe
 from llm_health.exporter.observation import Observation, ProbeOutcome, ProbeResult, ReadResult
 from llm_health.exporter.pool import Lane
 from llm_health.exporter.probe import Prober
@@ -189,7 +189,7 @@ def phase_of(name: str, interval: float) -> float:
 Slot = BackendSlot | ProxySlot
 
 
-class Fleet:
+class ReadScheduler:
     """All watched backends and proxies, each on its own schedule, and the scheduler that runs them."""
 
     def __init__(
@@ -428,7 +428,7 @@ class Fleet:
         h = slot.health
         stale = h is not None and h.done() and slot.read is not None and h.submitted < slot.read.submitted
         if h is None or stale:
-            slot.health = Job(self._suspect, slot.health_target.endpoint, health_ok, slot.health_target,
+            slot.health = Job(self._suspect, slot.health_target.endpoint, answers, slot.health_target,
                               notify=self._notifier(slot),
                               clock=self.monotonic)
         assert slot.health is not None
@@ -502,7 +502,7 @@ class Fleet:
                 p.up, p.judged = False, True   # no answer within the read timeout
         if self._started is not None and p.next_due <= now:
             if p.check is None:
-                p.check = Job(self._proxy_lane(p), p.target.endpoint, proxy_up, p.target,
+                p.check = Job(self._proxy_lane(p), p.target.endpoint, answers, p.target, MODELS,
                               notify=self._notifier(p), due=p.next_due,
                               clock=self.monotonic)
                 p.judged = False
@@ -528,7 +528,7 @@ class Fleet:
                 self._start_read(slot, due)
             for p in proxies:
                 if p.check is None:
-                    p.check = Job(self._proxy_lane(p), p.target.endpoint, proxy_up, p.target,
+                    p.check = Job(self._proxy_lane(p), p.target.endpoint, answers, p.target, MODELS,
                                   notify=self._notifier(p), due=due,
                                  clock=self.monotonic)
                     p.judged = False
