@@ -9,7 +9,7 @@ ones point at a bound socket that never listens, so the connection is refused):
 * hang (10 %): the connection is accepted and nothing is ever answered;
 * slow (10 %): `/metrics` answers a busy, progressing page just under the read timeout (90 % of it);
 * drip (10 %): every answer (`/metrics`, `/health`) comes one header byte per second, each member on a
-  port of its own (`llm_health.hostile.DripServer`): a wedged buffering proxy or a half-dead host, which
+  port of its own (`llm_health.drill.hostile.DripServer`): a wedged buffering proxy or a half-dead host, which
   a per-read timeout never ends;
 * refuse (5 %): connection refused;
 * wedge (5 %): idle, probes answer until the fault time; then the page stays 0/0 with frozen counters
@@ -41,8 +41,8 @@ from llm_health.simulator.metrics import format_families, process_families, vllm
 
 from bench.pages import FLAVOUR, page_variants
 from llm_health.config import ExporterSettings
-from llm_health.hostile import DripServer
-from llm_health.procs import ManagedProcess, free_port, llm_health
+from llm_health.drill.hostile import DripServer
+from llm_health.drill.procs import ManagedProcess, free_port, llm_health
 
 KINDS = (("idle", 0.25), ("busy", 0.25), ("hang", 0.10), ("slow", 0.10), ("drip", 0.10), ("refuse", 0.05),
          ("wedge", 0.05), ("stall", 0.05))

@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.pages import page_variants
 from llm_health.config import Backend, ExporterSettings
-from llm_health.procs import ManagedProcess, free_port, python_module
+from llm_health.drill.procs import ManagedProcess, free_port, python_module
 
 INTERVAL = 15.0
 

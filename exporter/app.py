@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.exposition import generate_latest
 
 from llm_health.discovery import Discovery, status_document
-from llm_health.discovery_collector import DiscoveryCollector
+from llm_health.discovery.collector import DiscoveryCollector
 from llm_health.redact import redact
 
 

@@ -35,7 +35,7 @@ from werkzeug.exceptions import HTTPException
 
 from llm_health.config import Config, ConfigError
 from llm_health.discovery import Discovery, status_document
-from llm_health.discovery_collector import DiscoveryCollector
+from llm_health.discovery.collector import DiscoveryCollector
 from llm_health.redact import redact
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from llm_health.procs import ManagedProcess
+from llm_health.drill.procs import ManagedProcess
 
 # The real programs the tests start. Locally a missing one skips its tests; in CI (CI=true) the
 # project's own set-up must have installed them, so a missing one fails the run instead of

@@ -119,7 +119,7 @@ def series_value(text: str, name: str) -> float:
 
 
 def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
-    from llm_health.procs import wait_until
+    from llm_health.drill.procs import wait_until
 
     return wait_until(condition, timeout=timeout, interval=interval, what=what)
 
@@ -149,7 +149,7 @@ class Engine:
         return self.argv[3:] if self.argv[1:3] == ["-c", ALLOW_PTRACE] else self.argv
 
     def start(self) -> None:
-        from llm_health.procs import ManagedProcess
+        from llm_health.drill.procs import ManagedProcess
 
         self.starts += 1
         self.proc = ManagedProcess(self.argv, f"{self.kind}-{self.starts}", self.log_dir, env=self.env)
@@ -643,7 +643,7 @@ class Timeline:
 def start_exporter(backend_url: str, log_dir: Path, *, interval: float, stall_after: float,
                    read_timeout: float, probe_timeout: float, down_after: int = 2,
                    probe_every: float = 0.0) -> tuple[Any, str]:
-    from llm_health.procs import ManagedProcess, free_port, llm_health
+    from llm_health.drill.procs import ManagedProcess, free_port, llm_health
 
     port = free_port()
     argv = llm_health("exporter", "--listen", f"127.0.0.1:{port}", "--backend", f"engine={backend_url}",
@@ -657,7 +657,7 @@ def start_exporter(backend_url: str, log_dir: Path, *, interval: float, stall_af
 
 def check(url: str, *args: Any, timeout: float = 120) -> tuple[int, str]:
     """`llm-health check URL args...`: (exit code, output)."""
-    from llm_health.procs import llm_health
+    from llm_health.drill.procs import llm_health
 
     r = subprocess.run(llm_health("check", url, *args), capture_output=True, text=True, timeout=timeout)
     return r.returncode, (r.stdout + r.stderr).strip()

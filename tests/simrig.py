@@ -11,7 +11,7 @@ from typing import Any
 import requests
 from llm_health.exporter.reading import read_text
 
-from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
+from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
 
 INTERVAL = 0.3
 STALL_AFTER = 2.0

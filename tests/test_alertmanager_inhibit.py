@@ -16,7 +16,7 @@ import pytest
 import requests
 import yaml
 
-from llm_health.procs import ManagedProcess, free_port, wait_until
+from llm_health.drill.procs import ManagedProcess, free_port, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 AM_CONFIG = REPO / "deploy" / "alertmanager" / "alertmanager.yml"

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from llm_health.cli import COMMANDS
-from llm_health.procs import llm_health
+from llm_health.drill.procs import llm_health
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))

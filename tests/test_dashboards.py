@@ -24,10 +24,10 @@ from dashboard_queries import (
     substitute,
 )
 
-from llm_health import dashboards as dash
 from llm_health.config import ConfigError
-from llm_health.procs import llm_health
-from llm_health.rules import RuleSettings
+from llm_health.drill.procs import llm_health
+from llm_health.render import dashboards as dash
+from llm_health.render.rules import RuleSettings
 
 UID_RE = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
 VLLM_METRIC_RE = re.compile(r"vllm:[A-Za-z0-9_:]+")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from llm_health.procs import llm_health, port_open
+from llm_health.drill.procs import llm_health, port_open
 
 pytestmark = pytest.mark.e2e
 

@@ -24,7 +24,7 @@ from llm_health.discovery import (
     parse_selector,
     template_placeholders,
 )
-from llm_health.discovery_collector import DiscoveryCollector
+from llm_health.discovery.collector import DiscoveryCollector
 
 K8S = {"namespace": "__meta_kubernetes_namespace", "pod": "__meta_kubernetes_pod_name"}
 SETTINGS = DiscoverySettings(prometheus_url="http://127.0.0.1:9", selector='job="vllm"',
@@ -494,7 +494,7 @@ def test_keep_failing_keeps_the_backend_and_the_refresher_survives() -> None:
     and the refresher thread goes on refreshing."""
     import threading
 
-    from llm_health.procs import wait_until
+    from llm_health.drill.procs import wait_until
 
     d, answers, mono = make(grace=10)
     answers.next = [target("a")]

@@ -34,7 +34,7 @@ import yaml
 from llm_health.simulator.server import SimConfig, Simulator
 from test_remediator_helpers import alert, payload
 
-from llm_health.procs import ManagedProcess, WaitTimeout, free_port, llm_health, wait_until
+from llm_health.drill.procs import ManagedProcess, WaitTimeout, free_port, llm_health, wait_until
 
 pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")
 

@@ -32,7 +32,7 @@ from test_discovery_trust import rogue
 from test_remediator_helpers import alert, payload
 
 from llm_health.config import parse_config
-from llm_health.procs import WaitTimeout, wait_until
+from llm_health.drill.procs import WaitTimeout, wait_until
 
 TOKEN = "discovery-trust-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -30,8 +30,8 @@ from llm_health.discovery import (
     parse_selector,
     url_refusal,
 )
-from llm_health.discovery_collector import DiscoveryCollector
-from llm_health.procs import wait_until
+from llm_health.discovery.collector import DiscoveryCollector
+from llm_health.drill.procs import wait_until
 
 
 def found_from(*targets: dict[str, Any], settings: DiscoverySettings = SETTINGS, selector: str = "") -> Any:

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from dashboard_queries import annotation_queries, dashboards_queries
 
-from llm_health.procs import WaitTimeout
-from llm_health.stack import Stack
+from llm_health.drill.procs import WaitTimeout
+from llm_health.drill.stack import Stack
 
 pytestmark = pytest.mark.e2e
 

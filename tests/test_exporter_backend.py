@@ -14,7 +14,7 @@ from llm_health.simulator.engine import Engine
 from llm_health.simulator.metrics import render
 from loopback import Loopback
 
-from llm_health.procs import free_port
+from llm_health.drill.procs import free_port
 
 
 def _page() -> bytes:

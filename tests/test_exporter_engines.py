@@ -18,7 +18,7 @@ from llm_health.simulator.engine import Engine
 from llm_health.simulator.metrics import Flavour, render
 from llm_health.simulator.server import SimConfig, Simulator
 
-from llm_health.procs import free_port, wait_until
+from llm_health.drill.procs import free_port, wait_until
 
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 T = Thresholds(stall_after=30.0, down_after=2)

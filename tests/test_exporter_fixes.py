@@ -27,7 +27,7 @@ from llm_health.exporter.verdict import Thresholds, Verdict, judge
 from loopback import Loopback
 
 from llm_health.config import Backend, ExporterSettings
-from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
+from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
 
 KEY = "s3cret-key"
 KW = {"readings": 2, "interval": 0.2, "read_timeout": 0.5, "probe_timeout": 2.0}

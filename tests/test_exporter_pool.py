@@ -8,7 +8,7 @@ from concurrent.futures import CancelledError, Future
 import pytest
 from llm_health.exporter.pool import Lane
 
-from llm_health.procs import wait_until
+from llm_health.drill.procs import wait_until
 
 
 class Gate:

@@ -24,7 +24,7 @@ import requests
 from llm_health.exporter.scheduler import ReadScheduler, phase_of
 
 from llm_health.config import Backend, ExporterSettings
-from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
+from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
 
 INTERVAL = 1.0
 READ_TIMEOUT = 0.8

@@ -21,7 +21,7 @@ from loopback import Loopback
 from prometheus_client.parser import text_string_to_metric_families
 from simrig import INTERVAL, STALL_AFTER, Exporter, Sim  # noqa: F401 - the sim and exporter fixtures: conftest
 
-from llm_health.procs import free_port, llm_health, wait_until
+from llm_health.drill.procs import free_port, llm_health, wait_until
 
 
 class Load:

@@ -22,7 +22,7 @@ from llm_health.remediator.agent_check import AgentCheckServer, AgentStatus
 from llm_health.remediator.drain import ServerStat, parse_show_stat, show_stat
 from llm_health.remediator.lifecycle import LifecycleState
 
-from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
+from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
 
 S = LifecycleState
 REPO = Path(__file__).resolve().parent.parent

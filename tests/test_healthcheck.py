@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler
 import pytest
 from loopback import Loopback
 
-from llm_health.procs import free_port
+from llm_health.drill.procs import free_port
 
 
 class Handler(BaseHTTPRequestHandler):

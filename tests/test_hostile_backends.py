@@ -17,8 +17,8 @@ import pytest
 import requests
 from loopback import Loopback
 
-from llm_health.hostile import DripServer
-from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
+from llm_health.drill.hostile import DripServer
+from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
 
 
 class Healthy:

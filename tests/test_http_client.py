@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler
 import pytest
 from loopback import Loopback
 
-from llm_health.hostile import DripServer
+from llm_health.drill.hostile import DripServer
 from llm_health.http_client import FailureKind, HttpFailure, Target, fetch
 
 # A dripper sends its ~300 header bytes one every 0.2 s: a minute for the whole answer. A per-read

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from llm_health.procs import wait_until
+from llm_health.drill.procs import wait_until
 
 INNER = '''
 import os, sys, threading

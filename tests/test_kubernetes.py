@@ -21,9 +21,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from llm_health import dashboards, prometheusrule
 from llm_health.config import load_config
-from llm_health.rules import RuleSettings, render
+from llm_health.render import dashboards, prometheusrule
+from llm_health.render.rules import RuleSettings, render
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ROOT / "deploy" / "kubernetes"

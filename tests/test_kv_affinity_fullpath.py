@@ -29,7 +29,7 @@ from llm_health.simulator.server import SimConfig, Simulator
 from prometheus_client.parser import text_string_to_metric_families
 from test_haproxy_lb import render_config
 
-from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
+from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
 
 HAPROXY = shutil.which("haproxy")
 REPO = Path(__file__).resolve().parent.parent

@@ -39,7 +39,7 @@ from real_engines import (
     warm_prompt_speed,
 )
 
-from llm_health.procs import free_port
+from llm_health.drill.procs import free_port
 
 pytestmark = pytest.mark.real_engine
 

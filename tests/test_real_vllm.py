@@ -35,7 +35,7 @@ from real_engines import (
     wait_for,
 )
 
-from llm_health.procs import free_port
+from llm_health.drill.procs import free_port
 
 pytestmark = pytest.mark.real_engine
 

@@ -29,8 +29,8 @@ from real_engines import (
     wait_for,
 )
 
-from llm_health.procs import free_port
-from llm_health.stack import ExternalBackend, Stack, Timings
+from llm_health.drill.procs import free_port
+from llm_health.drill.stack import ExternalBackend, Stack, Timings
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.e2e]
 

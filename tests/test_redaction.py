@@ -19,7 +19,7 @@ from pathlib import Path
 import requests
 import yaml
 
-from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
+from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
 from llm_health.redact import RedactingFormatter, configure_logging, redact
 
 SECRET = "hunter2-s3cret"

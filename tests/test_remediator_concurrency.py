@@ -29,7 +29,7 @@ from llm_health.remediator.store import Store
 from test_remediator_helpers import alert, payload
 
 from llm_health.config import RemediatorSettings, parse_config
-from llm_health.procs import wait_until
+from llm_health.drill.procs import wait_until
 
 TOKEN = "concurrency-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -28,7 +28,7 @@ from test_remediator_helpers import alert, payload
 from test_remediator_lifecycle import AUTH, World, build
 
 from llm_health.config import RemediatorSettings, parse_config
-from llm_health.procs import free_port, wait_until
+from llm_health.drill.procs import free_port, wait_until
 
 
 def answer(w: World, name: str) -> str:

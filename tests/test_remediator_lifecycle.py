@@ -32,7 +32,7 @@ from llm_health.simulator.server import SimConfig, Simulator
 from test_remediator_helpers import alert, payload
 
 from llm_health.config import Config, parse_config
-from llm_health.procs import ManagedProcess, free_port, wait_until
+from llm_health.drill.procs import ManagedProcess, free_port, wait_until
 
 S = LifecycleState
 TOKEN = "lifecycle-token"

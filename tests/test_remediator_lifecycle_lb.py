@@ -28,7 +28,7 @@ from test_haproxy_lb import render_config
 from test_remediator_helpers import alert, payload
 
 from llm_health.config import Backend
-from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
+from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
 
 HAPROXY = shutil.which("haproxy")
 REPO = Path(__file__).resolve().parent.parent

@@ -22,7 +22,7 @@ from fakes import has_sample
 from llm_health.simulator.server import SimConfig, Simulator
 from test_remediator_helpers import alert, payload
 
-from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
+from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
 
 TOKEN = "process-test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

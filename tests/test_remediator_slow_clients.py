@@ -28,8 +28,8 @@ import yaml
 from test_remediator_helpers import alert, payload
 
 from llm_health.config import parse_config
-from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
-from llm_health.slowclients import Drip, SlowClients
+from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
+from llm_health.drill.slowclients import Drip, SlowClients
 
 TOKEN = "slow-clients-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

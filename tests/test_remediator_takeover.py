@@ -27,7 +27,7 @@ from loopback import Loopback
 from test_remediator_helpers import alert, payload
 
 from llm_health.config import parse_config
-from llm_health.procs import wait_until
+from llm_health.drill.procs import wait_until
 
 TOKEN = "takeover-token"
 

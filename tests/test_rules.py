@@ -14,9 +14,9 @@ import yaml
 from test_rules_support import AMTOOL, PROMTOOL, REPO, RULE_FILES, RULES_DIR, alert_rules, all_exprs
 
 from llm_health import cli
-from llm_health import rules as cli_rules
 from llm_health.config import ConfigError
-from llm_health.rules import RuleSettings, render, write_rendered
+from llm_health.render import rules as cli_rules
+from llm_health.render.rules import RuleSettings, render, write_rendered
 
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (make debs)")
 needs_amtool = pytest.mark.skipif(AMTOOL is None, reason="amtool not installed (make debs)")
@@ -215,7 +215,7 @@ HARNESS_FLAGS = [
 
 @needs_promtool
 def test_end_to_end_harness_flags_render_at_a_1s_scrape(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The flags llm_health/stack.py passes (1 s scrape interval) keep working."""
+    """The flags llm_health/drill/stack.py passes (1 s scrape interval) keep working."""
     rc = cli.main(["rules", "render", "--out", str(tmp_path), "--check", "--scrape-interval", "1s", *HARNESS_FLAGS])
     assert rc == 0, capsys.readouterr()
     records = (tmp_path / "llm_health_records.yml").read_text()

@@ -22,8 +22,8 @@ import yaml
 from loopback import Loopback
 from test_rules_support import REPO
 
-from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
-from llm_health.rules import RuleSettings, write_rendered
+from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
+from llm_health.render.rules import RuleSettings, write_rendered
 
 pytestmark = [
     pytest.mark.e2e,

@@ -29,8 +29,8 @@ from test_rules_support import (
 )
 
 from llm_health.config import ConfigError
-from llm_health.procs import llm_health
-from llm_health.rules import ALERT_NAMES, REMEDIATION_ALERTS, RuleSettings, render, write_rendered
+from llm_health.drill.procs import llm_health
+from llm_health.render.rules import ALERT_NAMES, REMEDIATION_ALERTS, RuleSettings, render, write_rendered
 
 pytestmark = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (make debs)")
 

@@ -610,7 +610,7 @@ def test_promtool_reports_a_wrong_expectation(tmp_path: Path) -> None:
 
 def test_rules_only_render_keeps_the_vllm_verdicts(tmp_path: Path) -> None:
     """`--without-exporter`: for operators who only scrape vLLM. Same verdicts from counters alone."""
-    from llm_health.rules import RuleSettings, write_rendered
+    from llm_health.render.rules import RuleSettings, write_rendered
 
     files = [p for p in write_rendered(tmp_path, RuleSettings(exporter=False)) if p.name != "llm_health_self.yml"]
     assert not any("llm_health_" in e.replace("backend:llm_health_state", "") for e in
@@ -624,7 +624,7 @@ def test_rules_only_render_keeps_the_vllm_verdicts(tmp_path: Path) -> None:
 def test_rules_rendered_for_a_1m_scrape_interval_see_rates(tmp_path: Path) -> None:
     """Prometheus' default 1m scrape: with --scrape-interval 1m the derived windows (rate 4m, stall 4m)
     hold enough samples that preemptions fire, tokens/s has a value, and a frozen backend is stalled."""
-    from llm_health.rules import RuleSettings, write_rendered
+    from llm_health.render.rules import RuleSettings, write_rendered
 
     files = write_rendered(tmp_path, RuleSettings(scrape_interval="1m"))
     n = 60

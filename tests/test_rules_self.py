@@ -174,7 +174,7 @@ def test_every_self_alert_has_a_firing_case_and_a_trap() -> None:
 
 
 def test_watchdog_is_opt_in_and_always_fires(tmp_path: Path) -> None:
-    from llm_health.rules import RuleSettings, write_rendered
+    from llm_health.render.rules import RuleSettings, write_rendered
 
     assert "LLMHealthWatchdog" not in alert_rules([SELF_RULES])
     files = [p for p in write_rendered(tmp_path, RuleSettings(watchdog=True)) if p.name == SELF_RULES.name]

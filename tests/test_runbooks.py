@@ -14,7 +14,7 @@ from llm_health.remediator.runbooks import slug
 from test_rules_support import alert_rules
 
 from llm_health.config import parse_config
-from llm_health.rules import DEFAULT_RUNBOOK_BASE_URL, RuleSettings, render
+from llm_health.render.rules import DEFAULT_RUNBOOK_BASE_URL, RuleSettings, render
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNBOOKS = ROOT / "docs" / "runbooks.md"

@@ -21,8 +21,8 @@ import requests
 import yaml
 from test_remediator_helpers import alert, payload
 
-from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
-from llm_health.rules import RuleSettings, write_rendered
+from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
+from llm_health.render.rules import RuleSettings, write_rendered
 
 TOKEN = "self-watch-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -17,7 +17,7 @@ from llm_health.simulator.server import SimConfig, Simulator
 from prometheus_client.parser import text_string_to_metric_families
 from test_simulator_http import Background, completion, fault, stats
 
-from llm_health.procs import free_port, wait_until
+from llm_health.drill.procs import free_port, wait_until
 
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 

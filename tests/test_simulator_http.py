@@ -12,7 +12,7 @@ import requests
 from llm_health.simulator.server import SimConfig, Simulator
 from prometheus_client.parser import text_string_to_metric_families
 
-from llm_health.procs import free_port, wait_until
+from llm_health.drill.procs import free_port, wait_until
 
 PROBE = {"X-LLM-Health-Probe": "1"}
 

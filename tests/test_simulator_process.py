@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from llm_health.procs import ManagedProcess, free_port, llm_health, python_module, wait_until
+from llm_health.drill.procs import ManagedProcess, free_port, llm_health, python_module, wait_until
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from llm_health.simulator.engine import Engine
 from llm_health.simulator.metrics import render
 from simrig import Exporter, Sim
 
-from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
+from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
 
 
 def page(level: int, running: int = 0) -> str:

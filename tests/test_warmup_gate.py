@@ -22,7 +22,7 @@ from llm_health.simulator.server import SimConfig, Simulator
 from test_remediator_helpers import alert, payload
 from test_remediator_lifecycle_lb import TOKEN, Rig, stop_rig
 
-from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
+from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 NAME = "gpu-a"

@@ -97,7 +97,7 @@ def test_wheel_carries_license_and_assets(installed: Installed) -> None:
     assert "License-Expression: Apache-2.0" in metadata
     for asset in ("llm_health/data/docs/runbooks.md", "llm_health/data/rules/llm_health_alerts.yml",
                   "llm_health/data/rules/llm_health_records.yml",
-                  "llm_health/templates/rules/llm_health_alerts.yml.j2",
+                  "llm_health/render/templates/rules/llm_health_alerts.yml.j2",
                   "llm_health/exporter/verdict.py", "llm_health/remediator/templates/status.html"):
         assert asset in names
     shipped = {n.rsplit("/", 1)[1] for n in names if n.startswith("llm_health/data/dashboards/")}

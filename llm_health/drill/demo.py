@@ -20,7 +20,7 @@ from typing import Any
 
 import requests
 
-from llm_health.stack import Stack
+from llm_health.drill.stack import Stack
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

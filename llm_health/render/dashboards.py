@@ -7,7 +7,7 @@
 one ConfigMap per dashboard labelled `grafana_dashboard: "1"` for the Grafana sidecar (kube-prometheus-stack,
 grafana chart) plus any --k8s-label.
 
-The dashboards take the rule settings (llm_health/rules.py RuleSettings, the same flags as `llm-health
+The dashboards take the rule settings (llm_health/render/rules.py RuleSettings, the same flags as `llm-health
 rules render`): the engines' selectors, the exporter's selector and the group labels go into every
 query, so one set of flags renders rules and dashboards that agree. The repository's dashboards/*.json
 are the default rendering (a test fails when they differ from a fresh one).
@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llm_health import prometheusrule
 from llm_health.config import ConfigError
-from llm_health.rules import RuleSettings, add_setting_arguments, settings_from_args
+from llm_health.render import prometheusrule
+from llm_health.render.rules import RuleSettings, add_setting_arguments, settings_from_args
 
 DEFAULT_OUT = Path("dashboards")  # relative to the working directory (the repo root in a checkout)
 CONFIGMAP_FILE = "dashboards.yaml"

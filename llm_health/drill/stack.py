@@ -21,9 +21,9 @@ from typing import Any
 import requests
 import yaml
 
-from llm_health.procs import ManagedProcess, free_port, llm_health, python_module, wait_until
+from llm_health.drill.procs import ManagedProcess, free_port, llm_health, python_module, wait_until
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]  # the checkout: llm_health/drill/stack.py
 
 
 def _asset(relative: str) -> Path:
@@ -513,7 +513,7 @@ def event_kinds(events: Iterable[dict[str, Any]]) -> list[str]:
     return [str(e.get("kind") or e.get("decision") or e.get("event")) for e in events]
 
 
-def main() -> int:  # pragma: no cover - manual use: python -m llm_health.stack DIR
+def main() -> int:  # pragma: no cover - manual use: python -m llm_health.drill.stack DIR
     workdir = Path(sys.argv[1] if len(sys.argv) > 1 else "var/stack")
     with Stack(workdir, echo=print) as stack:
         print(stack.describe())

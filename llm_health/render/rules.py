@@ -9,7 +9,7 @@ Windows read through rate/increase/changes/resets (RATE_WINDOWS) need several sa
 at least MIN_SCRAPES_PER_WINDOW scrape intervals (--scrape-interval, default 15s). Left unset they are
 derived (max(default, 4 x scrape interval)); set explicitly too short they are refused.
 
-The templates live in the package (llm_health/templates/rules/) so an installed copy can render them.
+The templates live in the package (llm_health/render/templates/rules/) so an installed copy can render them.
 Jinja delimiters are `<< >>`, `<% %>` and `<# #>`, so PromQL ranges and Prometheus' own `{{ }}`
 annotation templates pass through untouched. Bad settings raise ConfigError and write nothing.
 """
@@ -30,10 +30,10 @@ from typing import Any
 
 import jinja2
 
-from llm_health import prometheusrule
 from llm_health.config import ConfigError
+from llm_health.render import prometheusrule
 
-TEMPLATE_PACKAGE = "llm_health"
+TEMPLATE_PACKAGE = "llm_health.render"
 TEMPLATE_DIR = "templates/rules"
 OUTPUTS = {
     "llm_health_records.yml.j2": "llm_health_records.yml",
