@@ -2,7 +2,7 @@
 
 Each subcommand module offers `configure(parser)` and `run(args) -> int`. Only the module of the
 subcommand being run is imported: `llm-health --version`, `--help` and `rules render` do not load the
-web stack (flask, gunicorn, requests, prometheus_client); tests/test_cli_lazy.py holds that.
+web stack (flask, gunicorn, requests, prometheus_client); tests/process/test_cli_lazy.py holds that.
 """
 
 from __future__ import annotations

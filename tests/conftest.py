@@ -57,7 +57,9 @@ def launch(tmp_path: Path) -> Iterator[Callable[..., ManagedProcess]]:
 @pytest.fixture
 def sim(launch: Callable[..., ManagedProcess]) -> Callable[..., Any]:
     """Start real `llm-health sim` processes (stopped when the test ends): sim(*extra_argv) -> simrig.Sim."""
-    from simrig import sim_factory  # imported here: a conftest copied alone (test_interrupted_run) works
+    from tests.support.simrig import (
+        sim_factory,  # imported here: a conftest copied alone (test_interrupted_run) works
+    )
 
     return sim_factory(launch)
 
@@ -65,6 +67,23 @@ def sim(launch: Callable[..., ManagedProcess]) -> Callable[..., Any]:
 @pytest.fixture
 def exporter(launch: Callable[..., ManagedProcess]) -> Callable[..., Any]:
     """Start a real `llm-health exporter` on a 0.3 s interval: exporter({name: url}, {proxy: url}, *argv)."""
-    from simrig import exporter_factory
+    from tests.support.simrig import exporter_factory
 
     return exporter_factory(launch)
+
+
+@pytest.fixture
+def fake() -> Iterator[Callable[..., Any]]:
+    """Start `FakeVllm` servers in this process (stopped when the test ends): fake(api_key="")."""
+    from tests.support.fakevllm import FakeVllm
+
+    started: list[FakeVllm] = []
+
+    def start(api_key: str = "") -> FakeVllm:
+        f = FakeVllm(api_key)
+        started.append(f)
+        return f
+
+    yield start
+    for f in started:
+        f.stop()

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 import requests
-from fakes import has_sample
 from llm_health.exporter.observation import Verification
 from llm_health.remediator import action, authority, policy
 from llm_health.remediator.agent import FleetAgent
@@ -24,11 +23,12 @@ from llm_health.remediator.authority import Authority
 from llm_health.remediator.inflight import InFlight
 from llm_health.remediator.store import Store
 from llm_health.simulator.server import SimConfig, Simulator
-from test_remediator_helpers import alert, payload
-from test_remediator_lifecycle import AUTH, World, build
 
 from llm_health.config import RemediatorSettings, parse_config
 from llm_health.drill.procs import free_port, wait_until
+from tests.support.alerts import alert, payload
+from tests.support.fakes import has_sample
+from tests.test_remediator_lifecycle import AUTH, World, build
 
 
 def answer(w: World, name: str) -> str:
