@@ -38,6 +38,21 @@ def pytest_sessionstart(session: pytest.Session) -> None:
                     returncode=3)
 
 
+# Parallel runs (`pytest -n N --dist loadgroup`, as `make test` does): a test module stays on one
+# worker (its module-scoped servers start once), and the real engines' modules share one worker, so
+# at most one real engine runs at a time beside the other tests.
+REAL_ENGINES_GROUP = "real-engines"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    real = Path(__file__).resolve().parent / "real"
+    for item in items:
+        path = Path(str(item.path))
+        group = REAL_ENGINES_GROUP if real in path.parents else str(path.relative_to(real.parent.parent))
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture
 def launch(tmp_path: Path) -> Iterator[Callable[..., ManagedProcess]]:
     """Start real processes (logs in the test's folder); every one is stopped when the test ends,
