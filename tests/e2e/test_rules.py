@@ -12,7 +12,6 @@ import json
 import shutil
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ import requests
 import yaml
 
 from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
+from llm_health.httpserver import QuietHandler
 from llm_health.render.rules import RuleSettings, write_rendered
 from tests.support.loopback import Loopback
 from tests.support.promtool import REPO
@@ -43,15 +43,12 @@ class Receiver:
         self.received: list[tuple[str, dict[str, str], dict[str, Any]]] = []
         received = self.received
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self) -> None:  # noqa: N802 - http.server API
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 received.append((self.path, dict(self.headers), json.loads(body)))
                 self.send_response(200)
                 self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
 
         self.loop = Loopback(Handler)
         self.port = self.loop.port

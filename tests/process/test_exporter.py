@@ -10,7 +10,6 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from llm_health.exporter.check import verify
 from prometheus_client.parser import text_string_to_metric_families
 
 from llm_health.drill.procs import free_port, llm_health, wait_until
+from llm_health.httpserver import QuietHandler
 from tests.support.loopback import Loopback
 from tests.support.simrig import INTERVAL, STALL_AFTER, Exporter, Sim  # noqa: F401 - the sim and exporter fixtures: conftest
 
@@ -173,9 +173,7 @@ class RoundRobinProxy:
         self.paths: list[str] = []
         paths = self.paths
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                return
+        class Handler(QuietHandler):
 
             def do_GET(self) -> None:  # noqa: N802
                 paths.append(self.path)
@@ -186,10 +184,7 @@ class RoundRobinProxy:
                     status, body = r.status_code, r.content
                 except requests.RequestException:
                     status, body = 503, b"no upstream\n"
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                self.reply(status, body)
 
         self.loop = Loopback(Handler)
         self.url = self.loop.url

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -25,6 +25,7 @@ from llm_health.exporter.scheduler import ReadScheduler, phase_of
 
 from llm_health.config import Backend, ExporterSettings
 from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
+from llm_health.httpserver import QuietHandler
 
 INTERVAL = 1.0
 READ_TIMEOUT = 0.8
@@ -179,12 +180,9 @@ class Pages(ThreadingHTTPServer):
         return f"http://127.0.0.1:{self.server_address[1]}"
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(QuietHandler):
     protocol_version = "HTTP/1.1"
     server: Pages
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-        return
 
     def do_GET(self) -> None:  # noqa: N802
         name = self.path.split("/")[1]
@@ -196,18 +194,12 @@ class Handler(BaseHTTPRequestHandler):
             return
         page = self.server.frozen if name == "frozen" else self.server.page
         body = page if self.path.endswith("/metrics") else b"{}"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        self.reply(200, body)
 
     def do_POST(self) -> None:  # noqa: N802
         body = b'{"choices": [{"text": "x"}]}'
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        self.reply(200, body)
 
 
 @pytest.fixture

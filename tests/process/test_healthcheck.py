@@ -7,26 +7,22 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from llm_health.drill.procs import free_port
+from llm_health.httpserver import QuietHandler
 from tests.support.loopback import Loopback
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(QuietHandler):
     def do_GET(self) -> None:  # noqa: N802 - http.server API
         status = {"/ok": 200, "/broken": 500, "/gone": 404}.get(self.path, 404)
         if self.path == "/slow":
             self.server.release.wait(10)  # type: ignore[attr-defined]
             status = 200
-        self.send_response(status)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
+        self.reply(status)
 
-    def log_message(self, *args: object) -> None:
-        pass
 
 
 @pytest.fixture(scope="module")

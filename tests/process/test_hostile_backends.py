@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ import requests
 
 from llm_health.drill.hostile import DripServer
 from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
+from llm_health.httpserver import QuietHandler
 from tests.support.loopback import Loopback
 
 
@@ -29,11 +29,8 @@ class Healthy:
         self.lock = threading.Lock()
         healthy = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             protocol_version = "HTTP/1.1"
-
-            def log_message(self, *_args: object) -> None:
-                pass
 
             def do_GET(self) -> None:  # noqa: N802
                 if self.path == "/metrics":
@@ -49,10 +46,7 @@ class Healthy:
                             "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds 1000.0\n").encode()
                 else:
                     body = b'{"object": "list", "data": [{"id": "m"}]}'
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                self.reply(200, body)
 
         self.server = Loopback(Handler, poll_interval=0.05)
         self.url = self.server.url

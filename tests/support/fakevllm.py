@@ -7,9 +7,8 @@ from __future__ import annotations
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler
-from typing import Any
 
+from llm_health.httpserver import QuietHandler
 from tests.support.loopback import Loopback
 
 KEY = "s3cret-key"
@@ -32,18 +31,8 @@ class FakeVllm:
         self.metrics_done = 0
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                return
-
-            def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
 
             def _authorized(self) -> bool:
                 path = self.path.split("?", 1)[0]
@@ -53,7 +42,7 @@ class FakeVllm:
                 if not path.startswith("/v1/") or not fake.api_key:
                     return True
                 if header != f"Bearer {fake.api_key}":
-                    self._send(401, b'{"error": "Unauthorized"}')
+                    self.reply(401, b'{"error": "Unauthorized"}', "application/json")
                     return False
                 return True
 
@@ -64,11 +53,11 @@ class FakeVllm:
                 if path == "/metrics":
                     self._metrics()
                 elif path == "/health":
-                    self._send(200, b"")
+                    self.reply(200, b"", "application/json")
                 elif path == "/v1/models":
-                    self._send(200, json.dumps({"object": "list", "data": [{"id": "m"}]}).encode())
+                    self.reply(200, json.dumps({"object": "list", "data": [{"id": "m"}]}).encode(), "application/json")
                 else:
-                    self._send(404, b"{}")
+                    self.reply(404, b"{}", "application/json")
 
             def do_POST(self) -> None:  # noqa: N802
                 length = int(self.headers.get("Content-Length") or 0)
@@ -82,12 +71,12 @@ class FakeVllm:
                             fake.probes_while_busy += 1
                 while fake.hold_completions.is_set():
                     time.sleep(0.01)
-                self._send(200, json.dumps({"choices": [{"text": "!"}]}).encode())
+                self.reply(200, json.dumps({"choices": [{"text": "!"}]}).encode(), "application/json")
 
             def _metrics(self) -> None:
                 body = fake.page().encode()
                 if not fake.drip:
-                    self._send(200, body, "text/plain; version=0.0.4")
+                    self.reply(200, body, "text/plain; version=0.0.4")
                 else:
                     self.send_response(200)
                     self.send_header("Content-Type", "text/plain; version=0.0.4")

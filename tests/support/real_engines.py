@@ -34,9 +34,10 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
+
+from llm_health.httpserver import QuietHandler
 
 if not __package__:  # run as a script (`python tests/support/real_engines.py restart DIR`, a restart action)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -383,11 +384,8 @@ class CountingProxy:
         lock = threading.Lock()
         proxy = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                return
 
             def _forward(self, method: str) -> None:
                 length = int(self.headers.get("Content-Length") or 0)

@@ -14,6 +14,7 @@ from llm_health.simulator.engine import Engine
 from llm_health.simulator.metrics import render
 
 from llm_health.drill.procs import free_port
+from llm_health.httpserver import QuietHandler
 from tests.support.loopback import Loopback
 
 
@@ -32,11 +33,8 @@ class Server:
         self.requests = 0
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                return
 
             def setup(self) -> None:
                 super().setup()
@@ -49,10 +47,7 @@ class Server:
                     route(self)
                     return
                 status, body = route
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                self.reply(status, body)
 
         self.loop = Loopback(Handler)
         self.url = self.loop.url

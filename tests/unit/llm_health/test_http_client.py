@@ -6,12 +6,12 @@ import json
 import socket
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from llm_health.drill.hostile import DripServer
 from llm_health.http_client import FailureKind, HttpFailure, Target, fetch
+from llm_health.httpserver import QuietHandler
 from tests.support.loopback import Loopback
 
 # A dripper sends its ~300 header bytes one every 0.2 s: a minute for the whole answer. A per-read
@@ -63,12 +63,9 @@ def test_fetch_has_the_same_total_deadline() -> None:
         d.stop()
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(QuietHandler):
     protocol_version = "HTTP/1.1"
     seen: list[tuple[str, str, str | None, str]] = []
-
-    def log_message(self, *_args: object) -> None:
-        pass
 
     def _answer(self, status: int, body: bytes, ctype: str = "application/json") -> None:
         self.send_response(status)

@@ -12,13 +12,13 @@ import base64
 import json
 import socket
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
 
 from llm_health import healthcheck
 from llm_health.discovery import fetch_targets
+from llm_health.httpserver import QuietHandler
 from llm_health.urlauth import split_credentials
 from tests.support.loopback import Loopback
 
@@ -27,7 +27,7 @@ QUOTED = "p%40ss%3Aw%2Frd"                       # as it is written in a URL
 ANSWER = {"status": "success", "data": {"activeTargets": [{"labels": {"job": "vllm"}}]}}
 
 
-class NeedsBasicAuth(BaseHTTPRequestHandler):
+class NeedsBasicAuth(QuietHandler):
     seen: list[str] = []
 
     def do_GET(self) -> None:  # noqa: N802 - http.server API
@@ -35,13 +35,8 @@ class NeedsBasicAuth(BaseHTTPRequestHandler):
         NeedsBasicAuth.seen.append(auth)
         good = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
         body = json.dumps(ANSWER).encode() if auth == good else b"unauthorized"
-        self.send_response(200 if auth == good else 401)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        self.reply(200 if auth == good else 401, body)
 
-    def log_message(self, *args: object) -> None:
-        pass
 
 
 @pytest.fixture
