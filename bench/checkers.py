@@ -5,7 +5,7 @@
   >= 10 HTTP 500s since max(10 min ago, its own last restart) -> restart.
 * `LlmHealth`: the project's real code on simulated readings: `simulator.metrics.render` ->
   `exporter.reading.read_text` -> `exporter.verdict.judge` every exporter interval; the idle probe
-  follows exporter.cycle's rule (fresh reading with no work, one in flight, one per interval);
+  follows exporter.scheduler's rule (fresh reading with no work, one in flight, one per interval);
   the remediator is `remediator.policy.decide` (gates, then the real `exporter.check.verify` over
   loopback against the simulated server, then the decision). Modelled, not run: Prometheus and
   Alertmanager (alert `for` durations from rules/llm_health_alerts.yml, a fixed delay for scrape +
@@ -163,7 +163,7 @@ class LlmHealth:
         self._evaluate_alerts(now)
 
     def _may_probe(self, obs: Observation, now: float) -> bool:
-        """exporter.cycle.Fleet._may_probe's rule, on the simulated clock."""
+        """exporter.scheduler.ReadScheduler._may_probe's rule, on the simulated clock."""
         reading = obs.reading
         if obs.outcome != ReadResult.OK or reading is None or not reading.has_engine_metrics or reading.work > 0:
             return False

@@ -9,7 +9,7 @@ ones point at a bound socket that never listens, so the connection is refused):
 * hang (10 %): the connection is accepted and nothing is ever answered;
 * slow (10 %): `/metrics` answers a busy, progressing page just under the read timeout (90 % of it);
 * drip (10 %): every answer (`/metrics`, `/health`) comes one header byte per second, each member on a
-  port of its own (`llm_health.hostile.DripServer`): a wedged buffering proxy or a half-dead host, which
+  port of its own (`llm_health.drill.hostile.DripServer`): a wedged buffering proxy or a half-dead host, which
   a per-read timeout never ends;
 * refuse (5 %): connection refused;
 * wedge (5 %): idle, probes answer until the fault time; then the page stays 0/0 with frozen counters
@@ -31,7 +31,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +41,9 @@ from llm_health.simulator.metrics import format_families, process_families, vllm
 
 from bench.pages import FLAVOUR, page_variants
 from llm_health.config import ExporterSettings
-from llm_health.hostile import DripServer
-from llm_health.procs import ManagedProcess, free_port, llm_health
+from llm_health.drill.hostile import DripServer
+from llm_health.drill.procs import ManagedProcess, free_port, llm_health
+from llm_health.httpserver import QuietHandler
 
 KINDS = (("idle", 0.25), ("busy", 0.25), ("hang", 0.10), ("slow", 0.10), ("drip", 0.10), ("refuse", 0.05),
          ("wedge", 0.05), ("stall", 0.05))
@@ -91,19 +92,9 @@ def idle_page() -> str:
     return format_families(process_families(start) + vllm_families(engines, FLAVOUR, start), False)
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(QuietHandler):
     protocol_version = "HTTP/1.1"
     server: Any
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-        return
-
-    def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
     def _member(self) -> tuple[Member | None, str]:
         parts = self.path.split("/", 3)   # "", "f", "<name>", "rest"
@@ -115,7 +106,7 @@ class Handler(BaseHTTPRequestHandler):
         world: World = self.server.world
         m, rest = self._member()
         if m is None:
-            self._send(404, b"{}")
+            self.reply(404, b"{}", "application/json")
             return
         now = time.monotonic()
         if m.kind == "hang":
@@ -136,13 +127,13 @@ class Handler(BaseHTTPRequestHandler):
                         m.frozen = k if m.frozen is None else m.frozen
                     k = m.frozen
                 body = world.busy[k]
-            self._send(200, body, "text/plain; version=0.0.4; charset=utf-8")
+            self.reply(200, body, "text/plain; version=0.0.4; charset=utf-8")
         elif rest == "/health":
-            self._send(200, b"")
+            self.reply(200, b"", "application/json")
         elif rest == "/v1/models":
-            self._send(200, MODELS)
+            self.reply(200, MODELS, "application/json")
         else:
-            self._send(404, b"{}")
+            self.reply(404, b"{}", "application/json")
 
     def do_POST(self) -> None:  # noqa: N802
         world: World = self.server.world
@@ -151,7 +142,7 @@ class Handler(BaseHTTPRequestHandler):
         if length:
             self.rfile.read(length)
         if m is None or rest != "/v1/completions":
-            self._send(404, b"{}")
+            self.reply(404, b"{}", "application/json")
             return
         now = time.monotonic()
         with world.lock:
@@ -160,7 +151,7 @@ class Handler(BaseHTTPRequestHandler):
             world.hang()
             self.close_connection = True
             return
-        self._send(200, ANSWER)
+        self.reply(200, ANSWER, "application/json")
 
 
 class Server(ThreadingHTTPServer):

@@ -27,7 +27,7 @@ from typing import Any
 import requests
 import yaml
 
-from llm_health.procs import ManagedProcess, free_port, python_module, wait_until
+from llm_health.drill.procs import ManagedProcess, free_port, python_module, wait_until
 
 TOKEN = "bench-fleet-token"
 N = 20

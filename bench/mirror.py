@@ -12,47 +12,38 @@ from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 from bench.world import PROBE, World
+from llm_health.httpserver import QuietHandler
 
 MODEL = "sim-model"
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(QuietHandler):
     protocol_version = "HTTP/1.1"
     server: Any
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
-        return
-
-    def _send(self, status: int, body: bytes, ctype: str = "text/plain; version=0.0.4") -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
     def do_GET(self) -> None:  # noqa: N802
         world: World = self.server.world
         if not world.up:
-            self._send(503, b"reloading")
+            self.reply(503, b"reloading", "text/plain; version=0.0.4")
         elif self.path == "/metrics":
-            self._send(200, (world.page() or "").encode())
+            self.reply(200, (world.page() or "").encode(), "text/plain; version=0.0.4")
         elif self.path == "/health":
-            self._send(200, b"")
+            self.reply(200, b"", "text/plain; version=0.0.4")
         elif self.path == "/v1/models":
-            self._send(200, json.dumps({"data": [{"id": MODEL}]}).encode(), "application/json")
+            self.reply(200, json.dumps({"data": [{"id": MODEL}]}).encode(), "application/json")
         else:
-            self._send(404, b"not found")
+            self.reply(404, b"not found", "text/plain; version=0.0.4")
 
     def do_POST(self) -> None:  # noqa: N802
         world: World = self.server.world
         length = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(length) or b"{}")
         if self.path != "/v1/completions" or not world.up:
-            self._send(503 if not world.up else 404, b"")
+            self.reply(503 if not world.up else 404, b"", "text/plain; version=0.0.4")
             return
         timeout = float(self.server.probe_timeout)
         result: dict[str, str] = {}
@@ -63,9 +54,9 @@ class _Handler(BaseHTTPRequestHandler):
             world.advance_to(world.now + 0.25)
         if result.get("outcome") == "ok":
             answer = {"choices": [{"index": 0, "text": "!", "finish_reason": "length"}]}
-            self._send(200, json.dumps(answer).encode(), "application/json")
+            self.reply(200, json.dumps(answer).encode(), "application/json")
         else:
-            self._send(504, json.dumps({"error": result.get("outcome", "no answer")}).encode(), "application/json")
+            self.reply(504, json.dumps({"error": result.get("outcome", "no answer")}).encode(), "application/json")
 
 
 class Mirror:

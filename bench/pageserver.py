@@ -18,32 +18,23 @@ import argparse
 import json
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 from bench.pages import page_variants
+from llm_health.httpserver import QuietHandler
 
 MODELS = json.dumps({"object": "list", "data": [{"id": "sim-model", "object": "model"}]}).encode()
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(QuietHandler):
     protocol_version = "HTTP/1.1"
     server: Any
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-        return
-
-    def _send(self, status: int, body: bytes, ctype: str) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
     def do_GET(self) -> None:  # noqa: N802
         parts = self.path.split("/")   # "", "b", "<i>", "metrics"
         if len(parts) < 4 or parts[1] not in ("b", "s"):
-            self._send(404, b"not found", "text/plain")
+            self.reply(404, b"not found", "text/plain")
             return
         rest = "/" + "/".join(parts[3:])
         if rest == "/metrics":
@@ -56,20 +47,20 @@ class Handler(BaseHTTPRequestHandler):
                     k = srv.counts.get(key, 1 if parts[1] == "s" else 0)
                     srv.counts[key] = k + 1
                 body = srv.pages[min(k, len(srv.pages) - 1)]
-            self._send(200, body, "text/plain; version=0.0.4; charset=utf-8")
+            self.reply(200, body, "text/plain; version=0.0.4; charset=utf-8")
         elif rest in ("/health", "/v1/models"):
-            self._send(200, MODELS if rest == "/v1/models" else b"", "application/json")
+            self.reply(200, MODELS if rest == "/v1/models" else b"", "application/json")
         else:
-            self._send(404, b"not found", "text/plain")
+            self.reply(404, b"not found", "text/plain")
 
     def do_POST(self) -> None:  # noqa: N802
         parts = self.path.split("/")   # "", "fix", "<name>"
         if len(parts) == 3 and parts[1] == "fix":
             with self.server.lock:
                 self.server.fixed.add(parts[2])
-            self._send(200, b"fixed", "text/plain")
+            self.reply(200, b"fixed", "text/plain")
         else:
-            self._send(404, b"not found", "text/plain")
+            self.reply(404, b"not found", "text/plain")
 
 
 class Server(ThreadingHTTPServer):

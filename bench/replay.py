@@ -246,7 +246,7 @@ def markdown(old: Outcome, new: Outcome, targets: dict[str, bool], trace: Trace,
         f"- **llm-health, run for real**: every {s.interval:g} s the page is rendered by `simulator.metrics."
         "render` (vLLM v1 flavour) and read by `exporter.reading.read_text`, then judged by "
         f"`exporter.verdict.judge` (defaults: `stall_after` {s.stall_after:g} s, `down_after` {s.down_after}); "
-        "a reload is a refused reading. The idle probe (`max_tokens` 1) follows `exporter.cycle`'s rule (only "
+        "a reload is a refused reading. The idle probe (`max_tokens` 1) follows `exporter.scheduler`'s rule (only "
         "after a fresh reading with no work, one in flight, one per interval) and is submitted to the engine; "
         "its result reaches `judge` at the next cycle. The remediator's decision is `remediator.policy.decide` "
         "(gates -> VERIFY), then the real `exporter.check.verify` (2 readings, "

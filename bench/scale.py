@@ -2,7 +2,7 @@
 
 The backends are one `bench.pageserver` process (pre-rendered busy vLLM v1 pages, two engines,
 13 histograms, ~780 lines / 81 KB; distinct URL paths per backend, the page changes between
-readings). The exporter side is the project's `exporter.cycle.Fleet` in this process, i.e. its real
+readings). The exporter side is the project's `exporter.cycle.ReadScheduler` in this process, i.e. its real
 thread pool, `exporter.backend` HTTP client, parser, reading and verdict code.
 """
 
@@ -18,16 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from llm_health.exporter.backend import Target, observe
-from llm_health.exporter.cycle import Fleet
 from llm_health.exporter.observation import Observation, ReadResult
 from llm_health.exporter.parser import parse
 from llm_health.exporter.reading import VLLM_RUNNING, from_page, read_text, wanted
+from llm_health.exporter.scheduler import ReadScheduler
 from llm_health.exporter.verdict import Thresholds, judge
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.pages import page_variants
 from llm_health.config import Backend, ExporterSettings
-from llm_health.procs import ManagedProcess, free_port, python_module
+from llm_health.drill.procs import ManagedProcess, free_port, python_module
 
 INTERVAL = 15.0
 
@@ -51,7 +51,7 @@ def _per_call(fn: Any, arg: Any, min_seconds: float) -> float:
 def measure_cycles(port: int, size: int, cycles: int) -> dict[str, Any]:
     settings = ExporterSettings(interval=INTERVAL, read_timeout=5.0)
     backends = [Backend(name=f"n{size}-{i}", url=f"http://127.0.0.1:{port}/b/n{size}-{i}") for i in range(size)]
-    fleet = Fleet(backends, [], settings)
+    fleet = ReadScheduler(backends, [], settings)
     try:
         first = fleet.read_all()             # opens the kept-alive connections; no previous reading yet
         walls, cpus = [], []
@@ -232,7 +232,7 @@ def markdown(rows: list[dict[str, Any]], cpu: dict[str, float], parsers: dict[st
     return "\n".join([
         "## 2. Exporter scale",
         "",
-        f"Real cycles (`exporter.cycle.Fleet.read_all`: every backend read at once, each judged as its read "
+        f"Real cycles (`exporter.cycle.ReadScheduler.read_all`: every backend read at once, each judged as its read "
         f"completes) over HTTP, {cycles} measured cycles per size after "
         "one that opens the connections. The backends are one `bench.pageserver` process (Python "
         "`ThreadingHTTPServer`, HTTP/1.1 keep-alive, a distinct URL path per backend, pre-rendered pages that "

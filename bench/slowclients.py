@@ -1,7 +1,7 @@
 """Benchmark "slow clients": /healthz latency of the remediator while N clients send their requests slowly.
 
 A real `llm-health remediator` at its defaults (gunicorn, 2 workers x 16 threads) on loopback. N slow
-clients (`llm_health.slowclients`: half send a header byte per second, a quarter a header line per
+clients (`llm_health.drill.slowclients`: half send a header byte per second, a quarter a header line per
 second, a quarter complete headers and then a body byte per second; spread over 10 loopback
 addresses; reconnecting when cut off) run while /healthz is asked again and again, one request after
 another on new connections, for a window longer than `request_timeout` (so the cut-offs and
@@ -26,8 +26,8 @@ from typing import Any
 import requests
 import yaml
 
-from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
-from llm_health.slowclients import Drip, SlowClients
+from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
+from llm_health.drill.slowclients import Drip, SlowClients
 
 TOKEN = "bench-slow-clients-token"
 ROOT = Path(__file__).resolve().parent.parent

@@ -37,7 +37,7 @@ from typing import Any
 import requests
 import yaml
 
-from llm_health.procs import ManagedProcess, free_port, llm_health, python_module, wait_until
+from llm_health.drill.procs import ManagedProcess, free_port, llm_health, python_module, wait_until
 
 TOKEN = "bench-storm-token"
 UNSETTLED = ("open", "draining", "restarting")   # incident states in which the authority still has work

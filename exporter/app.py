@@ -25,14 +25,14 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from llm_health.exporter.collector import FleetCollector
-from llm_health.exporter.cycle import Fleet, Snapshot
+from llm_health.exporter.collector import ExporterCollector
+from llm_health.exporter.scheduler import ReadScheduler, Snapshot
 from llm_health.exporter.verdict import CODES
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.exposition import generate_latest
 
 from llm_health.discovery import Discovery, status_document
-from llm_health.discovery_collector import DiscoveryCollector
+from llm_health.discovery.collector import DiscoveryCollector
 from llm_health.redact import redact
 
 
@@ -71,11 +71,11 @@ def verdicts_document(snap: Snapshot) -> dict[str, Any]:
 class ExporterServer:
     """The fleet loop in a thread plus the HTTP listener."""
 
-    def __init__(self, fleet: Fleet, host: str, port: int, discovery: Discovery | None = None) -> None:
+    def __init__(self, fleet: ReadScheduler, host: str, port: int, discovery: Discovery | None = None) -> None:
         self.fleet = fleet
         self.discovery = discovery
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(FleetCollector(fleet.snapshot))
+        self.registry.register(ExporterCollector(fleet.snapshot))
         if discovery is not None:
             self.registry.register(DiscoveryCollector(discovery.status))
         ProcessCollector(registry=self.registry)  # the exporter's own process_* series

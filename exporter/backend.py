@@ -23,7 +23,7 @@ from llm_health.config import ConfigError
 from llm_health.http_client import FailureKind, HttpFailure, Response
 from llm_health.http_client import Target as _Target
 
-__all__ = ["HttpFailure", "Response", "Target", "observe", "health_ok", "cheap_ok", "proxy_up",
+__all__ = ["HttpFailure", "Response", "Target", "observe", "answers",
            "first_model", "first_model_entry", "load_api_key"]
 
 USER_AGENT = "llm-health-exporter"
@@ -42,9 +42,16 @@ class Target(_Target):
 _KIND_TO_READ = {FailureKind.REFUSED: ReadResult.REFUSED, FailureKind.TIMEOUT: ReadResult.TIMEOUT, FailureKind.ERROR: ReadResult.ERROR}
 
 
-def cheap_ok(target: Target) -> bool:
-    """/health or /v1/models answers 200: the server's HTTP side lives (no generation involved)."""
-    for path in ("/health", "/v1/models"):
+HEALTH = ("/health",)
+MODELS = ("/v1/models",)
+CHEAP = ("/health", "/v1/models")
+
+
+def answers(target: Target, paths: tuple[str, ...] = HEALTH) -> bool:
+    """Does the server's HTTP side live? True when one of `paths` answers 200 within the target's
+    deadline (no generation involved): `/health` after a timeout, `/health` or `/v1/models` when the page
+    has no engine metrics, `/v1/models` through a proxy."""
+    for path in paths:
         try:
             if target.get(path).status == 200:
                 return True
@@ -66,14 +73,6 @@ def load_api_key(path: str | Path, where: str = "api_key_file") -> str:
     return key
 
 
-def health_ok(target: Target) -> bool:
-    """GET /health answers 200 within the target's timeout (the cheapest sign of a live HTTP side)."""
-    try:
-        return target.get("/health").status == 200
-    except HttpFailure:
-        return False
-
-
 def observe(target: Target) -> Observation:
     """Read /metrics once; when the page has no engine series, ask the cheap endpoints instead."""
     try:
@@ -81,7 +80,7 @@ def observe(target: Target) -> Observation:
     except HttpFailure as exc:
         return Observation(outcome=_KIND_TO_READ[exc.kind], detail=exc.detail)
     if resp.status == 404:
-        return Observation(outcome=ReadResult.NOT_FOUND, detail="404", cheap_ok=cheap_ok(target))
+        return Observation(outcome=ReadResult.NOT_FOUND, detail="404", cheap_ok=answers(target, CHEAP))
     if resp.status != 200:
         return Observation(outcome=ReadResult.ERROR, detail=f"HTTP {resp.status}")
     try:
@@ -89,7 +88,7 @@ def observe(target: Target) -> Observation:
     except Exception as exc:  # noqa: BLE001 - a parser bug must not kill the cycle
         return Observation(outcome=ReadResult.ERROR, detail=f"unreadable page: {exc}")
     if not reading.has_engine_metrics:
-        return Observation(outcome=ReadResult.OK, reading=reading, cheap_ok=cheap_ok(target))
+        return Observation(outcome=ReadResult.OK, reading=reading, cheap_ok=answers(target, CHEAP))
     if reading.flavour == "llamacpp":
         left = target.timeout - resp.seconds
         reading = reading.with_props(llamacpp_props(target, reading, left))
@@ -145,11 +144,3 @@ def first_model(target: Target) -> str:
     if "id" not in entry:
         raise HttpFailure("error", "/v1/models lists no model")
     return str(entry["id"])
-
-
-def proxy_up(target: Target) -> bool:
-    """A proxy is up when GET /v1/models answers 200 through it."""
-    try:
-        return target.get("/v1/models").status == 200
-    except HttpFailure:
-        return False

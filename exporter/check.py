@@ -40,8 +40,8 @@ from collections.abc import Callable
 from llm_health.exporter.backend import (
     HttpFailure,
     Target,
+    answers,
     first_model_entry,
-    health_ok,
     load_api_key,
     observe,
 )
@@ -169,7 +169,7 @@ def _without_readings(
         if all(o == ReadResult.TIMEOUT for o in outcomes):
             target = Target(url, read_timeout)
             try:
-                fine = health_ok(target)
+                fine = answers(target)
             finally:
                 target.close()
             if not fine:

@@ -19,7 +19,7 @@ from types import FrameType
 
 from llm_health.exporter.app import ExporterServer
 from llm_health.exporter.backend import load_api_key
-from llm_health.exporter.cycle import Fleet
+from llm_health.exporter.scheduler import ReadScheduler
 
 from llm_health.config import (
     Backend,
@@ -126,7 +126,7 @@ def raise_fd_limit(wanted: int) -> None:
             pass
 
 
-def watch_discovered(config: Config, fleet: Fleet) -> Discovery | None:
+def watch_discovered(config: Config, fleet: ReadScheduler) -> Discovery | None:
     """With discovery on: after every good refresh the fleet watches static + discovered backends
     (static first; a discovered name that clashes with a static backend or a proxy is refused)."""
     if not config.discovery.enabled:
@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     raise_fd_limit(fds_wanted(len(config.backends), len(config.proxies)))
     host, port = parse_listen(config.exporter.listen)
     api_key = load_api_key(config.exporter.api_key_file, "exporter.api_key_file")
-    fleet = Fleet(config.backends, config.proxies, config.exporter, api_key=api_key,
+    fleet = ReadScheduler(config.backends, config.proxies, config.exporter, api_key=api_key,
                   dynamic=config.discovery.enabled)
     discovery = watch_discovered(config, fleet)
     server = ExporterServer(fleet, host, port, discovery)

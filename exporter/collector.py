@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from llm_health.exporter.cycle import Snapshot
 from llm_health.exporter.observation import ProbeOutcome, ReadResult
+from llm_health.exporter.scheduler import Snapshot
 from llm_health.exporter.verdict import CODES, Verdict
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 
-class FleetCollector(Collector):
+class ExporterCollector(Collector):
     def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
         self._snapshot = snapshot
 

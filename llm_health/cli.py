@@ -2,7 +2,7 @@
 
 Each subcommand module offers `configure(parser)` and `run(args) -> int`. Only the module of the
 subcommand being run is imported: `llm-health --version`, `--help` and `rules render` do not load the
-web stack (flask, gunicorn, requests, prometheus_client); tests/test_cli_lazy.py holds that.
+web stack (flask, gunicorn, requests, prometheus_client); tests/process/test_cli_lazy.py holds that.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "remediator": ("llm_health.remediator.cli", "Alertmanager webhook receiver: the one restart authority"),
     "busy": ("llm_health.remediator.busy", "run a batch job with a busy marker set for a backend"),
     "token": ("llm_health.remediator.token", "write a random bearer token file for the remediator (once)"),
-    "rules": ("llm_health.rules", "render the Prometheus rules from their templates"),
-    "dashboards": ("llm_health.dashboards", "render the Grafana dashboards with the rule settings"),
+    "rules": ("llm_health.render.rules", "render the Prometheus rules from their templates"),
+    "dashboards": ("llm_health.render.dashboards", "render the Grafana dashboards with the rule settings"),
     "healthcheck": ("llm_health.healthcheck", "exit 0 when a URL answers 2xx (container HEALTHCHECK of our own parts)"),
-    "demo": ("llm_health.demo", "run the whole pipeline on loopback with simulated backends"),
+    "demo": ("llm_health.drill.demo", "run the whole pipeline on loopback with simulated backends"),
 }
 
 

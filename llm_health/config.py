@@ -154,7 +154,7 @@ class RemediatorSettings:
 
 @dataclass(frozen=True)
 class DiscoverySettings:
-    """Backends from Prometheus' targets (llm_health/discovery.py); off while prometheus_url is empty.
+    """Backends from Prometheus' targets (llm_health/discovery/); off while prometheus_url is empty.
 
     Two kinds of labels (docs/discovery.md): a target's `labels` (after relabelling: whoever may create a
     PodMonitor/ServiceMonitor or scrape config sets them freely) and its `discoveredLabels` (before

@@ -3,7 +3,8 @@
 For our own processes only (exporter /metrics, remediator /healthz, simulator /health); the URL
 defaults to $LLM_HEALTH_HEALTHCHECK_URL, else the remediator's http://127.0.0.1:9411/healthz.
 Docker never restarts a container for being unhealthy; this reports, it decides nothing. Standard
-library only, so it starts fast and imports nothing of the web stack.
+library only (llm_health/http_client.py: one total deadline, user:password@ as Basic auth), so it starts
+fast and imports nothing of the web stack.
 """
 
 from __future__ import annotations
@@ -11,28 +12,23 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import urllib.error
-import urllib.request
 from urllib.parse import urlparse
 
 from llm_health.config import ConfigError
+from llm_health.http_client import HttpFailure, fetch
 from llm_health.redact import redact
-from llm_health.urlauth import split_credentials
 
 ENV = "LLM_HEALTH_HEALTHCHECK_URL"
 DEFAULT_URL = "http://127.0.0.1:9411/healthz"
 
 
 def check(url: str, timeout: float) -> tuple[bool, str]:
-    base, auth = split_credentials(url)             # user:password@ goes as Basic auth, never to DNS
     try:
-        request = urllib.request.Request(base, headers=auth)
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - http(s) only, checked
-            return 200 <= response.status < 300, f"HTTP {response.status}"
-    except urllib.error.HTTPError as exc:
-        return False, f"HTTP {exc.code}"
-    except (urllib.error.URLError, OSError) as exc:
-        return False, str(getattr(exc, "reason", exc))
+        resp = fetch("GET", url, timeout=timeout, max_bytes=1024 * 1024)
+    except HttpFailure as exc:
+        what = {"refused": "connection refused", "timeout": "timed out"}.get(exc.kind, "failed")
+        return False, f"{what}: {exc.detail}"
+    return 200 <= resp.status < 300, f"HTTP {resp.status}"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

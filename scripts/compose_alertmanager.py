@@ -7,7 +7,7 @@ Routes, grouping, inhibitions and receivers stay the production ones; only what 
 needs changes: the remediator's webhook URL (the compose service name), its token (COMPOSE_TOKEN_FILE;
 None = no Authorization header, the compose remediator then runs without a token), and the gpu
 profile's second stack: a receiver for remediator-gpu and a child route sending its backends (vllm-*)
-there. tests/test_compose.py checks that nothing else differs and that both pass amtool.
+there. tests/deploy/test_compose.py checks that nothing else differs and that both pass amtool.
 """
 
 from __future__ import annotations

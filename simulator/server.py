@@ -14,12 +14,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
 from llm_health.simulator.engine import Engine, RequestState, SimRequest
 from llm_health.simulator.metrics import ENGINES, Flavour, render
+
+from llm_health.httpserver import QuietHandler
 
 FAULTS = ("none", "stall", "wedge", "hang", "crash", "restart", "slow_metrics", "error")
 ERROR_MESSAGE = "simulated engine error: the request failed"
@@ -581,44 +583,21 @@ def token_text(i: int) -> str:
     return f" tok{i}"
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(QuietHandler):
     server: _Listener
     server_version = "uvicorn"
     sys_version = ""
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        pass
 
     # ------------------------------------------------------------------ plumbing
     @property
     def sim(self) -> Simulator:
         return self.server.sim
 
-    def _send_json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
-        body = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _send_text(self, status: int, text: str, content_type: str, headers: dict[str, str] | None = None) -> None:
-        body = text.encode()
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        self.wfile.write(body)
-
     def _error(self, status: int, message: str) -> None:
-        self._send_json(status, {"error": message})
+        self.reply_json(status, {"error": message})
 
     def _openai_error(self, status: int, message: str, kind: str) -> None:
-        self._send_json(status, {"object": "error", "message": message, "type": kind, "param": None, "code": status})
+        self.reply_json(status, {"object": "error", "message": message, "type": kind, "param": None, "code": status})
 
     def _read_json(self) -> Any:
         try:
@@ -657,7 +636,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._sim_route(method, path)
                 return
             if self.server.control:
-                self._send_json(404, {"detail": "Not Found"})
+                self.reply_json(404, {"detail": "Not Found"})
                 return
             if not self.server.alive:
                 self._drop()
@@ -683,12 +662,12 @@ class _Handler(BaseHTTPRequestHandler):
                 return
         if path == "/sim/stats":
             if method != "GET":
-                self._send_json(405, {"error": "use GET /sim/stats"})
+                self.reply_json(405, {"error": "use GET /sim/stats"})
                 return
-            self._send_json(200, self.sim.stats_json())
+            self.reply_json(200, self.sim.stats_json())
             return
         if method != "POST":
-            self._send_json(405, {"error": 'use POST /sim/fault with {"fault": NAME, "seconds"?: n}'})
+            self.reply_json(405, {"error": 'use POST /sim/fault with {"fault": NAME, "seconds"?: n}'})
             return
         name, seconds = parse_fault(self._read_json())
         try:
@@ -696,14 +675,14 @@ class _Handler(BaseHTTPRequestHandler):
         except FaultConflict as exc:
             self._error(409, str(exc))
             return
-        self._send_json(200, answer)
+        self.reply_json(200, answer)
 
     def _main_route(self, method: str, path: str) -> None:
         sim = self.sim
         routes: dict[str, tuple[str, Callable[[], None]]] = {
             "/health": ("GET", self._health),
             "/ping": ("GET", self._health),
-            "/version": ("GET", lambda: self._send_json(200, {"version": VERSIONS[sim.cfg.engine]})),
+            "/version": ("GET", lambda: self.reply_json(200, {"version": VERSIONS[sim.cfg.engine]})),
             "/v1/models": ("GET", self._models),
             "/metrics": ("GET", self._metrics),
             "/v1/completions": ("POST", lambda: self._generate(path)),
@@ -711,14 +690,14 @@ class _Handler(BaseHTTPRequestHandler):
         }
         if sim.cfg.engine != "sglang":
             routes |= {"/sleep": ("POST", self._sleep), "/wake_up": ("POST", self._wake_up),
-                       "/is_sleeping": ("GET", lambda: self._send_json(200, {"is_sleeping": sim.asleep}))}
+                       "/is_sleeping": ("GET", lambda: self.reply_json(200, {"is_sleeping": sim.asleep}))}
         if sim.cfg.engine == "llamacpp":
             routes["/props"] = ("GET", self._props)
         route = routes.get(path)
         if route is None:
-            self._send_json(404, {"detail": "Not Found"})
+            self.reply_json(404, {"detail": "Not Found"})
         elif route[0] != method:
-            self._send_json(405, {"detail": "Method Not Allowed"})
+            self.reply_json(405, {"detail": "Method Not Allowed"})
         else:
             route[1]()
 
@@ -732,21 +711,17 @@ class _Handler(BaseHTTPRequestHandler):
                     raise BadRequest("level must be 1 or 2")
                 level = int(value)
         self.sim.sleep(level)
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
+        self.reply(200)
 
     def _wake_up(self) -> None:
         self.sim.wake_up()
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
+        self.reply(200)
 
     def _props(self) -> None:
         """llama-server's /props: answered from the HTTP thread, also while asleep."""
         sim = self.sim
         cfg = sim.cfg
-        self._send_json(200, {"default_generation_settings": {"n_ctx": cfg.kv_blocks * cfg.block_size // cfg.max_num_seqs},
+        self.reply_json(200, {"default_generation_settings": {"n_ctx": cfg.kv_blocks * cfg.block_size // cfg.max_num_seqs},
                               "total_slots": cfg.max_num_seqs, "is_sleeping": sim.asleep,
                               "model_alias": cfg.model, "build_info": VERSIONS["llamacpp"]})
 
@@ -755,9 +730,9 @@ class _Handler(BaseHTTPRequestHandler):
         if not self.sim.process.loading:
             return False
         if self.sim.cfg.engine == "llamacpp":
-            self._send_json(503, {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}})
+            self.reply_json(503, {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}})
         else:
-            self._send_json(503, {"detail": "Service Unavailable"})
+            self.reply_json(503, {"detail": "Service Unavailable"})
         return True
 
     def _health(self) -> None:
@@ -767,12 +742,10 @@ class _Handler(BaseHTTPRequestHandler):
         if sim.cfg.engine == "sglang":
             # SGLang's /health waits up to SGLANG_HEALTH_CHECK_TIMEOUT for any output from the engine
             if sim.wait_while_stalled(self.server, SGLANG_HEALTH_TIMEOUT / sim.cfg.time_scale):
-                self._send_json(503, {"detail": "Service Unavailable"})
+                self.reply_json(503, {"detail": "Service Unavailable"})
                 return
         # vLLM and llama.cpp answer from the HTTP thread: 200 through every engine stall
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
+        self.reply(200)
 
     def _models(self) -> None:
         sim = self.sim
@@ -785,12 +758,12 @@ class _Handler(BaseHTTPRequestHandler):
             "parent": None,
             "max_model_len": sim.cfg.kv_blocks * sim.cfg.block_size,
         }
-        self._send_json(200, {"object": "list", "data": [card]})
+        self.reply_json(200, {"object": "list", "data": [card]})
 
     def _metrics(self) -> None:
         sim = self.sim
         if sim.cfg.no_metrics:
-            self._send_json(404, {"detail": "Not Found"})
+            self.reply_json(404, {"detail": "Not Found"})
             return
         if sim.cfg.engine == "llamacpp" and self._loading():
             return
@@ -816,7 +789,7 @@ class _Handler(BaseHTTPRequestHandler):
         if page is None:
             with sim.cond:
                 page = sim.wedged_page if sim.fault == "wedge" else sim.metrics_page()
-        self._send_text(200, page, "text/plain; version=0.0.4; charset=utf-8", headers)
+        self.reply(200, page, "text/plain; version=0.0.4; charset=utf-8", headers)
 
     # ------------------------------------------------------------------ generation
     def _generate(self, path: str) -> None:
@@ -887,7 +860,7 @@ class _Handler(BaseHTTPRequestHandler):
             }
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason, "stop_reason": None}
-        self._send_json(200, {
+        self.reply_json(200, {
             "id": rid,
             "object": "chat.completion" if chat else "text_completion",
             "created": created,

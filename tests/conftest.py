@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from llm_health.procs import ManagedProcess
+from llm_health.drill.procs import ManagedProcess
 
 # The real programs the tests start. Locally a missing one skips its tests; in CI (CI=true) the
 # project's own set-up must have installed them, so a missing one fails the run instead of
@@ -38,6 +38,21 @@ def pytest_sessionstart(session: pytest.Session) -> None:
                     returncode=3)
 
 
+# Parallel runs (`pytest -n N --dist loadgroup`, as `make test` does): a test module stays on one
+# worker (its module-scoped servers start once), and the real engines' modules share one worker, so
+# at most one real engine runs at a time beside the other tests.
+REAL_ENGINES_GROUP = "real-engines"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    real = Path(__file__).resolve().parent / "real"
+    for item in items:
+        path = Path(str(item.path))
+        group = REAL_ENGINES_GROUP if real in path.parents else str(path.relative_to(real.parent.parent))
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture
 def launch(tmp_path: Path) -> Iterator[Callable[..., ManagedProcess]]:
     """Start real processes (logs in the test's folder); every one is stopped when the test ends,
@@ -57,7 +72,9 @@ def launch(tmp_path: Path) -> Iterator[Callable[..., ManagedProcess]]:
 @pytest.fixture
 def sim(launch: Callable[..., ManagedProcess]) -> Callable[..., Any]:
     """Start real `llm-health sim` processes (stopped when the test ends): sim(*extra_argv) -> simrig.Sim."""
-    from simrig import sim_factory  # imported here: a conftest copied alone (test_interrupted_run) works
+    from tests.support.simrig import (
+        sim_factory,  # imported here: a conftest copied alone (test_interrupted_run) works
+    )
 
     return sim_factory(launch)
 
@@ -65,6 +82,23 @@ def sim(launch: Callable[..., ManagedProcess]) -> Callable[..., Any]:
 @pytest.fixture
 def exporter(launch: Callable[..., ManagedProcess]) -> Callable[..., Any]:
     """Start a real `llm-health exporter` on a 0.3 s interval: exporter({name: url}, {proxy: url}, *argv)."""
-    from simrig import exporter_factory
+    from tests.support.simrig import exporter_factory
 
     return exporter_factory(launch)
+
+
+@pytest.fixture
+def fake() -> Iterator[Callable[..., Any]]:
+    """Start `FakeVllm` servers in this process (stopped when the test ends): fake(api_key="")."""
+    from tests.support.fakevllm import FakeVllm
+
+    started: list[FakeVllm] = []
+
+    def start(api_key: str = "") -> FakeVllm:
+        f = FakeVllm(api_key)
+        started.append(f)
+        return f
+
+    yield start
+    for f in started:
+        f.stop()

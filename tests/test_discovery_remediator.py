@@ -20,19 +20,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import FakeClock
 from flask.testing import FlaskClient
 from llm_health.exporter.observation import Verification
 from llm_health.remediator import action
 from llm_health.remediator.app import create_app
 from llm_health.remediator.authority import Authority
 from llm_health.remediator.store import Event, SqliteStore
-from test_discovery import K8S, pod
-from test_discovery_trust import rogue
-from test_remediator_helpers import alert, one_pass, payload
 
 from llm_health.config import parse_config
-from llm_health.procs import WaitTimeout, wait_until
+from llm_health.drill.procs import WaitTimeout, wait_until
+from tests.support.alerts import alert, one_pass, payload
+from tests.support.discovery import K8S, pod, rogue
+from tests.support.fakes import FakeClock
 
 TOKEN = "discovery-trust-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

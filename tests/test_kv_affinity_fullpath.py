@@ -27,12 +27,12 @@ import yaml
 from llm_health.remediator.drain import ServerStat, show_stat
 from llm_health.simulator.server import SimConfig, Simulator
 from prometheus_client.parser import text_string_to_metric_families
-from test_haproxy_lb import render_config
 
-from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
+from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
+from tests.support.haproxy import render_config
+from tests.support.paths import REPO
 
 HAPROXY = shutil.which("haproxy")
-REPO = Path(__file__).resolve().parent.parent
 NAMES = ("gpu-a", "gpu-b")
 FULL, OTHER = "gpu-a", "gpu-b"
 KV_BLOCKS, BLOCK_SIZE = 4000, 16

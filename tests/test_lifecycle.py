@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from fakes import FakeClock
 from llm_health.remediator.lifecycle import (
     LEGAL,
     IllegalTransition,
@@ -17,6 +16,8 @@ from llm_health.remediator.lifecycle import (
     transition,
     warmup_expired,
 )
+
+from tests.support.fakes import FakeClock
 
 S = LifecycleState
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from llm_health.remediator import action
 
-from llm_health.procs import wait_until
+from llm_health.drill.procs import wait_until
 
 NOHUP = """#!/bin/sh
 echo "starting the server in the background"

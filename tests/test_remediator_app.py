@@ -16,16 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import FakeClock, has_sample
 from flask.testing import FlaskClient
 from llm_health.exporter.observation import Verification
 from llm_health.remediator import action
 from llm_health.remediator.app import create_app
 from llm_health.remediator.authority import Authority
 from llm_health.remediator.store import IncidentState, SqliteStore
-from test_remediator_helpers import alert, one_pass, payload
 
 from llm_health.config import parse_config
+from tests.support.alerts import alert, one_pass, payload
+from tests.support.fakes import FakeClock, has_sample
 
 TOKEN = "s3cr3t-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

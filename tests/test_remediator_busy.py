@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
+from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
 
 
 def write_config(tmp_path: Path, busy_dir: bool = True, name: str = "llm-health.yml") -> Path:

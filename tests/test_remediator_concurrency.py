@@ -26,10 +26,10 @@ from llm_health.remediator.authority import Authority
 from llm_health.remediator.inflight import InFlight
 from llm_health.remediator.lifecycle import OUT_OF_SERVICE
 from llm_health.remediator.store import SqliteStore
-from test_remediator_helpers import alert, payload
 
 from llm_health.config import RemediatorSettings, parse_config
-from llm_health.procs import wait_until
+from llm_health.drill.procs import wait_until
+from tests.support.alerts import alert, payload
 
 TOKEN = "concurrency-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

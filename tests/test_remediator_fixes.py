@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 import requests
-from fakes import has_sample
 from llm_health.exporter.observation import Verification
 from llm_health.remediator import action, backend_io, policy
 from llm_health.remediator.agent import AgentAnswers
@@ -25,11 +24,12 @@ from llm_health.remediator.inflight import InFlight
 from llm_health.remediator.restart import act as restart_act
 from llm_health.remediator.store import SqliteStore
 from llm_health.simulator.server import SimConfig, Simulator
-from test_remediator_helpers import alert, one_pass, payload
-from test_remediator_lifecycle import AUTH, World, build
 
 from llm_health.config import RemediatorSettings, parse_config
-from llm_health.procs import free_port, wait_until
+from llm_health.drill.procs import free_port, wait_until
+from tests.support.alerts import alert, one_pass, payload
+from tests.support.fakes import has_sample
+from tests.test_remediator_lifecycle import AUTH, World, build
 
 
 def answer(w: World, name: str) -> str:

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import requests
-from fakes import FakeClock, has_sample
 from flask.testing import FlaskClient
 from llm_health.exporter.observation import Verification
 from llm_health.exporter.reading import EngineReading, Reading
@@ -29,10 +28,11 @@ from llm_health.remediator.inflight import InFlight
 from llm_health.remediator.lifecycle import LifecycleState
 from llm_health.remediator.store import SqliteStore
 from llm_health.simulator.server import SimConfig, Simulator
-from test_remediator_helpers import alert, one_pass, payload
 
 from llm_health.config import Config, parse_config
-from llm_health.procs import ManagedProcess, free_port, wait_until
+from llm_health.drill.procs import ManagedProcess, free_port, wait_until
+from tests.support.alerts import alert, one_pass, payload
+from tests.support.fakes import FakeClock, has_sample
 
 S = LifecycleState
 TOKEN = "lifecycle-token"

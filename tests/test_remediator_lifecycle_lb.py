@@ -20,18 +20,18 @@ from typing import Any
 import pytest
 import requests
 import yaml
-from fakes import has_sample
 from llm_health.remediator.drain import ServerStat, show_stat
 from llm_health.remediator.inflight import read_in_flight
 from llm_health.simulator.server import SimConfig, Simulator
-from test_haproxy_lb import render_config
-from test_remediator_helpers import alert, payload
 
 from llm_health.config import Backend
-from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
+from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
+from tests.support.alerts import alert, payload
+from tests.support.fakes import has_sample
+from tests.support.haproxy import render_config
+from tests.support.paths import REPO
 
 HAPROXY = shutil.which("haproxy")
-REPO = Path(__file__).resolve().parent.parent
 TOKEN = "lifecycle-test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 RESTARTING = ("draining", "stopped", "initializing")

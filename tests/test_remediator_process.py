@@ -18,11 +18,12 @@ from typing import Any
 import pytest
 import requests
 import yaml
-from fakes import has_sample
 from llm_health.simulator.server import SimConfig, Simulator
-from test_remediator_helpers import alert, payload
 
-from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
+from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
+from tests.support.alerts import alert, payload
+from tests.support.fakes import has_sample
+from tests.support.paths import REPO
 
 TOKEN = "process-test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -105,7 +106,7 @@ def write_config(tmp: Path, sims: dict[str, Simulator], delays: dict[str, float]
 
 def start_remediator(tmp: Path, config: Path, port: int, name: str) -> ManagedProcess:
     proc = ManagedProcess(llm_health("remediator", "--config", config, "--listen", f"127.0.0.1:{port}",
-                                     "--workers", 4), name=name, log_dir=tmp, cwd=Path(__file__).parents[1])
+                                     "--workers", 4), name=name, log_dir=tmp, cwd=REPO)
     proc.wait_http(f"http://127.0.0.1:{port}/healthz", timeout=30)
     return proc
 

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 import requests
 from llm_health.simulator.server import Simulator
-from test_remediator_helpers import alert, payload
-from test_remediator_process import Rig, fire_at_once, running_rig
+
+from tests.support.alerts import alert, payload
+from tests.test_remediator_process import Rig, fire_at_once, running_rig
 
 UNRESPONSIVE_AFTER = 3.0
 

@@ -25,15 +25,15 @@ from typing import Any
 import pytest
 import requests
 import yaml
-from test_remediator_helpers import alert, payload
 
 from llm_health.config import parse_config
-from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
-from llm_health.slowclients import Drip, SlowClients
+from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
+from llm_health.drill.slowclients import Drip, SlowClients
+from tests.support.alerts import alert, payload
+from tests.support.paths import REPO
 
 TOKEN = "slow-clients-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclass

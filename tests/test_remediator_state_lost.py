@@ -19,9 +19,9 @@ import pytest
 import requests
 from llm_health.remediator import state_traces
 from llm_health.remediator.store import SqliteStore, StateError
-from test_self_watch_process import write_config
 
-from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
+from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
+from tests.test_self_watch_process import write_config
 
 
 def init(path: Path) -> None:

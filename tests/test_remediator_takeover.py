@@ -17,17 +17,17 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
-from fakes import FakeClock
 from llm_health.exporter.observation import Verification
 from llm_health.remediator.app import create_app
 from llm_health.remediator.authority import Authority
 from llm_health.remediator.inflight import InFlight
 from llm_health.remediator.store import SqliteStore
-from loopback import Loopback
-from test_remediator_helpers import alert, one_pass, payload
 
 from llm_health.config import parse_config
-from llm_health.procs import wait_until
+from llm_health.drill.procs import wait_until
+from tests.support.alerts import alert, one_pass, payload
+from tests.support.fakes import FakeClock
+from tests.support.loopback import Loopback
 
 TOKEN = "takeover-token"
 

@@ -11,7 +11,8 @@ import pytest
 from llm_health.remediator import action
 from llm_health.remediator.alert import PayloadError, parse_notification
 from llm_health.remediator.marker import file_markers, write_marker_file
-from test_remediator_helpers import alert, payload
+
+from tests.support.alerts import alert, payload
 
 # a real Alertmanager 0.25 payload (docs: reference facts §1.1)
 AM_025 = {

@@ -12,15 +12,15 @@ import time
 from pathlib import Path
 
 import pytest
-from fakes import has_sample
 from llm_health.remediator import retention
 from llm_health.remediator.app import create_app
 from llm_health.remediator.marker import file_markers
 from llm_health.remediator.store import IncidentState, SqliteStore
-from test_remediator_app import AUTH, World, build
-from test_remediator_helpers import alert, payload
 
 from llm_health.config import ConfigError, parse_config
+from tests.support.alerts import alert, payload
+from tests.support.fakes import has_sample
+from tests.test_remediator_app import AUTH, World, build
 
 
 @pytest.fixture

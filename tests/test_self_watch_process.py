@@ -19,14 +19,13 @@ from pathlib import Path
 import pytest
 import requests
 import yaml
-from test_remediator_helpers import alert, payload
 
-from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
-from llm_health.rules import RuleSettings, write_rendered
+from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
+from llm_health.render.rules import RuleSettings, write_rendered
+from tests.support.alerts import alert, payload
 
 TOKEN = "self-watch-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-REPO = Path(__file__).resolve().parents[1]
 
 
 def write_config(tmp: Path, **remediator: object) -> Path:

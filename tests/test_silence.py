@@ -17,7 +17,7 @@ from llm_health.remediator.silence import (
     silence_body,
 )
 
-from llm_health.procs import ManagedProcess, free_port, wait_until
+from llm_health.drill.procs import ManagedProcess, free_port, wait_until
 
 AM_CONFIG = """\
 route:
@@ -72,7 +72,7 @@ def test_an_alertmanager_that_drips_its_answer_costs_at_most_the_timeout() -> No
     """Silences are created mid-restart: a wedged proxy in front of Alertmanager must not hold it."""
     import time
 
-    from llm_health.hostile import DripServer
+    from llm_health.drill.hostile import DripServer
 
     d = DripServer(ports=1, mode="headers", every=0.2)
     try:

@@ -19,12 +19,12 @@ import pytest
 import requests
 import yaml
 from llm_health.simulator.server import SimConfig, Simulator
-from test_remediator_helpers import alert, payload
-from test_remediator_lifecycle_lb import TOKEN, Rig, stop_rig
 
-from llm_health.procs import ManagedProcess, free_port, llm_health, wait_until
+from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
+from tests.support.alerts import alert, payload
+from tests.support.paths import REPO
+from tests.test_remediator_lifecycle_lb import TOKEN, Rig, stop_rig
 
-REPO = Path(__file__).resolve().parent.parent
 NAME = "gpu-a"
 WARMUP_TIMEOUT = 4.0
 

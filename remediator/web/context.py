@@ -12,7 +12,7 @@ from llm_health.remediator.store import StateStore
 from llm_health.remediator.web.guard import token_given
 
 from llm_health.config import Config
-from llm_health.discovery_collector import DiscoveryCollector
+from llm_health.discovery.collector import DiscoveryCollector
 
 
 class WebContext:

@@ -9,10 +9,10 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
-from loopback import Loopback
+from llm_health.procs import free_port, wait_until
 
 from llm_health.config import parse_config
-from llm_health.procs import free_port, wait_until
+from tests.support.loopback import Loopback
 
 
 class Targets(BaseHTTPRequestHandler):

@@ -10,9 +10,9 @@ import pytest
 from llm_health.remediator.alert import parse_notification
 from llm_health.remediator.incident import ingest
 from llm_health.remediator.store import IncidentState, SqliteStore
-from test_remediator_helpers import alert, payload
 
 from llm_health.config import Config, parse_config
+from tests.support.alerts import alert, payload
 
 WINDOW = 60.0
 

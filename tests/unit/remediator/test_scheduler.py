@@ -5,10 +5,10 @@ from __future__ import annotations
 import threading
 import time
 
-from fakes import FakeClock
+from llm_health.procs import wait_until
 from llm_health.remediator.scheduler import KeyedQueue, Scheduler
 
-from llm_health.procs import wait_until
+from tests.support.fakes import FakeClock
 
 
 def test_a_waiting_key_is_not_added_twice_and_keys_come_in_order() -> None:

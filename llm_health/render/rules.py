@@ -1,0 +1,527 @@
+"""`llm-health rules`: render the Prometheus rules from their templates, and check them with promtool.
+
+    llm-health rules render [--out DIR] [--scrape-interval 15s] [--vllm-selector 'job="vllm"']
+                            [--sglang-selector 'job="sglang"'] [--llamacpp-selector 'job="llamacpp"'] [--stall-window 2m] ...
+    llm-health rules render --format prometheusrule [--k8s-name llm-health] [--k8s-namespace NS] [--k8s-label release=prom]
+    llm-health rules check [--dir DIR]
+
+Windows read through rate/increase/changes/resets (RATE_WINDOWS) need several samples: each must be
+at least MIN_SCRAPES_PER_WINDOW scrape intervals (--scrape-interval, default 15s). Left unset they are
+derived (max(default, 4 x scrape interval)); set explicitly too short they are refused.
+
+The templates live in the package (llm_health/render/templates/rules/) so an installed copy can render them.
+Jinja delimiters are `<< >>`, `<% %>` and `<# #>`, so PromQL ranges and Prometheus' own `{{ }}`
+annotation templates pass through untouched. Bad settings raise ConfigError and write nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, fields, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from llm_health.config import ConfigError
+from llm_health.render import prometheusrule
+
+TEMPLATE_PACKAGE = "llm_health.render"
+TEMPLATE_DIR = "templates/rules"
+OUTPUTS = {
+    "llm_health_records.yml.j2": "llm_health_records.yml",
+    "llm_health_alerts.yml.j2": "llm_health_alerts.yml",
+    "llm_health_self.yml.j2": "llm_health_self.yml",   # llm-health watching itself (group llm-health.self)
+}
+DEFAULT_OUT = Path("rules")  # relative to the working directory (the repo root in a checkout)
+
+DURATION_RE = re.compile(r"^([0-9]+)(ms|s|m|h|d|w)$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+# One or more label matchers: name op "value", comma separated; values without quotes or backslashes
+# inside, so a selector can never close the braces it is placed in.
+_MATCHER = r'\s*[A-Za-z_][A-Za-z0-9_]*\s*(=|!=|=~|!~)\s*"[^"\\{}\n]*"\s*'
+SELECTOR_RE = re.compile(rf"^{_MATCHER}(,{_MATCHER})*$")
+ZERO_DURATION_RE = re.compile(r"^0+(ms|s|m|h|d|w)?$")
+URL_RE = re.compile(r"^https?://[^\s\"#{}<>]+$")
+# A PromQL regex placed inside "...": no quotes, backslashes, braces or line breaks.
+HANDLER_RE = re.compile(r'^[^"\\{}\n]+$')
+LABEL_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Labels the rules and dashboards set or aggregate by themselves; a group label must be another one.
+RESERVED_GROUP_LABELS = {"backend", "instance", "engine", "signal", "le", "__name__"}
+# Labels an --extra-label may not set: the alerts' own, and those their expressions carry.
+RESERVED_ALERT_LABELS = {"alertname", "severity", "remediation", "category", "backend", "instance", "job",
+                         "proxy", "engine", "signal"}
+SEVERITY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+# Every alert the templates define (a test holds this list to the rendered rules).
+ALERT_NAMES = (
+    "LLMBackendStalled", "LLMBackendDown", "LLMBackendRestarted", "LLMBackendRestartLoop", "LLMKVCachePressure",
+    "LLMPreemptions", "LLMBackendErrorRate", "LLMMetricsBehindProxy", "LLMBackendNoMetrics",
+    "LLMBackendVerdictUnknown", "LLMBackendTargetMissing", "LLMTooFewBackendsUp", "LLMProxyDown",
+    "LLMHealthExporterDown", "LLMHealthProbeSentToBusyBackend",
+    # llm-health.self
+    "LLMHealthRemediatorDown", "LLMHealthRemediatorUnhealthy", "LLMHealthBreakerOpen", "LLMHealthBackendNeedsAck",
+    "LLMHealthRestartsFailing", "LLMHealthWebhookDeliveryFailing", "LLMHealthWatchdog",
+    "LLMHealthDiscoveryStale", "LLMHealthDiscoveryDuplicateNames", "LLMHealthBackendNotJudged",
+)
+# The two alerts that trigger restarts: their labels are a contract with the remediator's route.
+REMEDIATION_ALERTS = ("LLMBackendStalled", "LLMBackendDown")
+
+
+# Windows read through rate/increase/changes/resets, with their defaults at the default scrape interval.
+RATE_WINDOWS = {
+    "stall_window": "2m",
+    "restart_window": "5m",
+    "rate_window": "1m",
+    "proxy_window": "15m",
+    "probe_busy_window": "5m",
+    "webhook_window": "5m",
+}
+MIN_SCRAPES_PER_WINDOW = 4
+DEFAULT_RUNBOOK_BASE_URL = "http://localhost:9411/runbooks"
+# Settings whose flag is not --FIELD-NAME (first is shown in errors and help; the rest are aliases).
+FLAG_NAMES = {"runbook_url": ("--runbook-base-url", "--runbook-url"), "extra_labels": ("--extra-label",)}
+FORMATS = ("rules", "prometheusrule")
+FLAG_HELP = {
+    "scrape_interval": "Prometheus' scrape interval for the engines and the exporter; the rate windows must hold 4 scrapes",
+    "vllm_selector": "label matchers of the vLLM scrape targets",
+    "sglang_selector": "label matchers of the SGLang scrape targets (must not match another engine's)",
+    "llamacpp_selector": "label matchers of the llama.cpp (llama-server) scrape targets (must not match another engine's)",
+    "down_for": "grace before LLMBackendDown; must exceed the model load time",
+    "down_busy_grace": "failed scrapes within this long of a reading with work in flight are not 'down'",
+    "error_rate_threshold": "LLMBackendErrorRate: share (0..1) of 5xx among generation responses over the rate window",
+    "error_rate_for": "LLMBackendErrorRate: the share stays above the threshold this long",
+    "error_rate_handlers": "LLMBackendErrorRate: regex of vLLM's generation handlers (http_requests_total handler label)",
+    "runbook_url": "URL serving docs/runbooks.md (the remediator's /runbooks); alerts link to BASE#alertname",
+    "keep_firing_for": "the threshold alerts (KV pressure, preemptions, error rate) keep firing this long after "
+                       "their condition clears, against flapping; 0s = off (Prometheus < 2.42 needs 0s)",
+    "severity": "ALERT=LEVEL: another severity label for one alert (repeatable)",
+    "extra_labels": "KEY=VALUE: a label added to every alert (repeatable), e.g. team=ml-platform",
+    "not_judged_intervals": "LLMHealthBackendNotJudged: a backend's last judged reading older than this many "
+                            "reading intervals (the exporter's llm_health_reading_interval_seconds)",
+    "not_judged_for": "LLMHealthBackendNotJudged: ... for this long",
+    "group_labels": "comma-separated labels kept in every aggregation next to `backend` (e.g. cluster,namespace): "
+                    "one backend name may exist once per group",
+}
+FIXED_WINDOWS = {"1h": "the 1h restart count (LLMBackendRestartLoop)"}
+
+
+def format_duration(seconds: float) -> str:
+    """The shortest single-unit Prometheus duration for `seconds` (whole milliseconds)."""
+    ms = round(seconds * 1000)
+    for unit, size in (("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
+def parse_duration(text: str, flag: str) -> float:
+    """Seconds in a Prometheus duration like 90s, 2m, 1h (one unit only)."""
+    match = DURATION_RE.match(text)
+    if not match or int(match.group(1)) == 0:
+        raise ConfigError(f"{flag}: {text!r} is not a Prometheus duration like 30s, 2m or 1h")
+    return int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+@dataclass(frozen=True)
+class RuleSettings:
+    """Everything a rendering can change. Field metadata is the command-line help."""
+
+    vllm_selector: str = 'job="vllm"'
+    sglang_selector: str = 'job="sglang"'      # SGLang targets (--enable-metrics); must not match vLLM's
+    llamacpp_selector: str = 'job="llamacpp"'  # llama-server targets (--metrics); must not match the others
+    exporter_selector: str = 'job="llm-health-exporter"'
+    scrape_interval: str = "15s"      # Prometheus' scrape interval for vLLM and the exporter (an assumption)
+    # Windows of RATE_WINDOWS: None = derived, max(default, MIN_SCRAPES_PER_WINDOW x scrape_interval).
+    stall_window: str | None = None   # no progress with work present for this long = stalled (2m)
+    stall_for: str = "1m"             # ... on consecutive evaluations for this long before firing
+    down_for: str = "2m"              # must exceed the model load time (a restarted vLLM refuses until loaded)
+    down_busy_grace: str = "10m"      # failed scrapes within this long of a reading with work are not "down"
+    restart_window: str | None = None  # LLMBackendRestarted looks back this far (5m)
+    restart_loop_threshold: int = 3   # more restarts than this in an hour = LLMBackendRestartLoop
+    rate_window: str | None = None    # generation tokens / preemptions per second (1m)
+    kv_threshold: float = 0.85
+    kv_for: str = "10m"
+    preemption_rate_threshold: float = 0.0
+    preemption_for: str = "10m"
+    # LLMBackendErrorRate (signal only, category="error-rate"): 5xx share of generation responses.
+    error_rate_threshold: float = 0.05
+    error_rate_for: str = "2m"
+    error_rate_handlers: str = "/v1/chat/completions|/v1/completions|/v1/responses"
+    proxy_window: str | None = None   # (15m)
+    no_metrics_for: str = "5m"
+    unknown_for: str = "10m"
+    missing_window: str = "1h"
+    missing_for: str = "5m"
+    min_backends_up: int = 1
+    proxy_down_for: str = "2m"
+    exporter_down_for: str = "5m"
+    probe_busy_window: str | None = None  # (5m)
+    # Base of every alert's runbook_url (flag --runbook-base-url): the remediator serves docs/runbooks.md
+    # at /runbooks; each alert links to its section (#alertname, lowercase). The default suits a browser
+    # on the remediator's host; set the address people reach it at (docs/install.md, docs/kubernetes.md).
+    runbook_url: str = DEFAULT_RUNBOOK_BASE_URL
+    exporter: bool = True             # False: rules over vLLM's metrics only (no exporter alerts/branches)
+    # llm-health.self: the remediator and Alertmanager's deliveries to it
+    remediator_selector: str = 'job="llm-health-remediator"'
+    webhook_selector: str = 'integration="webhook"'
+    remediator_down_for: str = "2m"
+    needs_ack_for: str = "5m"
+    restart_failures_threshold: int = 3
+    webhook_window: str | None = None  # LLMHealthWebhookDeliveryFailing's increase() window (5m)
+    webhook_failing_for: str = "10m"
+    watchdog: bool = False            # True: the always-firing LLMHealthWatchdog (for a dead man's switch)
+    not_judged_intervals: int = 4     # LLMHealthBackendNotJudged: last reading older than this many intervals
+    not_judged_for: str = "1m"
+    # Target labels that tell backends of the same name apart (cluster, namespace, ...): rendered into
+    # every `by (...)`/`on (...)` of the rules and the dashboards, and a dashboard variable each.
+    group_labels: tuple[str, ...] = ()
+    keep_firing_for: str = "5m"       # on the threshold alerts only; "0s" = off (Prometheus >= 2.42 has it)
+    severity: tuple[tuple[str, str], ...] = ()       # (alert, level) overrides, --severity ALERT=LEVEL
+    extra_labels: tuple[tuple[str, str], ...] = ()   # (name, value) on every alert, --extra-label KEY=VALUE
+
+    def validated(self) -> RuleSettings:
+        """A copy with every derived window filled in; ConfigError naming the flag on bad input."""
+        s = self._with_windows()
+        for f in fields(s):
+            value = getattr(s, f.name)
+            flag = _flag(f.name)
+            if f.name.endswith("_selector"):
+                if not isinstance(value, str) or not SELECTOR_RE.match(value):
+                    raise ConfigError(f'{flag}: {value!r} must be label matchers like job="vllm"')
+            elif f.name == "runbook_url":
+                if not URL_RE.match(value):
+                    raise ConfigError(f"{flag}: {value!r} must be an http(s) URL without a fragment")
+            elif f.name == "error_rate_handlers":
+                _check_handler_regex(value, flag)
+            elif f.name == "group_labels":
+                _check_group_labels(value, flag)
+            elif f.name == "severity":
+                _check_severities(value, flag)
+            elif f.name == "extra_labels":
+                _check_extra_labels(value, flag, s.group_labels)
+            elif f.name == "keep_firing_for":
+                if not ZERO_DURATION_RE.match(value):
+                    parse_duration(value, flag)
+            elif isinstance(value, bool):
+                continue
+            elif isinstance(value, str):
+                parse_duration(value, flag)
+        if not 0 < s.kv_threshold <= 1:
+            raise ConfigError(f"--kv-threshold: {s.kv_threshold} must be in (0, 1]")
+        if not 0 < s.error_rate_threshold < 1:
+            raise ConfigError(f"--error-rate-threshold: {s.error_rate_threshold} must be in (0, 1)")
+        if s.preemption_rate_threshold < 0:
+            raise ConfigError("--preemption-rate-threshold: must be >= 0")
+        if s.restart_failures_threshold < 1:
+            raise ConfigError("--restart-failures-threshold: must be >= 1")
+        if s.restart_loop_threshold < 1:
+            raise ConfigError("--restart-loop-threshold: must be >= 1")
+        if s.min_backends_up < 1:
+            raise ConfigError("--min-backends-up: must be >= 1")
+        if s.not_judged_intervals < 2:
+            raise ConfigError("--not-judged-intervals: must be >= 2 (one late reading is normal)")
+        return s
+
+    def _with_windows(self) -> RuleSettings:
+        """Derive the unset rate windows from the scrape interval; refuse explicit ones that are too short."""
+        scrape = parse_duration(self.scrape_interval, "--scrape-interval")
+        minimum = MIN_SCRAPES_PER_WINDOW * scrape
+        for window, what in FIXED_WINDOWS.items():
+            if parse_duration(window, window) < minimum:
+                raise ConfigError(
+                    f"--scrape-interval: {self.scrape_interval} is too long for {what}: "
+                    f"{window} must span at least {MIN_SCRAPES_PER_WINDOW} scrapes"
+                )
+        derived: dict[str, str] = {}
+        for name, default in RATE_WINDOWS.items():
+            value = getattr(self, name)
+            flag = _flag(name)
+            if value is None:
+                derived[name] = format_duration(max(parse_duration(default, flag), minimum))
+            elif not isinstance(value, str):
+                raise ConfigError(f"{flag}: {value!r} is not a Prometheus duration like 30s, 2m or 1h")
+            elif parse_duration(value, flag) < minimum:
+                raise ConfigError(
+                    f"{flag}: {value} is shorter than {MIN_SCRAPES_PER_WINDOW} scrape intervals "
+                    f"({format_duration(minimum)} at --scrape-interval {self.scrape_interval}): "
+                    f"rate()/changes()/resets() over it would be empty or noise. Use {flag} "
+                    f"{format_duration(minimum)} or more, or pass the real --scrape-interval"
+                )
+        if ZERO_DURATION_RE.match(str(self.keep_firing_for)):
+            derived["keep_firing_for"] = "0s"
+        return replace(self, **derived)
+
+    # helpers used by the templates
+    def seconds(self, duration: str) -> str:
+        value = parse_duration(duration, "duration")
+        return f"{value:g}"
+
+    @property
+    def kv_percent(self) -> str:
+        return f"{self.kv_threshold * 100:g}"
+
+    @property
+    def error_rate_percent(self) -> str:
+        return f"{self.error_rate_threshold * 100:g}"
+
+    @property
+    def min_scrapes(self) -> int:
+        return MIN_SCRAPES_PER_WINDOW
+
+    def severity_for(self, alert: str, default: str) -> str:
+        return dict(self.severity).get(alert, default)
+
+    def alert_labels(self, alert: str, severity: str, own: dict[str, str] | None = None) -> str:
+        """An alert's `labels:` block: its severity (--severity), its own fixed labels, then every
+        --extra-label (values JSON-quoted, which is a double-quoted YAML string)."""
+        lines = ["        labels:", f"          severity: {self.severity_for(alert, severity)}"]
+        lines += [f"          {key}: {value}" for key, value in (own or {}).items()]
+        lines += [f"          {key}: {json.dumps(value)}" for key, value in self.extra_labels]
+        return "\n".join(lines)
+
+    @property
+    def group_text(self) -> str:
+        """` in {{ $labels.cluster }}/{{ $labels.namespace }}` for summaries; empty without group labels."""
+        if not self.group_labels:
+            return ""
+        return " in " + "/".join(f"{{{{ $labels.{g} }}}}" for g in self.group_labels)
+
+    @property
+    def stall_window_seconds(self) -> str:
+        """The stall window in seconds (the exporter's stall bound is compared with it)."""
+        assert self.stall_window is not None
+        return f"{parse_duration(self.stall_window, '--stall-window'):g}"
+
+    def labels(self, *names: str) -> str:
+        """The group labels followed by `names`, comma separated: the inside of a by (...)/on (...)."""
+        return ", ".join((*self.group_labels, *names))
+
+
+def _check_handler_regex(value: object, flag: str) -> None:
+    if not isinstance(value, str) or not HANDLER_RE.match(value):
+        raise ConfigError(f"{flag}: {value!r} must be a regex without quotes, backslashes, braces or line breaks")
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ConfigError(f"{flag}: {value!r} is not a valid regex ({exc})") from None
+
+
+def _check_group_labels(value: object, flag: str) -> None:
+    if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{flag}: {value!r} must be a list of label names")
+    for name in value:
+        if not LABEL_NAME_RE.match(name) or name.startswith("__"):
+            raise ConfigError(f"{flag}: {name!r} is not a Prometheus label name")
+        if name in RESERVED_GROUP_LABELS:
+            raise ConfigError(f"{flag}: {name!r} is set by the rules themselves and cannot be a group label")
+    if len(set(value)) != len(value):
+        raise ConfigError(f"{flag}: {', '.join(value)} names a label twice")
+
+
+def _check_severities(value: object, flag: str) -> None:
+    if not isinstance(value, tuple):
+        raise ConfigError(f"{flag}: {value!r} must be ALERT=LEVEL pairs")
+    seen: set[str] = set()
+    for alert, level in value:
+        if alert not in ALERT_NAMES:
+            raise ConfigError(f"{flag}: no alert named {alert!r} (one of {', '.join(ALERT_NAMES)})")
+        if not SEVERITY_RE.match(level):
+            raise ConfigError(f"{flag}: {level!r} for {alert} must be a lowercase word like critical or page")
+        if alert in seen:
+            raise ConfigError(f"{flag}: {alert} given twice")
+        seen.add(alert)
+
+
+def _check_extra_labels(value: object, flag: str, group_labels: tuple[str, ...]) -> None:
+    if not isinstance(value, tuple):
+        raise ConfigError(f"{flag}: {value!r} must be KEY=VALUE pairs")
+    seen: set[str] = set()
+    for name, text in value:
+        if not LABEL_NAME_RE.match(name) or name.startswith("__"):
+            raise ConfigError(f"{flag}: {name!r} is not a Prometheus label name")
+        if name in RESERVED_ALERT_LABELS or name in group_labels:
+            raise ConfigError(f"{flag}: {name!r} is set by the rules themselves (use --severity for severity)")
+        if name in seen:
+            raise ConfigError(f"{flag}: {name} given twice")
+        if not text or len(text) > 200 or not text.isprintable():
+            raise ConfigError(f"{flag}: the value of {name} must be 1-200 printable characters")
+        if "{{" in text or "}}" in text:
+            raise ConfigError(f"{flag}: the value of {name} may not contain {{{{ or }}}} (Prometheus expands "
+                              "alert label values as templates)")
+        seen.add(name)
+
+
+def parse_pair(text: str) -> tuple[str, str]:
+    """`KEY=VALUE` -> (KEY, VALUE); validated later."""
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key.strip(), value
+
+
+def parse_label_list(text: str) -> tuple[str, ...]:
+    """`cluster,namespace` -> ("cluster", "namespace"); empty text is no labels. Validated later."""
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _flag(name: str) -> str:
+    if name in FLAG_NAMES:
+        return FLAG_NAMES[name][0]
+    return "--" + name.replace("_", "-")
+
+
+def _environment() -> jinja2.Environment:
+    root = resources.files(TEMPLATE_PACKAGE).joinpath(TEMPLATE_DIR)
+    return jinja2.Environment(
+        loader=jinja2.FunctionLoader(lambda name: root.joinpath(name).read_text()),
+        variable_start_string="<<",
+        variable_end_string=">>",
+        block_start_string="<%",
+        block_end_string="%>",
+        comment_start_string="<#",
+        comment_end_string="#>",
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def render(settings: RuleSettings | None = None) -> dict[str, str]:
+    """File name -> rendered text. Raises ConfigError on bad settings."""
+    s = (settings or RuleSettings()).validated()
+    env = _environment()
+    return {out: env.get_template(src).render(s=s) for src, out in OUTPUTS.items()}
+
+
+def write_rendered(out_dir: Path, settings: RuleSettings | None = None) -> list[Path]:
+    """Render everything first, then write; a failure leaves `out_dir` untouched."""
+    texts = render(settings)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in texts.items():
+        target = out_dir / name
+        with tempfile.NamedTemporaryFile("w", dir=out_dir, delete=False, suffix=".tmp") as tmp:
+            tmp.write(text)
+        Path(tmp.name).replace(target)
+        written.append(target)
+    return written
+
+
+def promtool_check(paths: list[Path]) -> subprocess.CompletedProcess[str]:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        raise ConfigError("promtool not found on PATH (Debian: apt-get install prometheus)")
+    return subprocess.run([promtool, "check", "rules", *map(str, paths)], capture_output=True, text=True, check=False)
+
+
+def settings_from_args(args: argparse.Namespace) -> RuleSettings:
+    changes: dict[str, Any] = {}
+    for f in fields(RuleSettings):
+        value = getattr(args, f.name, None)
+        if value is not None:
+            changes[f.name] = tuple(value) if isinstance(value, list) else value
+    return replace(RuleSettings(), **changes)
+
+
+def add_setting_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per RuleSettings field: shared by `rules render` and `dashboards render`."""
+    defaults = RuleSettings()
+    parser.add_argument(
+        "--without-exporter", dest="exporter", action="store_false", default=None,
+        help="rules over vLLM's own metrics only: no exporter-based alerts or verdict branches",
+    )
+    parser.add_argument(
+        "--watchdog", dest="watchdog", action="store_true", default=None,
+        help="add LLMHealthWatchdog, always firing, for a dead man's switch receiver (default: off)",
+    )
+    for f in fields(RuleSettings):
+        default = getattr(defaults, f.name)
+        kind = str if default is None else type(default)
+        if kind is bool:
+            continue
+        if f.name == "group_labels":
+            parser.add_argument(
+                _flag(f.name), type=parse_label_list, default=None, metavar="LABEL,...",
+                help=f"{FLAG_HELP[f.name]} (default: none)",
+            )
+            continue
+        if kind is tuple:  # repeatable KEY=VALUE pairs
+            parser.add_argument(
+                _flag(f.name), dest=f.name, type=parse_pair, action="append", default=None,
+                metavar="ALERT=LEVEL" if f.name == "severity" else "KEY=VALUE", help=FLAG_HELP[f.name],
+            )
+            continue
+        if f.name in RATE_WINDOWS:
+            shown = f"max({RATE_WINDOWS[f.name]}, {MIN_SCRAPES_PER_WINDOW} x --scrape-interval); shorter is refused"
+        else:
+            shown = str(default)
+        shown = f"{FLAG_HELP[f.name]} (default: {shown})" if f.name in FLAG_HELP else f"default: {shown}"
+        parser.add_argument(
+            *FLAG_NAMES.get(f.name, (_flag(f.name),)),
+            dest=f.name,
+            type=kind,
+            default=None,
+            metavar=kind.__name__.upper() if kind is not str else "VALUE",
+            help=shown,
+        )
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="rules_command", metavar="ACTION")
+    sub.required = True
+    render_p = sub.add_parser("render", help="render the rule templates into DIR (default: the repo's rules/)")
+    render_p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: %(default)s)")
+    render_p.add_argument("--check", action="store_true", help="run promtool check rules on the result")
+    render_p.add_argument(
+        "--format", choices=FORMATS, default="rules",
+        help="rules: the two rule files; prometheusrule: one PrometheusRule object for prometheus-operator, "
+             f"written to DIR/{prometheusrule.FILE_NAME} (default: %(default)s)",
+    )
+    render_p.add_argument("--k8s-name", default=prometheusrule.DEFAULT_NAME,
+                          help="prometheusrule: metadata.name (default: %(default)s)")
+    render_p.add_argument("--k8s-namespace", default=None,
+                          help="prometheusrule: metadata.namespace (default: none; kustomize or kubectl -n sets it)")
+    render_p.add_argument("--k8s-label", action="append", default=[], metavar="KEY=VALUE",
+                          help="prometheusrule: a metadata label, e.g. release=kube-prometheus-stack to match "
+                               "the operator's ruleSelector (repeatable)")
+    add_setting_arguments(render_p)
+    check_p = sub.add_parser("check", help="promtool check rules on rendered rules")
+    check_p.add_argument("--dir", type=Path, default=DEFAULT_OUT, help="folder with rendered *.yml (default: %(default)s)")
+
+
+def _report_check(paths: list[Path]) -> int:
+    result = promtool_check(paths)
+    sys.stdout.write(result.stdout)
+    sys.stderr.write(result.stderr)
+    return 0 if result.returncode == 0 else 1
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.rules_command == "render" and args.format == "prometheusrule":
+        labels = prometheusrule.parse_labels(args.k8s_label)
+        text = prometheusrule.build(render(settings_from_args(args)), args.k8s_name, args.k8s_namespace, labels)
+        target = prometheusrule.write(args.out, text)
+        print(f"wrote {target}")
+        if not args.check:
+            return 0
+        with tempfile.TemporaryDirectory() as tmp:
+            return _report_check([prometheusrule.groups_file(text, Path(tmp))])
+    if args.rules_command == "render":
+        written = write_rendered(args.out, settings_from_args(args))
+        for path in written:
+            print(f"wrote {path}")
+        return _report_check(written) if args.check else 0
+    paths = sorted(Path(args.dir).glob("*.yml"))
+    paths = [p for p in paths if p.stem in {Path(o).stem for o in OUTPUTS.values()}]
+    if not paths:
+        raise ConfigError(f"no rendered rules in {args.dir} (run `llm-health rules render --out {args.dir}`)")
+    return _report_check(paths)

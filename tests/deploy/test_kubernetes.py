@@ -1,0 +1,316 @@
+"""deploy/kubernetes/ validated offline: Kubernetes API schemas, the operator's CRDs by structure, promtool.
+
+Built-in kinds are validated strictly (unknown fields are errors) against the schemas that the
+`kubernetes-validate` package ships. PodMonitor/ServiceMonitor/PrometheusRule have no schema there:
+their fields are checked against the prometheus-operator v1 fields used here, and what they point at
+(pod/service labels, port names, the job labels the rules select) is checked against the objects they
+point at; the PrometheusRule's groups pass `promtool check rules`. `kubectl kustomize` (when installed)
+builds the base as a user would. Generated files must be a fresh render.
+"""
+
+from __future__ import annotations
+
+import copy
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from llm_health.config import load_config
+from llm_health.render import dashboards, prometheusrule
+from llm_health.render.rules import RuleSettings, render
+from tests.support.paths import REPO
+
+ROOT = REPO
+BASE = ROOT / "deploy" / "kubernetes"
+EXAMPLES = BASE / "examples"
+K8S_VERSION = "1.30"
+KUBECTL = shutil.which("kubectl")
+PROMTOOL = shutil.which("promtool")
+CRD_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
+
+# prometheus-operator monitoring.coreos.com/v1 fields used (a subset of the CRDs' schemas)
+RELABEL_KEYS = {"sourceLabels", "separator", "targetLabel", "regex", "modulus", "replacement", "action"}
+ENDPOINT_KEYS = {"port", "targetPort", "path", "scheme", "interval", "scrapeTimeout", "relabelings",
+                 "metricRelabelings", "honorLabels", "honorTimestamps", "params", "bearerTokenSecret",
+                 "authorization", "tlsConfig", "followRedirects", "enableHttp2"}
+MONITOR_SPEC_KEYS = {"selector", "namespaceSelector", "jobLabel", "podTargetLabels", "targetLabels",
+                     "sampleLimit", "attachMetadata", "podMetricsEndpoints", "endpoints"}
+DURATION = r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
+
+
+def kustomization() -> dict[str, Any]:
+    return yaml.safe_load((BASE / "kustomization.yaml").read_text())
+
+
+def load(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def base_objects() -> list[dict[str, Any]]:
+    return [obj for name in kustomization()["resources"] for obj in load(BASE / name)]
+
+
+def example_objects() -> list[dict[str, Any]]:
+    return [obj for path in sorted(EXAMPLES.glob("*.yaml")) for obj in load(path)]
+
+
+def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def named(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    (obj,) = [o for o in by_kind(objects, kind) if o["metadata"]["name"] == name]
+    return obj
+
+
+def validate_builtin(obj: dict[str, Any]) -> None:
+    kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+def check_relabelings(items: list[dict[str, Any]], where: str) -> None:
+    for r in items:
+        assert set(r) <= RELABEL_KEYS, f"{where}: unknown relabeling fields {set(r) - RELABEL_KEYS}"
+        assert "targetLabel" in r or r.get("action") in {"keep", "drop", "labelmap", "labeldrop", "labelkeep"}
+
+
+def check_monitor(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    """Structure of a PodMonitor/ServiceMonitor; returns its endpoints."""
+    import re
+
+    assert obj["apiVersion"] == "monitoring.coreos.com/v1"
+    assert set(obj) == {"apiVersion", "kind", "metadata", "spec"}
+    assert prometheusrule.check_name(obj["metadata"]["name"])
+    spec = obj["spec"]
+    assert set(spec) <= MONITOR_SPEC_KEYS, set(spec) - MONITOR_SPEC_KEYS
+    assert set(spec["selector"]) <= {"matchLabels", "matchExpressions"} and spec["selector"]
+    key = "podMetricsEndpoints" if obj["kind"] == "PodMonitor" else "endpoints"
+    assert set(spec) & {"podMetricsEndpoints", "endpoints"} == {key}
+    endpoints = spec[key]
+    assert endpoints
+    for ep in endpoints:
+        assert set(ep) <= ENDPOINT_KEYS, set(ep) - ENDPOINT_KEYS
+        assert isinstance(ep["port"], str) and ep["path"].startswith("/")
+        for field in ("interval", "scrapeTimeout"):
+            if field in ep:
+                assert re.match(DURATION, ep[field]), ep[field]
+        check_relabelings(ep.get("relabelings", []), obj["metadata"]["name"])
+    return endpoints
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    assert not selector.get("matchExpressions")
+    return all(labels.get(k) == v for k, v in selector["matchLabels"].items())
+
+
+def job_of(endpoint: dict[str, Any]) -> str | None:
+    jobs = [r["replacement"] for r in endpoint.get("relabelings", []) if r.get("targetLabel") == "job"]
+    return jobs[-1] if jobs else None
+
+
+def pods(objects: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    return [(o["metadata"]["name"], o["spec"]["template"]) for o in objects
+            if o["kind"] in {"Deployment", "StatefulSet"}]
+
+
+# -- schemas -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("obj", base_objects() + example_objects(),
+                         ids=lambda o: f"{o['kind']}/{o['metadata']['name']}")
+def test_every_manifest_validates(obj: dict[str, Any]) -> None:
+    if obj["kind"] in CRD_KINDS:
+        if obj["kind"] == "PrometheusRule":
+            assert set(obj["spec"]) == {"groups"}
+        else:
+            check_monitor(obj)
+        return
+    validate_builtin(obj)
+
+
+def test_schema_validation_can_fail() -> None:
+    deployment = copy.deepcopy(named(base_objects(), "Deployment", "llm-health-remediator"))
+    deployment["spec"]["replicaz"] = 1
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate_builtin(deployment)
+    monitor = copy.deepcopy(by_kind(base_objects(), "PodMonitor")[0])
+    monitor["spec"]["podMetricsEndpoints"][0]["relabelings"][0]["target_label"] = "x"
+    with pytest.raises(AssertionError):
+        check_monitor(monitor)
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="kubectl not installed")
+def test_kustomize_builds_the_base(tmp_path: Path) -> None:
+    base = tmp_path / "base"
+    shutil.copytree(BASE, base)
+    missing = subprocess.run([KUBECTL, "kustomize", str(base)], capture_output=True, text=True, timeout=60)
+    assert missing.returncode != 0 and "remediator.token" in missing.stderr  # no token, no build
+    (base / "remediator.token").write_text("0123456789abcdef\n")
+    built = subprocess.run([KUBECTL, "kustomize", str(base)], capture_output=True, text=True, timeout=60)
+    assert built.returncode == 0, built.stderr
+    objects = [o for o in yaml.safe_load_all(built.stdout) if o]
+    namespace = kustomization()["namespace"]
+    for obj in objects:
+        assert obj["metadata"]["namespace"] == namespace, obj["metadata"]["name"]
+        if obj["kind"] not in CRD_KINDS:
+            validate_builtin(obj)
+    (binding,) = by_kind(objects, "RoleBinding")
+    assert binding["subjects"][0]["namespace"] == namespace
+    # generated names (hash suffix) are wired into the pods
+    (secret,) = by_kind(objects, "Secret")
+    remediator = named(objects, "Deployment", "llm-health-remediator")
+    volumes = {v["name"]: v for v in remediator["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["token"]["secret"]["secretName"] == secret["metadata"]["name"]
+    config_maps = {o["metadata"]["name"] for o in by_kind(objects, "ConfigMap")}
+    assert volumes["config"]["configMap"]["name"] in config_maps
+
+
+# -- what the objects mean -----------------------------------------------------------------------------
+
+def test_rbac_grants_only_pod_delete_in_the_namespace() -> None:
+    objects = base_objects()
+    assert not by_kind(objects, "ClusterRole") and not by_kind(objects, "ClusterRoleBinding")
+    (role,) = by_kind(objects, "Role")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]}]
+    (binding,) = by_kind(objects, "RoleBinding")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": role["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "llm-health-remediator"}]
+    exporter = named(objects, "Deployment", "llm-health-exporter")["spec"]["template"]["spec"]
+    assert exporter["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize("name", ["llm-health-exporter", "llm-health-remediator"])
+def test_pods_run_as_non_root_without_privileges(name: str) -> None:
+    spec = named(base_objects(), "Deployment", name)["spec"]["template"]["spec"]
+    assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] > 0
+    assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    for container in spec["containers"]:
+        sc = container["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+        assert sc["capabilities"]["drop"] == ["ALL"]
+
+
+def test_one_remediator_with_state_token_and_config_wired(tmp_path: Path) -> None:
+    objects = base_objects()
+    deployment = named(objects, "Deployment", "llm-health-remediator")
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
+    spec = deployment["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["state"]["persistentVolumeClaim"]["claimName"] == named(
+        objects, "PersistentVolumeClaim", "llm-health-remediator-state")["metadata"]["name"]
+    generators = kustomization()
+    assert volumes["token"]["secret"]["secretName"] == generators["secretGenerator"][0]["name"]
+    assert volumes["config"]["configMap"]["name"] == generators["configMapGenerator"][0]["name"]
+    config = load_config(str(BASE / "llm-health.yml"))
+    assert config.remediator.state.startswith(mounts["state"] + "/")
+    assert Path(config.remediator.token_file).parent == Path(mounts["token"])
+    assert Path(config.remediator.token_file).name == "token"  # the key of the generated Secret
+    port = int(config.remediator.listen.rsplit(":", 1)[1])
+    assert container["ports"] == [{"name": "http", "containerPort": port}]
+    service = named(objects, "Service", "llm-health-remediator")
+    assert selects({"matchLabels": service["spec"]["selector"]}, deployment["spec"]["template"]["metadata"]["labels"])
+
+
+def test_config_restarts_by_deleting_the_backends_own_pod() -> None:
+    config = load_config(str(BASE / "llm-health.yml"))
+    assert config.backends
+    for backend in config.backends:
+        assert list(backend.restart) == ["kubectl", "delete", "pod", backend.name, "--wait=false"], backend
+        assert backend.url.startswith(f"http://{backend.name}.vllm:")
+
+
+def test_podmonitor_scrapes_each_vllm_pod_with_backend_from_the_pod_name() -> None:
+    (monitor,) = by_kind(base_objects(), "PodMonitor")
+    (endpoint,) = check_monitor(monitor)
+    assert {"sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "backend"} in endpoint["relabelings"]
+    assert f'job="{job_of(endpoint)}"' == RuleSettings().vllm_selector
+    # it selects the example vLLM pods, on a port they name
+    ((_, template),) = pods(example_objects())
+    assert selects(monitor["spec"]["selector"], template["metadata"]["labels"])
+    ports = {p["name"] for c in template["spec"]["containers"] for p in c.get("ports", [])}
+    assert endpoint["port"] in ports
+
+
+def test_servicemonitors_watch_our_two_services_with_the_rules_job_labels() -> None:
+    objects = base_objects()
+    monitors = {m["metadata"]["name"]: m for m in by_kind(objects, "ServiceMonitor")}
+    assert set(monitors) == {"llm-health-exporter", "llm-health-remediator"}
+    for name, monitor in monitors.items():
+        (endpoint,) = check_monitor(monitor)
+        service = named(objects, "Service", name)
+        assert selects(monitor["spec"]["selector"], service["metadata"]["labels"])
+        assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert f'job="{job_of(monitors["llm-health-exporter"]["spec"]["endpoints"][0])}"' == \
+        RuleSettings().exporter_selector
+
+
+def test_example_vllm_has_no_liveness_probe() -> None:
+    ((name, template),) = pods(example_objects())
+    for container in template["spec"]["containers"]:
+        assert "livenessProbe" not in container, f"{name}: the kubelet would be a second restart authority"
+        readiness = container["readinessProbe"]
+        assert readiness["timeoutSeconds"] >= 40  # a busy server's /health is slow, not broken
+
+
+# -- generated files -----------------------------------------------------------------------------------
+
+def test_prometheusrule_is_a_fresh_render() -> None:
+    expected = prometheusrule.build(render())
+    assert (BASE / prometheusrule.FILE_NAME).read_text() == expected, (
+        "stale: llm-health rules render --format prometheusrule --out deploy/kubernetes")
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed")
+def test_prometheusrule_groups_pass_promtool(tmp_path: Path) -> None:
+    path = prometheusrule.groups_file((BASE / prometheusrule.FILE_NAME).read_text(), tmp_path)
+    result = subprocess.run([PROMTOOL, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    alerts = {r["alert"] for g in yaml.safe_load(path.read_text())["groups"] for r in g["rules"] if "alert" in r}
+    assert "LLMBackendStalled" in alerts and "LLMBackendDown" in alerts
+
+
+def test_prometheusrule_cli_sets_name_namespace_and_labels(tmp_path: Path) -> None:
+    from llm_health.cli import main
+
+    assert main(["rules", "render", "--format", "prometheusrule", "--out", str(tmp_path), "--k8s-name", "llm",
+                 "--k8s-namespace", "monitoring", "--k8s-label", "release=kube-prometheus-stack"]) == 0
+    (obj,) = load(tmp_path / prometheusrule.FILE_NAME)
+    assert obj["metadata"]["name"] == "llm" and obj["metadata"]["namespace"] == "monitoring"
+    assert obj["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert [g["name"] for g in obj["spec"]["groups"]] == ["llm-health.records", "llm-health.alerts", "llm-health.self"]
+
+
+@pytest.mark.parametrize("args", [["--k8s-name", "Bad_Name"], ["--k8s-namespace", "a.b"],
+                                  ["--k8s-label", "release"], ["--k8s-label", "x=has space"]])
+def test_prometheusrule_bad_metadata_is_refused_and_writes_nothing(args: list[str], tmp_path: Path) -> None:
+    from llm_health.cli import main
+
+    assert main(["rules", "render", "--format", "prometheusrule", "--out", str(tmp_path / "out"), *args]) == 2
+    assert not (tmp_path / "out").exists()
+
+
+def test_dashboard_configmaps_are_a_fresh_render_labelled_for_the_sidecar() -> None:
+    path = BASE / dashboards.CONFIGMAP_FILE
+    assert path.read_text() == dashboards.configmaps(dashboards.render()), (
+        "stale: llm-health dashboards render --format configmap --out deploy/kubernetes")
+    maps = load(path)
+    assert {name for m in maps for name in m["data"]} == {p.name for p in (ROOT / "dashboards").glob("*.json")}
+    for config_map in maps:
+        assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+
+
+def test_docs_explain_the_restart_authority_and_the_commands() -> None:
+    text = (ROOT / "docs" / "kubernetes.md").read_text()
+    for needle in ("livenessProbe", "second restart authority", "kubectl delete pod", "remediator.token",
+                   "--runbook-base-url", "--format prometheusrule"):
+        assert needle in text, needle
+    for line in (BASE / "kustomization.yaml").read_text().splitlines():
+        if line.startswith("#   llm-health "):
+            shlex.split(line[4:])  # the documented commands parse

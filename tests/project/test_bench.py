@@ -1,0 +1,94 @@
+"""Smoke tests of the benchmarks (`python -m bench.run --quick`): the code works end to end, in a
+tiny configuration, writing to a temporary folder. No timing is asserted. The incident replay's
+correctness figures are simulated-time facts (seeded trace, simulated clock), so they are asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.support.paths import REPO
+
+ROOT = REPO
+
+
+def bench(out: Path, *names: str) -> dict[str, dict[str, Any]]:
+    argv = [sys.executable, "-m", "bench.run", "--quick", "--out", str(out)]
+    for n in names:
+        argv += ["--only", n]
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (out / "benchmarks.md").exists()
+    return {n: json.loads((out / "bench-results" / f"{n}.json").read_text()) for n in names}
+
+
+def strip_wall(d: Any) -> Any:
+    if isinstance(d, dict):
+        return {k: strip_wall(v) for k, v in d.items() if "wall" not in k and k not in ("machine", "seconds")}
+    if isinstance(d, list):
+        return [strip_wall(v) for v in d]
+    return d
+
+
+def test_replay_meets_the_targets_and_is_deterministic(tmp_path: Path) -> None:
+    first = bench(tmp_path / "a", "replay")["replay"]
+    new, old = first["llm_health"], first["old_watchdog"]
+    assert new["false_restarts"] == 0
+    assert new["stalls"], "the trace injects stalls"
+    assert all(s["detected_after"] is not None and s["detected_after"] <= first["stall_window"]
+               for s in new["stalls"])
+    assert new["restarts"] == len(new["stalls"])           # every stall fixed, nothing else restarted
+    assert new["generation_requests_to_busy_server"] == 0
+    assert new["busy_by_cause"]["visible"] == 0
+    assert new["generation_requests_sent_by_checker"] > 0   # it does probe idle servers
+    # the old watchdog, on the same trace, restarts servers that were not stalled and probes busy ones
+    assert old["false_restarts"] >= 1
+    assert old["generation_requests_to_busy_server"] >= 1
+    assert (tmp_path / "a" / "img" / "replay_timeline.png").stat().st_size > 10_000
+    doc = (tmp_path / "a" / "benchmarks.md").read_text()
+    assert "## 1. The incident day, replayed" in doc and "img/replay_timeline.png" in doc
+    second = bench(tmp_path / "b", "replay")["replay"]
+    assert strip_wall(first) == strip_wall(second)
+
+
+def test_scale_reads_every_backend_over_http(tmp_path: Path) -> None:
+    r = bench(tmp_path, "scale")["scale"]
+    assert [c["backends"] for c in r["cycles"]] == [10, 50]
+    for c in r["cycles"]:
+        assert c["verdicts"] == {"busy": c["backends"]}
+        assert c["probes_sent"] == 0
+    p = r["parsers"]["full"]
+    assert p["lines"] > 500 and p["ours_keep_us"] > 0 and p["prometheus_client_us"] > 0
+    assert "parser.py" in (tmp_path / "bench-results" / "scale.md").read_text()   # the profile is there
+
+
+def test_storm_restarts_exactly_the_due_backends_once(tmp_path: Path) -> None:
+    r = bench(tmp_path, "storm")["storm"]
+    assert r["notifications"] == 400
+    assert set(r["codes"]) <= {"200", "202"}
+    due = [b for b in r["incidents_opened"] if not b.startswith("healthy")]
+    assert due and all(r["restarts"].get(b) == 1 for b in due)
+    assert not any(b.startswith("healthy") for b in r["restarts"])
+    assert all(r["targets"].values()), r["targets"]
+
+
+def test_fleet_under_trouble_runs_and_reports(tmp_path: Path) -> None:
+    r = bench(tmp_path, "fleet")["fleet"]
+    assert r["backends"] == 20 and r["by_kind"]["hang"] == 2 and r["by_kind"]["wedge"] == 1
+    assert set(r["detected"]) == {"wedge-0", "stall-0"}
+    assert r["verdict_before_fault"] == {"wedge-0": "idle", "stall-0": "busy"}
+    assert r["reads"]["idle"]["gaps"] > 0 and r["probes"]["gaps"] > 0
+    assert not r["cycle_series"]            # the per-fleet cycle series is gone
+    doc = (tmp_path / "benchmarks.md").read_text()
+    assert "## 5. Fleet under trouble: exporter" in doc and "section 4, `bench/fleet_remediator.py`" in doc
+
+
+def test_slow_clients_bench_runs_and_reports(tmp_path: Path) -> None:
+    r = bench(tmp_path, "slowclients")["slowclients"]
+    assert [row["slow_clients"] for row in r["after"]] == [0, 20]
+    assert all(row["asked"] > 0 and row["max_ms"] >= row["p50_ms"] > 0 for row in r["after"])
+    assert "## 6. Slow clients: remediator" in (tmp_path / "benchmarks.md").read_text()

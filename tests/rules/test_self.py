@@ -1,0 +1,202 @@
+"""promtool unit tests for the llm-health.self group (issue 12, finding 1): per alert, a firing case
+and a must-not-fire trap. Emitted as rules/tests/llm_health_self_test.yml (checked in; regenerate with
+LLM_HEALTH_UPDATE_RULE_TESTS=1 pytest tests/rules/test_self.py) and run through the real promtool.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support.promtool import (
+    PROMTOOL,
+    RULES_DIR,
+    VALUE,
+    Scenario,
+    alert_rules,
+    run_promtool_tests,
+    series,
+)
+
+pytestmark = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (make debs)")
+
+SELF_RULES = RULES_DIR / "llm_health_self.yml"
+CHECKED_IN = RULES_DIR / "tests" / "llm_health_self_test.yml"
+REM = {"job": "llm-health-remediator"}
+N = 300
+
+
+def rem(name: str, labels: dict[str, str], values: str, instance: str = "rem-1:9411") -> dict[str, str]:
+    return series(name, {**REM, "instance": instance, **labels}, values)
+
+
+def remediator_down() -> Scenario:
+    s = Scenario("one of two remediator instances dies at 10m; the other stays up")
+    s.add(rem("up", {}, f"1x{N}", "rem-1:9411"))
+    s.add(rem("up", {}, f"1x40 0x{N}", "rem-2:9411"))
+    s.silent("10m", "LLMHealthRemediatorDown")
+    s.silent("11m", "LLMHealthRemediatorDown")          # down, not yet for 2m
+    s.expect("13m", "LLMHealthRemediatorDown", {**REM, "instance": "rem-2:9411"})
+    return s
+
+
+def remediator_absent() -> Scenario:
+    s = Scenario("no remediator target at all (never deployed or removed from the scrape config)")
+    s.add(series("up", {"job": "vllm", "instance": "x:8000"}, f"1x{N}"))
+    s.expect("5m", "LLMHealthRemediatorDown", REM)
+    return s
+
+
+def remediator_unhealthy() -> Scenario:
+    s = Scenario("remediator answers /metrics but its health checks fail from 10m (state file deleted)")
+    s.add(rem("llm_health_remediator_healthy", {}, f"1x40 0x{N}", "rem-1:9411"))
+    s.add(rem("llm_health_remediator_healthy", {}, f"1x{N}", "rem-2:9411"))
+    s.silent("11m", "LLMHealthRemediatorUnhealthy")
+    s.expect("13m", "LLMHealthRemediatorUnhealthy", {"instance": "rem-1:9411"})
+    return s
+
+
+def breaker() -> Scenario:
+    s = Scenario("the fleet breaker opens at 10m and is reset at 30m; two workers answer scrapes")
+    s.add(rem("llm_health_remediator_breaker_open", {}, f"0x40 1x80 0x{N}", "rem-1:9411"))
+    s.add(rem("llm_health_remediator_breaker_open", {}, f"0x40 1x80 0x{N}", "rem-2:9411"))
+    s.silent("9m", "LLMHealthBreakerOpen")
+    s.expect("12m", "LLMHealthBreakerOpen", {"job": "llm-health-remediator"})
+    s.silent("35m", "LLMHealthBreakerOpen")
+    return s
+
+
+def needs_ack() -> Scenario:
+    s = Scenario("gpu-a needs an ack from 10m, gpu-b goes to ERROR at 10m, gpu-c to ERROR for 1m only")
+    s.add(rem("llm_health_remediator_needs_ack", {"backend": "gpu-a"}, f"0x40 1x{N}"))
+    s.add(rem("llm_health_remediator_needs_ack", {"backend": "gpu-b"}, f"0x{N}"))
+    s.add(rem("llm_health_remediator_needs_ack", {"backend": "gpu-c"}, f"0x{N}"))
+    s.add(rem("llm_health_remediator_lifecycle_state", {"backend": "gpu-b", "state": "error"}, f"0x40 1x{N}"))
+    s.add(rem("llm_health_remediator_lifecycle_state", {"backend": "gpu-b", "state": "ready"}, f"1x40 0x{N}"))
+    s.add(rem("llm_health_remediator_lifecycle_state", {"backend": "gpu-c", "state": "error"}, f"0x40 1x4 0x{N}"))
+    s.add(rem("llm_health_remediator_lifecycle_state", {"backend": "gpu-a", "state": "ready"}, f"1x{N}"))
+    s.silent("12m", "LLMHealthBackendNeedsAck")
+    s.expect("16m", "LLMHealthBackendNeedsAck", {"backend": "gpu-a"}, {"backend": "gpu-b"})
+    return s
+
+
+def restarts_failing() -> Scenario:
+    s = Scenario("gpu-a's restart command fails 3 times in an hour; gpu-b restarts fine 5 times, fails once")
+    # one failure every 20 minutes for gpu-a (the issue's '3 failed per hour and never an escalation')
+    s.add(rem("llm_health_remediator_restarts_total", {"backend": "gpu-a", "result": "failed"},
+              "0x20 1x80 2x80 3x80 3x40"))
+    s.add(rem("llm_health_remediator_restarts_total", {"backend": "gpu-b", "result": "ok"}, "0+0.02x300"))
+    s.add(rem("llm_health_remediator_restarts_total", {"backend": "gpu-b", "result": "failed"}, "0x100 1x200"))
+    s.silent("30m", "LLMHealthRestartsFailing")
+    s.expect("46m", "LLMHealthRestartsFailing", {"backend": "gpu-a"})
+    return s
+
+
+def webhook_failing() -> Scenario:
+    s = Scenario("am-1 fails every webhook retry from 10m; am-2 fails once at 10m and recovers; email fails")
+    am = {"job": "alertmanager"}
+    s.add(series("alertmanager_notifications_failed_total", {**am, "instance": "am-1:9093", "integration": "webhook"},
+                 "0x40 0+1x260"))
+    s.add(series("alertmanager_notifications_failed_total", {**am, "instance": "am-2:9093", "integration": "webhook"},
+                 f"0x40 1x{N}"))
+    s.add(series("alertmanager_notifications_failed_total", {**am, "instance": "am-1:9093", "integration": "email"},
+                 "0x40 0+1x260"))
+    s.silent("15m", "LLMHealthWebhookDeliveryFailing")
+    s.expect("25m", "LLMHealthWebhookDeliveryFailing", {"instance": "am-1:9093", "integration": "webhook"})
+    return s
+
+
+def discovery_stale() -> Scenario:
+    s = Scenario("the exporter's discovery fails from 10m; the remediator's fails for 5m only")
+    s.add(series("llm_health_discovery_stale", {"job": "llm-health-exporter", "instance": "ex-1:9410"}, f"0x40 1x{N}"))
+    s.add(rem("llm_health_discovery_stale", {}, f"0x40 1x20 0x{N}"))
+    s.silent("15m", "LLMHealthDiscoveryStale")
+    s.expect("25m", "LLMHealthDiscoveryStale", {"job": "llm-health-exporter", "instance": "ex-1:9410"})
+    return s
+
+
+def backend_not_judged() -> Scenario:
+    s = Scenario("the exporter judges a and c all along; its readings of b stop at 10m (readers taken)")
+    ex = {"job": "llm-health-exporter", "instance": "ex-1:9410"}
+    s.add(series("llm_health_reading_interval_seconds", ex, f"15x{N}"))
+    s.add(series("llm_health_last_reading_timestamp_seconds", {**ex, "backend": "a"}, f"0+15x{N}"))
+    s.add(series("llm_health_last_reading_timestamp_seconds", {**ex, "backend": "b"}, f"0+15x40 600x{N}"))
+    # c is judged a little late every time (3 intervals behind): late, but not "not judged"
+    s.add(series("llm_health_last_reading_timestamp_seconds", {**ex, "backend": "c"}, f"0x3 0+15x{N}"))
+    s.silent("11m", "LLMHealthBackendNotJudged")       # 60 s old: 4 intervals, not more
+    s.silent("12m", "LLMHealthBackendNotJudged")       # older, but not yet for 1m
+    s.expect("13m", "LLMHealthBackendNotJudged", {**ex, "backend": "b", "$value": 180})
+    return s
+
+
+def discovery_duplicates() -> Scenario:
+    s = Scenario("a rogue target copies a backend name in the remediator from 10m; the exporter sees a clash "
+                 "for 1m only (a pod recreated while its old target lingers)")
+    s.add(rem("llm_health_discovery_duplicate_names", {}, f"0x40 1x{N}"))
+    s.add(series("llm_health_discovery_duplicate_names", {"job": "llm-health-exporter", "instance": "ex-1:9410"},
+                 f"0x40 1x4 0x{N}"))
+    s.silent("9m", "LLMHealthDiscoveryDuplicateNames")
+    s.silent("11m", "LLMHealthDiscoveryDuplicateNames")       # for 1m only: not yet
+    s.expect("13m", "LLMHealthDiscoveryDuplicateNames", {**REM, "instance": "rem-1:9411", VALUE: 1})
+    return s
+
+
+SCENARIOS = [remediator_down, remediator_absent, remediator_unhealthy, breaker, needs_ack, restarts_failing,
+             webhook_failing, discovery_stale, backend_not_judged, discovery_duplicates]
+
+
+def document(rule_files: list[Path], written_as: list[str] | None = None,
+             scenarios: list[Scenario] | None = None) -> dict[str, Any]:
+    rules = alert_rules(rule_files)
+    return {
+        "rule_files": written_as or [str(p) for p in rule_files],
+        "evaluation_interval": "15s",
+        "tests": [s.as_dict(rules) for s in (scenarios or [make() for make in SCENARIOS])],
+    }
+
+
+def test_checked_in_promtool_file_is_current() -> None:
+    text = yaml.safe_dump(document([SELF_RULES], [f"../{SELF_RULES.name}"]), sort_keys=False, width=200)
+    header = "# Generated by tests/rules/test_self.py; run: promtool test rules rules/tests/llm_health_self_test.yml\n"
+    if os.environ.get("LLM_HEALTH_UPDATE_RULE_TESTS"):
+        CHECKED_IN.write_text(header + text)
+    assert CHECKED_IN.exists() and CHECKED_IN.read_text() == header + text, (
+        "rules/tests/llm_health_self_test.yml is stale: LLM_HEALTH_UPDATE_RULE_TESTS=1 pytest tests/rules/test_self.py"
+    )
+
+
+def test_self_rules_pass_promtool(tmp_path: Path) -> None:
+    result = run_promtool_tests(document([SELF_RULES]), tmp_path / "self_test.yml")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_self_alert_has_a_firing_case_and_a_trap() -> None:
+    fires = {c["alertname"] for make in SCENARIOS for c in make().alerts if c["exp_alerts"]}
+    silent = {c["alertname"] for make in SCENARIOS for c in make().alerts if not c["exp_alerts"]}
+    names = set(alert_rules([SELF_RULES])) - {"LLMHealthWatchdog"}
+    assert names and names <= fires, f"alerts never shown firing: {sorted(names - fires)}"
+    assert names <= silent, f"alerts never shown silent: {sorted(names - silent)}"
+
+
+def test_watchdog_is_opt_in_and_always_fires(tmp_path: Path) -> None:
+    from llm_health.render.rules import RuleSettings, write_rendered
+
+    assert "LLMHealthWatchdog" not in alert_rules([SELF_RULES])
+    files = [p for p in write_rendered(tmp_path, RuleSettings(watchdog=True)) if p.name == SELF_RULES.name]
+    s = Scenario("the Watchdog fires from the first evaluation on, with no input at all")
+    s.add(series("up", {"job": "whatever", "instance": "x"}, "1x10"))
+    s.expect("0m", "LLMHealthWatchdog", {})
+    s.expect("2m", "LLMHealthWatchdog", {})
+    result = run_promtool_tests(document(files, scenarios=[s]), tmp_path / "watchdog_test.yml")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_self_group_alerts_have_runbooks() -> None:
+    runbooks = (RULES_DIR.parent / "docs" / "runbooks.md").read_text().lower()
+    for name, rule in alert_rules([SELF_RULES]).items():
+        assert rule["annotations"]["runbook_url"].endswith("#" + name.lower())
+        assert f"## {name.lower()}" in runbooks, name

@@ -1,0 +1,111 @@
+"""exporter/check.py verify() and its probes against `FakeVllm` (tests/support/fakevllm.py): the API key,
+every engine judged like the exporter does, probes counted when sent."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from llm_health.exporter.check import verify
+from llm_health.exporter.scheduler import ReadScheduler
+
+from llm_health.config import Backend, ExporterSettings
+from llm_health.drill.procs import llm_health, wait_until
+from tests.support.fakevllm import KEY, KW
+
+
+def test_verify_and_check_with_an_api_key(fake, tmp_path: Path) -> None:
+    f = fake(api_key=KEY)
+    v = verify(f.url, **KW)  # the model comes from /v1/models, which rejects us already
+    assert v.outcome == "unknown", v
+    assert "probe rejected: /v1/models: HTTP 401 — set exporter.api_key_file?" in v.reason
+    v = verify(f.url, **KW, model="m")  # the completion itself is rejected
+    assert v.outcome == "unknown", v
+    assert "probe rejected: HTTP 401 — set exporter.api_key_file?" in v.reason
+    v = verify(f.url, **KW, api_key=KEY)
+    assert v.outcome == "idle_ok", v
+    assert f.probes == 1  # the rejected one never reached the model; the authorized one did
+    # /metrics and /health stay unauthenticated; /v1/* carried the key
+    assert f.auth["/metrics"] and not any(f.auth["/metrics"])
+    assert any(f.auth["/v1/completions"])
+
+    keyfile = tmp_path / "key"
+    keyfile.write_text(KEY + "\n")
+    ok = subprocess.run(llm_health("check", f.url, "--interval", 0.2, "--timeout", 0.5, "--api-key-file", keyfile),
+                        capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0 and ok.stdout.startswith("OK: idle"), ok.stdout + ok.stderr
+    bad = subprocess.run(llm_health("check", f.url, "--interval", 0.2, "--timeout", 0.5),
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "probe rejected: /v1/models: HTTP 401" in bad.stdout, bad.stdout + bad.stderr
+    missing = subprocess.run(llm_health("check", f.url, "--api-key-file", tmp_path / "nope"),
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "--api-key-file" in missing.stderr
+
+
+# ------------------------------------------------------------------------------------ 2. stale reads
+
+
+# ------------------------------------------------------------------------------------ 3. per-engine verify
+
+
+def test_verify_judges_every_engine_like_the_exporter(fake) -> None:
+    f = fake()
+    f.set("0", running=2, gen=100)
+    f.set("1", running=3, gen=500)
+
+    def step(gen0: float, gen1: float, running1: float = 3) -> Callable[[float], None]:
+        return lambda _s: (f.set("0", running=2, gen=gen0), f.set("1", running=running1, gen=gen1))
+
+    # engine 0 moves, engine 1 (with work) is frozen: no_progress, and the reason names engine 1
+    v = verify(f.url, **{**KW, "sleep": step(180, 500)})
+    assert v.outcome == "no_progress", v
+    assert v.reason.startswith("engine 1: 3 running"), v
+    # both move: progress
+    f.set("1", running=3, gen=500)
+    v = verify(f.url, **{**KW, "sleep": step(260, 600)})
+    assert v.outcome == "progress" and v.in_flight == 5, v
+    # an engine without work may be quiet
+    f.set("1", running=0, gen=600)
+    v = verify(f.url, **{**KW, "sleep": step(340, 600, running1=0)})
+    assert v.outcome == "progress" and v.in_flight == 2, v
+    # engine 1 got work between the readings and has not moved yet: cannot tell
+    v = verify(f.url, **{**KW, "sleep": step(420, 600, running1=1)})
+    assert v.outcome == "unknown" and "engine 1" in v.reason, v
+    assert f.probes == 0
+
+
+# ------------------------------------------------------------------------------------ 4. probes counted when sent
+
+
+def test_probes_are_counted_when_sent(fake) -> None:
+    from llm_health.exporter.collector import ExporterCollector
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.exposition import generate_latest
+
+    f = fake()
+    f.hold_completions.set()  # the probe is sent but not answered yet
+    fleet = ReadScheduler([Backend(name="a", url=f.url)], [],
+                  ExporterSettings(interval=0.3, read_timeout=1.0, probe_timeout=5.0))
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ExporterCollector(fleet.snapshot))
+    try:
+        fleet.read_all(due=0.0)
+        wait_until(lambda: f.probes == 1, timeout=5, what="probe sent")
+        text = generate_latest(registry).decode()
+        assert 'llm_health_probes_sent_total{backend="a"} 1.0' in text
+        for result in ("ok", "error", "timeout"):
+            assert f'llm_health_probes_total{{backend="a",result="{result}"}} 0.0' in text
+        f.hold_completions.clear()
+        slot = fleet.backends[0]
+        wait_until(slot.probe.done, timeout=5, what="probe answered")
+        fleet.read_all(due=0.1)  # too soon for another probe; the answer is counted
+        text = generate_latest(registry).decode()
+        assert 'llm_health_probes_sent_total{backend="a"} 1.0' in text
+        assert 'llm_health_probes_total{backend="a",result="ok"} 1.0' in text
+    finally:
+        f.hold_completions.clear()
+        fleet.close()
+
+
+# ------------------------------------------------------------------------------------ 5. unresponsive, 7. slow

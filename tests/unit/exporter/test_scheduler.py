@@ -1,0 +1,42 @@
+"""TODO docstring"""
+
+from __future__ import annotations
+
+from llm_health.exporter.scheduler import ReadScheduler
+from llm_health.exporter.verdict import Verdict
+
+from llm_health.config import Backend, ExporterSettings
+from llm_health.drill.procs import wait_until
+
+
+def test_a_read_finishing_after_the_cycle_gave_up_is_never_used_later(fake) -> None:
+    """The reviewer's case: an idle page that arrives late must not allow a probe of a busy server."""
+    f = fake()
+    f.drip = True
+    fleet = ReadScheduler([Backend(name="a", url=f.url)], [],
+                  ExporterSettings(interval=0.3, read_timeout=1.0, probe_timeout=2.0))
+    try:
+        slot = fleet.backends[0]
+        fleet.read_all(due=0.0)  # the idle page is still dripping at the read's deadline
+        # the exchange ended by its own total deadline: the dripped page is never read, late or not
+        assert slot.read is None or slot.read.done()
+        assert slot.readings["timeout"] == 1 and slot.probes_sent == 0
+        f.release.set()
+        f.drip = False
+        f.set("0", running=2, gen=150)  # busy by the next cycle
+        before = f.metrics_done
+        fleet.read_all(due=1.0)
+        assert f.metrics_done >= before + 1  # a new read was made (the dripped one may have ended too)
+        assert slot.readings["ok"] == 1 and slot.readings["timeout"] == 1  # ...and the late one not counted
+        assert slot.state.in_flight == 2 and slot.state.verdict != Verdict.IDLE
+        assert slot.probes_sent == 0 and slot.probe is None
+        assert f.probes == 0 and f.probes_while_busy == 0
+        # the server is idle again: a fresh idle reading may probe
+        f.set("0", running=0, gen=160)
+        fleet.read_all(due=2.0)
+        assert slot.probes_sent == 1
+        wait_until(lambda: f.probes == 1, timeout=5, what="probe arrives")
+        assert f.probes_while_busy == 0
+    finally:
+        f.release.set()
+        fleet.close()

