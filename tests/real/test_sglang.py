@@ -26,18 +26,16 @@ from llm_health.exporter.verdict import PROBE_STEPS
 
 from llm_health.drill.procs import free_port
 from tests.support.real_engines import (
-    CountingProxy,
     Load,
     Rig,
-    Timeline,
     check,
     get,
+    judged,
     maybe_save_page,
     metrics_text,
     require_engine,
     series_value,
     sglang_engine,
-    start_exporter,
     wait_for,
 )
 
@@ -82,31 +80,24 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     paths = require_engine("sglang")
     logs = tmp_path_factory.mktemp("sglang")
     engine = sglang_engine(paths, free_port(), logs, max_running=SEQS)
-    r: Rig | None = None
-    proxy = CountingProxy(engine.url, lambda: r is not None and r.busy())
-    exporter, url = start_exporter(proxy.url, logs, interval=INTERVAL, stall_after=STALL_AFTER,
-                                   read_timeout=READ_TIMEOUT, probe_timeout=PROBE_TIMEOUT, down_after=DOWN_AFTER)
-    timeline = Timeline(url, "engine").start()
-    started = time.monotonic()
-    engine.start()
-    r = Rig(engine, proxy, exporter, url, timeline, started_at=started, idle_timeout=90)
     try:
-        def up() -> bool:
-            if not engine.proc.alive():
-                raise RuntimeError(f"sglang exited:\n{engine.proc.log()[-3000:]}")
-            health, page = get(engine.url, "/health", 1.0)[0], get(engine.url, "/metrics", 1.0)[0]
-            if not PHASES or PHASES[-1][1:] != (health, page):
-                PHASES.append((time.monotonic() - started, health, page))
-            return health == 200
+        with judged(engine, logs, idle_timeout=90, interval=INTERVAL, stall_after=STALL_AFTER,
+                    read_timeout=READ_TIMEOUT, probe_timeout=PROBE_TIMEOUT, down_after=DOWN_AFTER) as r:
+            r.started_at = started = time.monotonic()
+            engine.start()
 
-        wait_for(up, START_TIMEOUT, "SGLang ready", 0.1)
-        TIMINGS["ready_seconds"] = time.monotonic() - started
-        yield r
+            def up() -> bool:
+                if not engine.proc.alive():
+                    raise RuntimeError(f"sglang exited:\n{engine.proc.log()[-3000:]}")
+                health, page = get(engine.url, "/health", 1.0)[0], get(engine.url, "/metrics", 1.0)[0]
+                if not PHASES or PHASES[-1][1:] != (health, page):
+                    PHASES.append((time.monotonic() - started, health, page))
+                return health == 200
+
+            wait_for(up, START_TIMEOUT, "SGLang ready", 0.1)
+            TIMINGS["ready_seconds"] = time.monotonic() - started
+            yield r
     finally:
-        timeline.stop()
-        exporter.stop()
-        proxy.stop()
-        engine.stop()
         print(f"\nSGLang timings: {TIMINGS}")
 
 

@@ -22,17 +22,15 @@ from llm_health.exporter.reading import read_text
 
 from llm_health.drill.procs import free_port
 from tests.support.real_engines import (
-    CountingProxy,
     Load,
     Rig,
-    Timeline,
     check,
     get,
+    judged,
     maybe_save_page,
     metrics_text,
     require_engine,
     series_value,
-    start_exporter,
     vllm_engine,
     wait_for,
 )
@@ -54,26 +52,18 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     paths = require_engine("vllm")
     logs = tmp_path_factory.mktemp("vllm")
     engine = vllm_engine(paths, free_port(), logs, max_num_seqs=SEQS)
-    r: Rig | None = None
-    proxy = CountingProxy(engine.url, lambda: r is not None and r.busy())
-    exporter, url = start_exporter(proxy.url, logs, interval=INTERVAL, stall_after=STALL_AFTER,
-                                   read_timeout=READ_TIMEOUT, probe_timeout=PROBE_TIMEOUT, down_after=DOWN_AFTER)
-    timeline = Timeline(url, "engine").start()
-    started = time.monotonic()
-    engine.start()
-    r = Rig(engine, proxy, exporter, url, timeline, started_at=started, idle_timeout=90)
     try:
-        # while it loads nothing listens: connection refused, not 503
-        refused = wait_for(lambda: get(engine.url, "/health", 1.0)[0] == 0, 20, "refused while loading")
-        engine.ready(START_TIMEOUT)
-        TIMINGS["ready_seconds"] = time.monotonic() - started
-        assert refused
-        yield r
+        with judged(engine, logs, idle_timeout=90, interval=INTERVAL, stall_after=STALL_AFTER,
+                    read_timeout=READ_TIMEOUT, probe_timeout=PROBE_TIMEOUT, down_after=DOWN_AFTER) as r:
+            r.started_at = started = time.monotonic()
+            engine.start()
+            # while it loads nothing listens: connection refused, not 503
+            refused = wait_for(lambda: get(engine.url, "/health", 1.0)[0] == 0, 20, "refused while loading")
+            engine.ready(START_TIMEOUT)
+            TIMINGS["ready_seconds"] = time.monotonic() - started
+            assert refused
+            yield r
     finally:
-        timeline.stop()
-        exporter.stop()
-        proxy.stop()
-        engine.stop()
         print(f"\nvLLM timings: {TIMINGS}")
 
 

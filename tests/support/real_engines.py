@@ -793,6 +793,24 @@ def _restart(state: Path) -> int:
     return 0
 
 
+@contextmanager
+def judged(engine: Engine, log_dir: Path, *, idle_timeout: float = 60.0, **exporter: Any) -> Iterator[Rig]:
+    """`engine` behind a counting proxy, our exporter reading it through the proxy (`exporter`: the
+    start_exporter settings) and the verdict timeline, as a Rig. The engine is started by the caller
+    (before or after, to watch it load); on exit the timeline, exporter, proxy and engine stop."""
+    r: Rig | None = None
+    proxy = CountingProxy(engine.url, lambda: r is not None and r.busy())
+    process, url = start_exporter(proxy.url, log_dir, **exporter)
+    r = Rig(engine, proxy, process, url, Timeline(url, "engine").start(), idle_timeout=idle_timeout)
+    try:
+        yield r
+    finally:
+        r.timeline.stop()
+        process.stop()
+        proxy.stop()
+        engine.stop()
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "restart":
         sys.exit(_restart(Path(sys.argv[2])))
