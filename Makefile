@@ -4,6 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 ARGS ?=
+TEST_WORKERS ?= 2
 
 .PHONY: demo test bench lint debs engines venv clean
 
@@ -28,6 +29,8 @@ engines: debs
 demo: debs $(STAMP)
 	$(VENV)/bin/llm-health demo $(ARGS)
 
+# Two runs: everything but the real engines on TEST_WORKERS workers (pytest-xdist; tests/conftest.py keeps a
+# module on one worker), then the real engines alone (they are CPU-bound and timed). ARGS: one run of those.
 # pytest exits 5 when it collected no test: a run that tests nothing is a failure, said plainly.
 # Real engines first (cached). Under CI=true a failed install fails the run; elsewhere the
 # real-engine tests then say why they skip.
@@ -35,7 +38,9 @@ test: debs $(STAMP)
 	@bash scripts/engines.sh || { case "$${CI:-}" in 1|true|yes) exit 1;; esac; \
 	  echo "make test: real engines not installed; their tests will skip (CI=true makes that a failure)" >&2; }
 	$(VENV)/bin/ruff check .
-	@$(VENV)/bin/pytest -q $(ARGS); rc=$$?; \
+	@if [ -n "$(ARGS)" ]; then $(VENV)/bin/pytest -q $(ARGS); else \
+	  $(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadgroup --ignore=tests/real && \
+	  $(VENV)/bin/pytest -q tests/real; fi; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5); that is a failure" >&2; fi; \
 	exit $$rc
 
