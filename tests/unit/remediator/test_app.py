@@ -9,9 +9,8 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
-from llm_health.procs import free_port, wait_until
-
 from llm_health.config import parse_config
+from llm_health.drill.procs import free_port, wait_until
 from tests.support.loopback import Loopback
 
 
