@@ -11,152 +11,23 @@ Each test is an abuse the old code allowed:
 
 from __future__ import annotations
 
-import http.server
-import json
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
-from flask.testing import FlaskClient
-from llm_health.exporter.observation import Verification
-from llm_health.remediator import action
-from llm_health.remediator.app import create_app
-from llm_health.remediator.authority import Authority
-from llm_health.remediator.store import Event, SqliteStore
 
-from llm_health.config import parse_config
 from llm_health.drill.procs import WaitTimeout, wait_until
 from tests.support.alerts import alert, one_pass, payload
-from tests.support.discovery import K8S, pod, rogue
-from tests.support.fakes import FakeClock
-
-TOKEN = "discovery-trust-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-
-class FakePrometheus:
-    """GET /api/v1/targets on 127.0.0.1: the targets given, counting queries; `hang()` holds answers."""
-
-    def __init__(self) -> None:
-        self.targets: list[dict[str, Any]] = []
-        self.queries = 0
-        self.open = threading.Event()
-        self.open.set()
-        self.lock = threading.Lock()
-        outer = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                with outer.lock:
-                    outer.queries += 1
-                outer.open.wait(30)
-                body = json.dumps({"status": "success", "data": {"activeTargets": outer.targets}}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *_args: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.open.set()
-        self.server.shutdown()
-        self.server.server_close()
-
-
-@dataclass
-class World:
-    client: FlaskClient
-    authority: Authority
-    store: SqliteStore
-    clock: FakeClock
-    prometheus: FakePrometheus
-    app: Any
-    outcomes: dict[str, str] = field(default_factory=dict)
-    calls: list[tuple[str, ...]] = field(default_factory=list)
-
-    @property
-    def discovery(self) -> Any:
-        return self.app.extensions["remediator"].discovery
-
-    def post(self, body: Any) -> Any:
-        return self.client.post("/webhook", json=body, headers=AUTH)
-
-    def kinds(self, backend: str) -> list[str]:
-        return [e.kind for e in reversed(self.store.events(backend=backend, limit=1000))]
-
-    def events(self, backend: str, kind: str) -> list[Event]:
-        return self.store.events(backend=backend, kind=kind, limit=1000)
-
-    def publish(self, *targets: dict[str, Any]) -> None:
-        """New targets, and wait until this worker's discovery has an answer that started after them."""
-        self.prometheus.targets = list(targets)
-        mark = self.discovery.mark()
-        self.discovery.request_refresh()
-        wait_until(lambda: self.discovery.answered_since(mark), timeout=10, what="discovery refreshed")
-
-    def run_until(self, done: Any, what: str, timeout: float = 20.0) -> Any:
-        """Authority passes (the fake clock moves a poll interval each) until `done()` is truthy."""
-        def step() -> Any:
-            assert self.authority.lease.renew()
-            one_pass(self.authority)
-            self.clock.advance(0.5)
-            return done()
-        return wait_until(step, timeout=timeout, interval=0.02, what=what)
-
-
-def build(tmp_path: Path, **discovery: Any) -> World:
-    (tmp_path / "token").write_text(TOKEN + "\n")
-    prometheus = FakePrometheus()
-    config = parse_config({
-        "discovery": {
-            "prometheus_url": prometheus.url, "refresh": 3600, "extra_refresh_every": 0.05, "timeout": 30,
-            "name_from": "__meta_kubernetes_pod_name", "placeholders": K8S,
-            "restart": ["restart-pod", "{namespace}", "{pod}"], **discovery,
-        },
-        "remediator": {
-            "state": "state.db", "token_file": "token", "dedup_window": 60, "verify_interval": 0.2,
-            "poll_interval": 0.1, "warmup_timeout": 100, "warmup_poll": 5, "action_timeout": 5,
-            "backoff": {"initial": 100, "factor": 2, "cap": 1000, "stable_after": 5000},
-        },
-    }, source=str(tmp_path / "llm-health.yml"))
-    clock = FakeClock()
-    app = create_app(config, clock=clock, with_authority=False)
-    ctx = app.extensions["remediator"]
-    ctx.services.start()                 # this worker's discovery: one refresh, then its refresher thread
-    world: World
-
-    def verifier(backend: Any) -> Verification:
-        return Verification(world.outcomes.get(backend.name, "down"), "fake verifier")
-
-    def runner(argv: Any, timeout: float, env: dict[str, str]) -> action.ActionResult:
-        world.calls.append(tuple(argv))
-        return action.ActionResult(action.OK, 0, "ok")
-
-    authority = Authority(ctx.store, ctx.config, verifier=verifier, warmup_check=lambda b: (False, "warming"),
-                          clock=clock, runner=runner, holder="test-authority")
-    world = World(app.test_client(), authority, ctx.store, clock, prometheus, app)
-    assert authority.lease.renew()
-    return world
+from tests.support.discovery import pod, rogue
+from tests.support.remediator import World, discovered
 
 
 @pytest.fixture
 def w(tmp_path: Path) -> Iterator[World]:
-    world = build(tmp_path)
+    world = discovered(tmp_path)
     yield world
-    world.discovery.stop()
-    world.prometheus.close()
-    world.store.close()
+    world.close()
 
 
 def test_a_rogue_target_labelled_pod_vllm_0_never_gets_vllm_0_deleted(w: World) -> None:

@@ -11,105 +11,24 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from flask.testing import FlaskClient
-from llm_health.exporter.observation import Verification
 from llm_health.remediator import action
-from llm_health.remediator.app import create_app
 from llm_health.remediator.authority import Authority
-from llm_health.remediator.store import IncidentState, SqliteStore
+from llm_health.remediator.store import IncidentState
 
-from llm_health.config import parse_config
-from tests.support.alerts import alert, one_pass, payload
-from tests.support.fakes import FakeClock, has_sample
-
-TOKEN = "s3cr3t-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-
-@dataclass
-class World:
-    client: FlaskClient
-    authority: Authority
-    store: SqliteStore
-    clock: FakeClock
-    outcomes: dict[str, str]
-    ready: dict[str, bool]
-    calls: list[tuple[str, ...]] = field(default_factory=list)
-    envs: list[dict[str, str]] = field(default_factory=list)
-    result: action.ActionResult = action.ActionResult(action.OK, 0, "ok")
-    verifications: int = 0
-
-    def post(self, body: Any, headers: dict[str, str] | None = None) -> Any:
-        return self.client.post("/webhook", json=body, headers=AUTH if headers is None else headers)
-
-    def run(self, ticks: int = 3) -> None:
-        for _ in range(ticks):
-            assert self.authority.lease.renew()      # the lease thread's job in production
-            one_pass(self.authority)
-
-    def kinds(self, backend: str = "") -> list[str]:
-        return [e.kind for e in reversed(self.store.events(backend=backend, limit=1000))]
-
-    def incident(self, backend: str = "gpu-a") -> Any:
-        return self.store.active_incident(backend)
-
-
-def build(tmp_path: Path, **remediator: Any) -> World:
-    (tmp_path / "token").write_text(TOKEN + "\n")
-    settings = {
-        "state": "state.db", "token_file": "token", "busy_dir": "busy", "dedup_window": 60,
-        "verify_interval": 0.2, "poll_interval": 0.1, "warmup_timeout": 100, "warmup_poll": 5,
-        "action_timeout": 5,
-        "backoff": {"initial": 100, "factor": 2, "cap": 1000, "stable_after": 5000},
-        "budget": {"restarts": 3, "window": 10000},
-        "breaker": {"restarts": 5, "window": 10000},
-        **remediator,
-    }
-    config = parse_config({
-        "backends": [
-            {"name": "gpu-a", "url": "http://127.0.0.1:18001", "restart": ["restart-a", "--now"]},
-            {"name": "gpu-b", "url": "http://127.0.0.1:18002", "restart": ["restart-b"]},
-            {"name": "gpu-c", "url": "http://127.0.0.1:18003", "restart": ["restart-c"]},
-            {"name": "gpu-n", "url": "http://127.0.0.1:18004"},
-        ],
-        "remediator": settings,
-    }, source=str(tmp_path / "llm-health.yml"))
-    clock = FakeClock()
-    app = create_app(config, clock=clock, with_authority=False)
-    store = app.extensions["remediator"].store
-    outcomes = {"gpu-a": "no_progress", "gpu-b": "no_progress", "gpu-c": "down", "gpu-n": "down"}
-    ready = {"gpu-a": False, "gpu-b": False, "gpu-c": False, "gpu-n": False}
-    world: World
-
-    def verifier(backend: Any) -> Verification:
-        world.verifications += 1
-        return Verification(outcomes[backend.name], "fake verifier")
-
-    def warmup(backend: Any) -> tuple[bool, str]:
-        return ready[backend.name], "fake warm-up"
-
-    def runner(argv: Any, timeout: float, env: dict[str, str]) -> action.ActionResult:
-        world.calls.append(tuple(argv))
-        world.envs.append(env)
-        return world.result
-
-    authority = Authority(store, config, verifier=verifier, warmup_check=warmup, clock=clock,
-                          runner=runner, holder="test-authority")
-    world = World(app.test_client(), authority, store, clock, outcomes, ready)
-    assert authority.lease.renew()
-    return world
+from tests.support.alerts import alert, payload
+from tests.support.fakes import has_sample
+from tests.support.remediator import AUTH, TOKEN, World, four_backends
 
 
 @pytest.fixture
 def w(tmp_path: Path) -> Iterator[World]:
-    world = build(tmp_path)
+    world = four_backends(tmp_path)
     yield world
-    world.store.close()
+    world.close()
 
 
 # -- receiving -------------------------------------------------------------------------------------
@@ -310,7 +229,7 @@ def test_file_marker_with_a_future_mtime_holds_for_its_ttl_only(w: World, tmp_pa
 
 
 def test_dry_run_records_would_restart(tmp_path: Path) -> None:
-    w = build(tmp_path, dry_run=True)
+    w = four_backends(tmp_path, dry_run=True)
     w.post(payload(alert()))
     w.run()
     assert w.calls == [] and "would_restart" in w.kinds("gpu-a")
@@ -398,7 +317,7 @@ def test_timed_out_action_is_never_retried_blindly(w: World) -> None:
 
 
 def test_breaker_opens_across_the_fleet_and_resets_through_api(tmp_path: Path) -> None:
-    w = build(tmp_path, breaker={"restarts": 2, "window": 10000})
+    w = four_backends(tmp_path, breaker={"restarts": 2, "window": 10000})
     for name in ("gpu-a", "gpu-b", "gpu-c"):
         w.post(payload(alert(backend=name)))
     w.run(5)
@@ -417,7 +336,7 @@ def test_breaker_opens_across_the_fleet_and_resets_through_api(tmp_path: Path) -
 
 
 def test_budget_holds_over_incidents(tmp_path: Path) -> None:
-    w = build(tmp_path, budget={"restarts": 2, "window": 10000})
+    w = four_backends(tmp_path, budget={"restarts": 2, "window": 10000})
     for i in range(4):
         w.post(payload(alert(starts_at=f"2026-11-30T0{i}:00:00Z")))
         w.run()

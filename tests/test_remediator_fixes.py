@@ -29,40 +29,35 @@ from llm_health.config import RemediatorSettings, parse_config
 from llm_health.drill.procs import free_port, wait_until
 from tests.support.alerts import alert, one_pass, payload
 from tests.support.fakes import has_sample
-from tests.test_remediator_lifecycle import AUTH, World, build
+from tests.support.remediator import AUTH, World, fleet
 
 
 def answer(w: World, name: str) -> str:
     return agent_reply(AgentAnswers(w.store, w.config, kv_reader=lambda url: 0.2).status_for(name))
 
 
-def incident(w: World, name: str = "gpu-a") -> Any:
-    return w.store.conn().execute("SELECT * FROM incidents WHERE backend = ? ORDER BY id DESC LIMIT 1",
-                                  (name,)).fetchone()
-
-
 # -- 1. the HAProxy agent ------------------------------------------------------------------------------
 def test_alerts_for_every_backend_without_verification_take_no_server_out(tmp_path: Path) -> None:
     """Prometheus loses sight of every vLLM: LLMBackendDown fires for all; verification cannot tell."""
-    w = build(tmp_path, ("gpu-a", "gpu-b", "gpu-c"))
+    w = fleet(tmp_path, ("gpu-a", "gpu-b", "gpu-c"))
     w.outcomes.update(dict.fromkeys(w.outcomes, "unknown"))
-    w.post(payload(*(alert(n, alertname="LLMBackendDown") for n in ("gpu-a", "gpu-b", "gpu-c"))))
+    w.deliver(payload(*(alert(n, alertname="LLMBackendDown") for n in ("gpu-a", "gpu-b", "gpu-c"))))
     assert {answer(w, n) for n in ("gpu-a", "gpu-b", "gpu-c")} == {"ready up 100%"}   # before any look
     w.run()
-    assert {incident(w, n)["verified_outcome"] for n in ("gpu-a", "gpu-b", "gpu-c")} == {"unknown"}
+    assert {w.last_incident(n)["verified_outcome"] for n in ("gpu-a", "gpu-b", "gpu-c")} == {"unknown"}
     assert {answer(w, n) for n in ("gpu-a", "gpu-b", "gpu-c")} == {"ready up 100%"}
-    assert w.calls == []
+    assert w.restarted == []
 
 
 def test_verified_unresponsive_takes_a_server_out_but_never_below_min_ready(tmp_path: Path) -> None:
-    w = build(tmp_path, ("gpu-a", "gpu-b", "gpu-c"), min_ready=1, unresponsive_after=1000)
+    w = fleet(tmp_path, ("gpu-a", "gpu-b", "gpu-c"), min_ready=1, unresponsive_after=1000)
     w.outcomes.update(dict.fromkeys(w.outcomes, "unresponsive"))
-    w.post(payload(alert("gpu-a"), alert("gpu-b")))
+    w.deliver(payload(alert("gpu-a"), alert("gpu-b")))
     w.run()
     assert answer(w, "gpu-a") == "down #verified unresponsive incident 1"
     assert answer(w, "gpu-b") == "down #verified unresponsive incident 2"
     assert answer(w, "gpu-c") == "ready up 100%"
-    w.post(payload(alert("gpu-c")))
+    w.deliver(payload(alert("gpu-c")))
     w.run()
     # every backend verified unresponsive: taking any out would leave none READY and up
     agent = AgentAnswers(w.store, w.config, kv_reader=lambda url: 0.2)
@@ -70,16 +65,16 @@ def test_verified_unresponsive_takes_a_server_out_but_never_below_min_ready(tmp_
         status = agent.status_for(n)
         assert status is not None and agent_reply(status) == "ready up 100%"
         assert "verified unresponsive" in status.reason and "min_ready 1" in status.reason
-    assert w.calls == [] and {w.state(n) for n in ("gpu-a", "gpu-b", "gpu-c")} == {"ready"}
+    assert w.restarted == [] and {w.state(n) for n in ("gpu-a", "gpu-b", "gpu-c")} == {"ready"}
 
 
 def test_dry_run_never_changes_the_load_balancer(tmp_path: Path) -> None:
-    w = build(tmp_path, dry_run=True)
+    w = fleet(tmp_path, dry_run=True)
     w.outcomes["gpu-a"] = "down"
-    w.post(payload(alert()))
+    w.deliver(payload(alert()))
     w.run()
-    assert incident(w)["state"] == "observed" and incident(w)["verified_outcome"] == "down"
-    assert answer(w, "gpu-a") == "ready up 100%" and w.calls == []
+    assert w.last_incident()["state"] == "observed" and w.last_incident()["verified_outcome"] == "down"
+    assert answer(w, "gpu-a") == "ready up 100%" and w.restarted == []
 
 
 # -- 2. exceptions between the claim and the recorded result ---------------------------------------------
@@ -90,13 +85,13 @@ def raising_runner(exc: Exception) -> Any:
 
 
 def test_runner_that_raises_leaves_needs_ack_error_and_frees_the_host(tmp_path: Path) -> None:
-    w = build(tmp_path, hosts={"gpu-a": "n1", "gpu-b": "n1"})
+    w = fleet(tmp_path, hosts={"gpu-a": "n1", "gpu-b": "n1"})
     w.authority.io.runner = raising_runner(ValueError("embedded null byte"))
     w.outcomes["gpu-a"] = "down"
     w.ready["gpu-a"] = False                      # still not answering: needs_ack stays
-    w.post(payload(alert("gpu-a")))
+    w.deliver(payload(alert("gpu-a")))
     w.run()
-    inc = incident(w)
+    inc = w.last_incident()
     assert inc["state"] == "needs_ack" and inc["last_decision"] == "aborted"
     assert w.state("gpu-a") == "error"
     rows = w.store.conn().execute("SELECT result, output FROM actions").fetchall()
@@ -105,32 +100,32 @@ def test_runner_that_raises_leaves_needs_ack_error_and_frees_the_host(tmp_path: 
     assert len(aborted) == 1 and "ValueError" in aborted[0].reason
     assert "escalated" in w.kinds("gpu-a")
     # the host mutex is free again: gpu-b on the same host can be restarted
-    w.authority.io.runner = lambda argv, timeout, env: (w.calls.append(env["LLM_HEALTH_BACKEND"])
+    w.authority.io.runner = lambda argv, timeout, env: (w.restarted.append(env["LLM_HEALTH_BACKEND"])
                                                       or action.ActionResult(action.OK, 0, "ok"))
     w.outcomes["gpu-b"] = "down"
-    w.post(payload(alert("gpu-b")))
+    w.deliver(payload(alert("gpu-b")))
     w.run()
-    assert w.calls == ["gpu-b"] and "restarted" in w.kinds("gpu-b")
-    assert incident(w)["state"] == "needs_ack"                   # gpu-a: never repeated blindly
+    assert w.restarted == ["gpu-b"] and "restarted" in w.kinds("gpu-b")
+    assert w.last_incident()["state"] == "needs_ack"                   # gpu-a: never repeated blindly
 
 
 def test_silence_that_raises_is_handled_like_a_failed_restart(tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    w = build(tmp_path)
+    w = fleet(tmp_path)
     def locked(ctx: Any, incident_id: int, backend: Any) -> None:
         raise sqlite3.OperationalError("database is locked")
     monkeypatch.setattr(restart_act, "silence", locked)
     w.outcomes["gpu-a"] = "down"
     w.ready["gpu-a"] = False
-    w.post(payload(alert()))
+    w.deliver(payload(alert()))
     w.run()
-    assert incident(w)["state"] == "needs_ack" and w.state() == "error"
+    assert w.last_incident()["state"] == "needs_ack" and w.state() == "error"
     assert w.store.conn().execute("SELECT count(*) FROM actions WHERE result IS NULL").fetchone()[0] == 0
 
 
 def test_own_restart_whose_bookkeeping_failed_is_swept_by_recover(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    w = build(tmp_path)
+    w = fleet(tmp_path)
     w.authority.io.runner = raising_runner(OSError("fork failed"))
     aborts: list[int] = []
 
@@ -140,12 +135,12 @@ def test_own_restart_whose_bookkeeping_failed_is_swept_by_recover(tmp_path: Path
     monkeypatch.setattr(restart_act, "abort", abort_that_cannot_write)
     w.outcomes["gpu-a"] = "down"
     w.ready["gpu-a"] = False
-    w.post(payload(alert()))
+    w.deliver(payload(alert()))
     w.authority.lease.renew()
     one_pass(w.authority)
-    assert aborts and incident(w)["state"] == "restarting"
+    assert aborts and w.last_incident()["state"] == "restarting"
     one_pass(w.authority)                            # recover() runs again and finds our own open row
-    assert incident(w)["state"] == "needs_ack" and w.state() == "error"
+    assert w.last_incident()["state"] == "needs_ack" and w.state() == "error"
     assert w.store.conn().execute("SELECT result FROM actions").fetchone()[0] == "interrupted"
     assert w.store.events(kind="interrupted")[0].detail["own"] is True
 
@@ -170,28 +165,28 @@ def test_policy_unresponsive_is_unknown_until_it_persisted() -> None:
 
 
 def test_unresponsive_restarts_once_after_the_window_and_a_break_restarts_the_window(tmp_path: Path) -> None:
-    w = build(tmp_path, unresponsive_after=120)
+    w = fleet(tmp_path, unresponsive_after=120)
     w.outcomes["gpu-a"] = "unresponsive"
-    w.post(payload(alert()))
+    w.deliver(payload(alert()))
     w.run()
-    first = incident(w)["unresponsive_since"]
+    first = w.last_incident()["unresponsive_since"]
     assert first == w.clock.t and w.state() == "ready"
     w.clock.advance(60)
     w.run()
     w.outcomes["gpu-a"] = "unknown"                # one answer in between: the run is broken
     w.clock.advance(1)
     w.run()
-    assert incident(w)["unresponsive_since"] is None
+    assert w.last_incident()["unresponsive_since"] is None
     w.outcomes["gpu-a"] = "unresponsive"
     w.clock.advance(1)
     w.run()
-    assert incident(w)["unresponsive_since"] == w.clock.t
+    assert w.last_incident()["unresponsive_since"] == w.clock.t
     for _ in range(11):                            # consecutive samples (a gap of two verifications starts over)
         w.clock.advance(10)
         w.run()
     w.clock.advance(9)
     w.run()
-    assert w.calls == [] and w.state() == "ready"
+    assert w.restarted == [] and w.state() == "ready"
     w.clock.advance(1)
     w.run()
     assert w.state() == "draining"
@@ -199,7 +194,7 @@ def test_unresponsive_restarts_once_after_the_window_and_a_break_restarts_the_wi
     w.run()
     w.clock.advance(5)
     w.run(5)
-    assert w.calls == ["gpu-a"]
+    assert w.restarted == ["gpu-a"]
     assert len(w.store.events(kind="restarting", backend="gpu-a")) == 1
     draining = w.store.events(kind="draining", backend="gpu-a")
     assert len(draining) == 1 and "no answer to /metrics for 120 s with work in flight" in draining[0].reason
@@ -215,33 +210,33 @@ def test_default_window_outlasts_a_long_engine_step() -> None:
 
 # -- 5. re-verification at the end of the drain ------------------------------------------------------------
 def test_resolved_during_the_drain_and_verified_healthy_calls_the_restart_off(tmp_path: Path) -> None:
-    w = build(tmp_path)
-    w.post(payload(alert()))
+    w = fleet(tmp_path)
+    w.deliver(payload(alert()))
     w.run()
     assert w.state() == "draining"
-    w.post(payload(alert(status="resolved")))
+    w.deliver(payload(alert(status="resolved")))
     w.outcomes["gpu-a"] = "idle_ok"                # counters frozen, work stays: only a verification tells
     w.clock.advance(5)
     w.run()
-    assert w.calls == [] and w.state() == "ready"
-    inc = incident(w)
+    assert w.restarted == [] and w.state() == "ready"
+    inc = w.last_incident()
     assert inc["state"] == "closed" and inc["close_reason"] == "verified_healthy"
     assert w.steps()[-1] == ("draining", "ready")
 
 
 def test_resolved_during_the_drain_but_still_stalled_restarts(tmp_path: Path) -> None:
-    w = build(tmp_path)
-    w.post(payload(alert()))
+    w = fleet(tmp_path)
+    w.deliver(payload(alert()))
     w.run()
-    w.post(payload(alert(status="resolved")))
+    w.deliver(payload(alert(status="resolved")))
     w.clock.advance(5)
     w.run()
-    assert w.calls == ["gpu-a"]
+    assert w.restarted == ["gpu-a"]
     assert "re-verified at the end of the drain" in w.store.events(kind="restarting")[0].reason
 
 
 def test_drain_without_a_starting_reading_reverifies_before_the_restart(tmp_path: Path) -> None:
-    w = build(tmp_path)
+    w = fleet(tmp_path)
     verified: list[str] = []
     outcomes = w.outcomes
 
@@ -250,20 +245,20 @@ def test_drain_without_a_starting_reading_reverifies_before_the_restart(tmp_path
         return Verification(outcomes[b.name], "fake verifier")
     w.authority.io.verifier = verifier
     w.authority.io.in_flight = lambda b: InFlight(None, None, None, "reading failed")
-    w.post(payload(alert()))
+    w.deliver(payload(alert()))
     w.run()
     assert w.state() == "draining" and verified == ["gpu-a"]
     outcomes["gpu-a"] = "progress"
     w.clock.advance(5)
     w.run()
-    assert verified == ["gpu-a", "gpu-a"] and w.calls == [] and w.state() == "ready"
-    assert incident(w)["close_reason"] == "verified_healthy"
+    assert verified == ["gpu-a", "gpu-a"] and w.restarted == [] and w.state() == "ready"
+    assert w.last_incident()["close_reason"] == "verified_healthy"
 
 
 # -- 6. ERROR backends: after the incidents, rationed; probes counted ------------------------------------------
 def to_error(w: World, name: str) -> None:
     w.ready[name] = False
-    w.post(payload(alert(name)))
+    w.deliver(payload(alert(name)))
     w.run()
     w.clock.advance(5)
     w.run()
@@ -274,14 +269,14 @@ def to_error(w: World, name: str) -> None:
 
 
 def test_error_backends_are_checked_after_incidents_and_at_most_every_30s(tmp_path: Path) -> None:
-    w = build(tmp_path)
+    w = fleet(tmp_path)
     to_error(w, "gpu-a")
     order: list[str] = []
     warm, verify = w.authority.io.warmup_check, w.authority.io.verifier
     w.authority.io.warmup_check = lambda b: (order.append(f"warmup {b.name}"), warm(b))[1]
     w.authority.io.verifier = lambda b: (order.append(f"verify {b.name}"), verify(b))[1]
     w.clock.advance(60)
-    w.post(payload(alert("gpu-b")))
+    w.deliver(payload(alert("gpu-b")))
     w.run(1)
     assert order == ["verify gpu-b", "warmup gpu-a"]
     for _ in range(29):

@@ -24,16 +24,13 @@ from typing import Any
 
 import pytest
 import requests
-import yaml
 
 from llm_health.config import parse_config
 from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
 from llm_health.drill.slowclients import Drip, SlowClients
 from tests.support.alerts import alert, payload
 from tests.support.paths import REPO
-
-TOKEN = "slow-clients-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
+from tests.support.remediator_process import AUTH, TOKEN, write_config
 
 
 @dataclass
@@ -43,18 +40,6 @@ class Served:
     proc: ManagedProcess
     home: Path
     runtime: Path
-
-
-def write_config(tmp: Path, **remediator: Any) -> Path:
-    (tmp / "token").write_text(TOKEN + "\n")
-    os.chmod(tmp / "token", 0o600)
-    cfg = {
-        "backends": [{"name": "gpu-a", "url": f"http://127.0.0.1:{free_port()}", "restart": ["true"]}],
-        "remediator": {"state": "state.db", "token_file": "token", "poll_interval": 0.2, **remediator},
-    }
-    path = tmp / "llm-health.yml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
 
 
 @contextmanager

@@ -21,7 +21,7 @@ from llm_health.remediator import state_traces
 from llm_health.remediator.store import SqliteStore, StateError
 
 from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
-from tests.test_self_watch_process import write_config
+from tests.support.remediator_process import write_config
 
 
 def init(path: Path) -> None:

@@ -20,12 +20,12 @@ from llm_health.remediator.store import IncidentState, SqliteStore
 from llm_health.config import ConfigError, parse_config
 from tests.support.alerts import alert, payload
 from tests.support.fakes import has_sample
-from tests.test_remediator_app import AUTH, World, build
+from tests.support.remediator import AUTH, World, four_backends
 
 
 @pytest.fixture
 def w(tmp_path: Path) -> World:
-    world = build(tmp_path)
+    world = four_backends(tmp_path)
     yield world
     world.store.close()
 
@@ -139,7 +139,7 @@ def test_f4_origin_checked_with_a_token_too(w: World) -> None:
 
 
 def test_f10_unauthenticated_gets_redact_credentials_and_hide_output(tmp_path: Path) -> None:
-    w = build(tmp_path)
+    w = four_backends(tmp_path)
     try:
         secret_url = "http://admin:hunter2@10.0.0.5:8000"
         with w.store.tx() as tx:
@@ -246,7 +246,7 @@ def test_f7_every_marker_has_a_ttl_cap(w: World, tmp_path: Path) -> None:
 
 # -- finding 9: retention and pagination ------------------------------------------------------------
 def test_f9_events_and_actions_are_pruned_and_events_paginated(tmp_path: Path) -> None:
-    w = build(tmp_path, retention={"max_events": 50, "max_actions": 5, "page_size": 20, "max_age": 86400})
+    w = four_backends(tmp_path, retention={"max_events": 50, "max_actions": 5, "page_size": 20, "max_age": 86400})
     try:
         now = w.clock()
         with w.store.tx() as tx:
@@ -279,7 +279,7 @@ def test_f9_events_and_actions_are_pruned_and_events_paginated(tmp_path: Path) -
 
 
 def test_f9_restart_history_inside_the_policy_windows_is_kept(tmp_path: Path) -> None:
-    w = build(tmp_path, retention={"max_actions": 1, "max_age": 3600})
+    w = four_backends(tmp_path, retention={"max_actions": 1, "max_age": 3600})
     try:
         now = w.clock()
         with w.store.tx() as tx:

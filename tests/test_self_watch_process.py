@@ -23,21 +23,7 @@ import yaml
 from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
 from llm_health.render.rules import RuleSettings, write_rendered
 from tests.support.alerts import alert, payload
-
-TOKEN = "self-watch-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-
-def write_config(tmp: Path, **remediator: object) -> Path:
-    (tmp / "token").write_text(TOKEN + "\n")
-    os.chmod(tmp / "token", 0o600)
-    cfg = {
-        "backends": [{"name": "gpu-a", "url": f"http://127.0.0.1:{free_port()}", "restart": ["true"]}],
-        "remediator": {"state": "state.db", "token_file": "token", "poll_interval": 0.2, **remediator},
-    }
-    path = tmp / "llm-health.yml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+from tests.support.remediator_process import AUTH, write_config
 
 
 @pytest.fixture
