@@ -52,12 +52,12 @@ InFlightReader = Callable[[Any], InFlight]
 
 def reading(work: float, tokens: float) -> Reading:
     """A vLLM v1 reading with `work` requests running and `tokens` generated so far."""
-    return Reading("v1", {"0": EngineReading(running=work, kv_usage=0.2, counters={"generation_tokens": tokens})},
-                   process_start=1.0)
+    engine = EngineReading(running=work, kv_usage=0.2, counters={"generation_tokens": tokens})
+    return Reading("v1", {"0": engine}, process_start=1.0)
 
 
 class FakePrometheus:
-    """GET /api/v1/targets on 127.0.0.1: the targets given, counting queries; clearing `open` holds answers."""
+    """GET /api/v1/targets on 127.0.0.1: the targets given, counting queries; `open` cleared holds answers."""
 
     def __init__(self) -> None:
         self.targets: list[dict[str, Any]] = []
@@ -221,9 +221,9 @@ def build(tmp_path: Path, document: Mapping[str, Any], *, outcomes: Mapping[str,
                           runner=runner, holder=holder,
                           answer_check=answer_check or (answers if scripted_serving else None),
                           in_flight=in_flight or (work if scripted_serving else None))
-    world = World(app.test_client(), app, authority, ctx.store, clock, config,
-                  dict(outcomes or {}), dict(ready or {}), dict.fromkeys(names, 1.0), dict.fromkeys(names, 100.0),
-                  mono=mono, prometheus=prometheus)
+    world = World(app.test_client(), app, authority, ctx.store, clock, config, dict(outcomes or {}),
+                  dict(ready or {}), dict.fromkeys(names, 1.0), dict.fromkeys(names, 100.0), mono=mono,
+                  prometheus=prometheus)
     if first_look:
         world.run(1)
         assert {world.state(n) for n in names} == {"ready"}
@@ -265,13 +265,14 @@ def fleet(tmp_path: Path, names: Sequence[str] = ("gpu-a", "gpu-b"), hosts: Mapp
     document = {
         "backends": [{"name": n, "url": f"http://127.0.0.1:{18100 + i}", "host": (hosts or {}).get(n, ""),
                       "restart": [f"restart-{n}"]} for i, n in enumerate(names)],
-        "remediator": {"state": "state.db", "token_file": "token", "verify_interval": 0.2, "poll_interval": 0.1,
-                       "warmup_timeout": 100, "warmup_poll": 5, "action_timeout": 30, "drain_timeout": 60,
-                       "stalled_drain_timeout": 5,
-                       "backoff": {"initial": 10, "factor": 2, "cap": 100, "stable_after": 5000}, **remediator},
+        "remediator": {"state": "state.db", "token_file": "token", "verify_interval": 0.2,
+                       "poll_interval": 0.1, "warmup_timeout": 100, "warmup_poll": 5, "action_timeout": 30,
+                       "drain_timeout": 60, "stalled_drain_timeout": 5,
+                       "backoff": {"initial": 10, "factor": 2, "cap": 100, "stable_after": 5000},
+                       **remediator},
     }
-    return build(tmp_path, document, outcomes=dict.fromkeys(names, "no_progress"), ready=dict.fromkeys(names, True),
-                 scripted_serving=True, holder="test", first_look=True)
+    return build(tmp_path, document, outcomes=dict.fromkeys(names, "no_progress"),
+                 ready=dict.fromkeys(names, True), scripted_serving=True, holder="test", first_look=True)
 
 
 def discovered(tmp_path: Path, **discovery: Any) -> World:

@@ -2,6 +2,7 @@
 
 * `write_config(tmp, **settings)`: a configuration with one backend (gpu-a, on a closed port, restart
   action `true`) and the token file (mode 600) beside it;
+* `running(tmp, workers, **settings)`: that configuration served by a real remediator under gunicorn;
 * `RemediatorRig`: a running remediator seen through its API (webhook, events, lifecycle), the
   simulators its restart actions restart (their start and end recorded in `actions.txt`), and HAProxy
   when the test puts one in front of them; `stop_rig()` stops them all.
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +25,7 @@ import yaml
 from llm_health.remediator.drain import ServerStat, show_stat
 from llm_health.simulator.server import Simulator
 
-from llm_health.drill.procs import ManagedProcess, free_port, wait_until
+from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
 
 TOKEN = "remediator-process-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -38,6 +41,21 @@ def write_config(tmp: Path, **remediator: object) -> Path:
     path = tmp / "llm-health.yml"
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+@contextmanager
+def running(tmp: Path, workers: int, **remediator: object) -> Iterator[tuple[str, ManagedProcess]]:
+    """`write_config(tmp, **remediator)` served by `llm-health remediator --workers N` on a free port:
+    (its URL, its process), stopped afterwards."""
+    port = free_port()
+    config = write_config(tmp, **remediator)
+    proc = ManagedProcess(llm_health("remediator", "--config", config, "--listen", f"127.0.0.1:{port}",
+                                     "--workers", workers), name="remediator", log_dir=tmp)
+    try:
+        proc.wait_http(f"http://127.0.0.1:{port}/healthz", timeout=30)
+        yield f"http://127.0.0.1:{port}", proc
+    finally:
+        proc.stop()
 
 
 @dataclass

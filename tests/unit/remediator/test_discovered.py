@@ -14,13 +14,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from llm_health.drill.procs import WaitTimeout, wait_until
 from tests.support.alerts import alert, one_pass, payload
 from tests.support.discovery import pod, rogue
-from tests.support.remediator import World, discovered
+from tests.support.remediator import World, discovered, four_backends
 
 
 @pytest.fixture
@@ -120,3 +121,52 @@ def test_an_alert_for_a_proxy_or_an_invalid_name_is_still_ignored(w: World) -> N
     w.publish(pod("vllm-0"))
     w.post(payload(alert("a b"), alert(None, instance="10.9.9.9:1")))
     assert len(w.store.events(kind="ignored")) == 2 and not w.store.active_incidents()
+
+
+def test_a_discovered_backend_mid_restart_survives_a_remediator_start_while_prometheus_is_down(tmp_path: Path) -> None:
+    """The remediator (re)starts while Prometheus is down (a host reboot): its discovery has no answer, so
+    a discovered backend in the middle of a restart is unknown. Its incident must not be closed as 'no
+    longer configured' (that left the lifecycle owned by a closed incident: host mutex held, every later
+    restart of the backend deferred forever). Once discovery answers without it, the incident closes
+    and the lifecycle is released."""
+    w = four_backends(tmp_path)
+    import dataclasses
+
+    from llm_health.config import DiscoverySettings
+    from llm_health.discovery import Discovery, LiveBackends
+
+    w.post(payload(alert()))
+    w.run(3)
+    assert w.incident().state == "warming"                    # restarted, not warm yet (ready False)
+    config = w.authority.ctx.config
+    gpu_a = config.backend("gpu-a")
+    answer: dict[str, Any] = {"targets": None}
+
+    def fetch() -> list[Any]:
+        if answer["targets"] is None:
+            raise OSError("connection refused")                  # Prometheus down
+        return answer["targets"]
+
+    d = Discovery(DiscoverySettings(prometheus_url="http://127.0.0.1:9", selector='job="vllm"'),
+                  static=(), fetch=fetch)
+    static = tuple(b for b in config.backends if b.name != "gpu-a")
+    live = dataclasses.replace(config, backends=LiveBackends(static, d))
+    w.authority.ctx.config = live
+    d.refresh()
+    w.clock.advance(10)
+    w.run(3)
+    inc = w.incident()
+    assert inc is not None and inc.state == "warming"
+    assert "waiting_for_discovery" in w.kinds("gpu-a")
+    answer["targets"] = []                                       # answers, gpu-a really gone
+    w.clock.advance(10)
+    w.run(3)
+    assert w.incident() is not None                              # no good answer yet: kept
+    d.refresh()                                                  # the refresher thread's job (not started here)
+    w.clock.advance(10)
+    w.run(3)
+    assert w.incident() is None
+    with w.store.reader() as rd:
+        r = rd.lifecycle("gpu-a")
+        assert r.state == "error" and r.incident_id is None
+    assert gpu_a is not None
