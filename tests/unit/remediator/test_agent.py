@@ -1,5 +1,6 @@
 """The remediator's HAProxy agent (remediator/agent.py): answers from SQLite (every process the same),
-KV usage from the backend's own /metrics, and no listener unless agent_listen is set.
+KV usage from the backend's own /metrics, and no listener unless agent_listen is set. A server is taken
+out only on a verified outcome, never in dry run and never below min_ready.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 import requests
 from llm_health.remediator.agent import AgentAnswers
-from llm_health.remediator.agent_check import AgentCheckServer
+from llm_health.remediator.agent_check import AgentCheckServer, agent_reply
 from llm_health.remediator.store import SqliteStore
 from llm_health.simulator.server import SimConfig, Simulator
 
@@ -64,3 +65,47 @@ def test_agent_answers_from_sqlite_with_kv_from_the_backend(tmp_path: Path) -> N
 
 def test_no_agent_listener_without_agent_listen(w: World) -> None:
     assert w.client.application.extensions["remediator"].agent is None
+
+
+def answer(w: World, name: str) -> str:
+    return agent_reply(AgentAnswers(w.store, w.config, kv_reader=lambda url: 0.2).status_for(name))
+
+
+def test_alerts_for_every_backend_without_verification_take_no_server_out(tmp_path: Path) -> None:
+    """Prometheus loses sight of every vLLM: LLMBackendDown fires for all; verification cannot tell."""
+    w = fleet(tmp_path, ("gpu-a", "gpu-b", "gpu-c"))
+    w.outcomes.update(dict.fromkeys(w.outcomes, "unknown"))
+    w.deliver(payload(*(alert(n, alertname="LLMBackendDown") for n in ("gpu-a", "gpu-b", "gpu-c"))))
+    assert {answer(w, n) for n in ("gpu-a", "gpu-b", "gpu-c")} == {"ready up 100%"}   # before any look
+    w.run()
+    assert {w.last_incident(n)["verified_outcome"] for n in ("gpu-a", "gpu-b", "gpu-c")} == {"unknown"}
+    assert {answer(w, n) for n in ("gpu-a", "gpu-b", "gpu-c")} == {"ready up 100%"}
+    assert w.restarted == []
+
+
+def test_verified_unresponsive_takes_a_server_out_but_never_below_min_ready(tmp_path: Path) -> None:
+    w = fleet(tmp_path, ("gpu-a", "gpu-b", "gpu-c"), min_ready=1, unresponsive_after=1000)
+    w.outcomes.update(dict.fromkeys(w.outcomes, "unresponsive"))
+    w.deliver(payload(alert("gpu-a"), alert("gpu-b")))
+    w.run()
+    assert answer(w, "gpu-a") == "down #verified unresponsive incident 1"
+    assert answer(w, "gpu-b") == "down #verified unresponsive incident 2"
+    assert answer(w, "gpu-c") == "ready up 100%"
+    w.deliver(payload(alert("gpu-c")))
+    w.run()
+    # every backend verified unresponsive: taking any out would leave none READY and up
+    agent = AgentAnswers(w.store, w.config, kv_reader=lambda url: 0.2)
+    for n in ("gpu-a", "gpu-b", "gpu-c"):
+        status = agent.status_for(n)
+        assert status is not None and agent_reply(status) == "ready up 100%"
+        assert "verified unresponsive" in status.reason and "min_ready 1" in status.reason
+    assert w.restarted == [] and {w.state(n) for n in ("gpu-a", "gpu-b", "gpu-c")} == {"ready"}
+
+
+def test_dry_run_never_changes_the_load_balancer(tmp_path: Path) -> None:
+    w = fleet(tmp_path, dry_run=True)
+    w.outcomes["gpu-a"] = "down"
+    w.deliver(payload(alert()))
+    w.run()
+    assert w.last_incident()["state"] == "observed" and w.last_incident()["verified_outcome"] == "down"
+    assert answer(w, "gpu-a") == "ready up 100%" and w.restarted == []

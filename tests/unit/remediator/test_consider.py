@@ -1,6 +1,7 @@
 """Before a restart (remediator/restart/consider.py and gates.py): the verification decides (recovered,
 restarted by someone else, unknown, down, dry run, no action) and the gates hold it (backoff,
-budget, the fleet breaker, the per-host mutex, the min_ready floor). In-process, pass by pass.
+budget, the fleet breaker, the per-host mutex, the min_ready floor); an unresponsive backend is restarted
+once, after unresponsive_after of consecutive samples. In-process, pass by pass.
 """
 
 from __future__ import annotations
@@ -155,3 +156,39 @@ def test_min_ready_floor_and_the_down_exception(tmp_path: Path) -> None:
     w.run()
     assert w.state("gpu-b") == "initializing" and ("ready", "stopped") in w.steps("gpu-b")
     assert w.restarted == ["gpu-b"]
+
+
+def test_unresponsive_restarts_once_after_the_window_and_a_break_restarts_the_window(tmp_path: Path) -> None:
+    w = fleet(tmp_path, unresponsive_after=120)
+    w.outcomes["gpu-a"] = "unresponsive"
+    w.deliver(payload(alert()))
+    w.run()
+    first = w.last_incident()["unresponsive_since"]
+    assert first == w.clock.t and w.state() == "ready"
+    w.clock.advance(60)
+    w.run()
+    w.outcomes["gpu-a"] = "unknown"                # one answer in between: the run is broken
+    w.clock.advance(1)
+    w.run()
+    assert w.last_incident()["unresponsive_since"] is None
+    w.outcomes["gpu-a"] = "unresponsive"
+    w.clock.advance(1)
+    w.run()
+    assert w.last_incident()["unresponsive_since"] == w.clock.t
+    for _ in range(11):                            # consecutive samples (a gap of two verifications starts over)
+        w.clock.advance(10)
+        w.run()
+    w.clock.advance(9)
+    w.run()
+    assert w.restarted == [] and w.state() == "ready"
+    w.clock.advance(1)
+    w.run()
+    assert w.state() == "draining"
+    w.clock.advance(5)                             # treated like a stall: stalled_drain_timeout
+    w.run()
+    w.clock.advance(5)
+    w.run(5)
+    assert w.restarted == ["gpu-a"]
+    assert len(w.store.events(kind="restarting", backend="gpu-a")) == 1
+    draining = w.store.events(kind="draining", backend="gpu-a")
+    assert len(draining) == 1 and "no answer to /metrics for 120 s with work in flight" in draining[0].reason

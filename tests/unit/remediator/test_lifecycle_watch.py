@@ -1,5 +1,5 @@
-"""Backends outside any restart (remediator/lifecycle_watch.py): a check that raises for one never
-starves the others.
+"""Backends outside any restart (remediator/lifecycle_watch.py): ERROR backends are checked after the
+incidents and at most every 30 s, and a check that raises for one never starves the others.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.alerts import one_pass
-from tests.support.remediator import World, fleet
+from tests.support.alerts import alert, one_pass, payload
+from tests.support.remediator import AUTH, World, fleet
 
 
 @pytest.fixture
@@ -38,3 +38,35 @@ def test_a_lifecycle_check_that_raises_never_starves_the_other_backends(w: World
         one_pass(w.authority)
     assert w.state("gpu-b") == "ready"
     assert w.state("gpu-a") == "initializing"
+
+
+def to_error(w: World, name: str) -> None:
+    w.ready[name] = False
+    w.deliver(payload(alert(name)))
+    w.run()
+    w.clock.advance(5)
+    w.run()
+    w.clock.advance(101)
+    w.run()
+    assert w.state(name) == "error"
+    assert w.client.post(f"/api/backends/{name}/ack", headers=AUTH).status_code == 200
+
+
+def test_error_backends_are_checked_after_incidents_and_at_most_every_30s(tmp_path: Path) -> None:
+    w = fleet(tmp_path)
+    to_error(w, "gpu-a")
+    order: list[str] = []
+    warm, verify = w.authority.io.warmup_check, w.authority.io.verifier
+    w.authority.io.warmup_check = lambda b: (order.append(f"warmup {b.name}"), warm(b))[1]
+    w.authority.io.verifier = lambda b: (order.append(f"verify {b.name}"), verify(b))[1]
+    w.clock.advance(60)
+    w.deliver(payload(alert("gpu-b")))
+    w.run(1)
+    assert order == ["verify gpu-b", "warmup gpu-a"]
+    for _ in range(29):
+        w.clock.advance(1)
+        w.run(1)
+    assert order.count("warmup gpu-a") == 1
+    w.clock.advance(1)
+    w.run(1)
+    assert order.count("warmup gpu-a") == 2

@@ -1,5 +1,6 @@
-"""The store owns every SQL statement, records its schema version, and keeps what it is given whole; a
-damaged state file is refused at start-up, a deleted or replaced one stops the store (never a second one)."""
+"""The store owns every SQL statement, records its schema version, and keeps what it is given whole; an
+older state file gets the new columns, a damaged one is refused at start-up, a deleted or replaced one
+stops the store (never a second one)."""
 
 from __future__ import annotations
 
@@ -181,3 +182,17 @@ def test_f3_state_file_deleted_or_replaced_stops_acting(w: World, how: str) -> N
         w.authority.lease.renew()
     if how == "delete":
         assert not path.exists()                                      # no new database behind our back
+
+
+def test_older_state_file_gets_the_new_columns(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as c:
+        c.execute("CREATE TABLE incidents (id INTEGER PRIMARY KEY AUTOINCREMENT, backend TEXT NOT NULL, "
+                  "state TEXT NOT NULL, opened_at REAL NOT NULL, updated_at REAL NOT NULL, closed_at REAL, "
+                  "close_reason TEXT NOT NULL DEFAULT '', next_check_at REAL NOT NULL DEFAULT 0, "
+                  "last_note TEXT NOT NULL DEFAULT '', warm_deadline REAL, last_decision TEXT NOT NULL DEFAULT '')")
+    store = SqliteStore(path)
+    store.init()
+    cols = {r[1] for r in store.conn().execute("PRAGMA table_info(incidents)").fetchall()}
+    assert {"verified_outcome", "verified_at", "unresponsive_since"} <= cols
+    store.close()
