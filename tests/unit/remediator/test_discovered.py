@@ -1,12 +1,15 @@
-"""The remediator with discovery as a trust boundary, in-process: the real Flask app, store, authority
-and discovery refresher (its thread runs), a Prometheus stand-in on loopback that serves
-/api/v1/targets (and counts, and can hang), a recording restart runner and a fake verifier.
+"""Discovered backends in the remediator (remediator/discovered.py), discovery as a trust boundary,
+in-process: the real Flask app, store, authority and discovery refresher (its thread runs), a Prometheus
+stand-in on loopback that serves /api/v1/targets (and counts, and can hang), a recording restart runner
+and a fake verifier (tests.support.remediator.discovered).
 
-Each test is an abuse the old code allowed:
+The abuses the old code allowed:
 * a rogue target labelled pod=vllm-0 got `delete pod vllm-0` run (placeholders came from target labels);
 * a rogue target copying a real backend's name took it over (first scrape URL won);
 * a forged node label put a rogue on the real backend's host: its restart held that host's mutex;
 * every webhook naming an undiscovered backend ran a targets query inside the request.
+
+And a discovered backend in the middle of a restart survives a remediator start while Prometheus is down.
 """
 
 from __future__ import annotations
