@@ -23,8 +23,8 @@ CLIMB = re.compile(r"(?:\.\./)+[\w.-]*")
 
 # Strings that climb on purpose: attack inputs that the code under test must refuse.
 ATTACK_INPUTS = {
-    ("tests/test_silence.py", "../status"),
-    ("tests/test_haproxy_agent.py", "../../etc"),
+    ("tests/unit/remediator/test_silence.py", "../status"),
+    ("tests/unit/remediator/test_agent_check.py", "../../etc"),
     ("tests/project/test_stands_alone.py", "../"),
 }
 

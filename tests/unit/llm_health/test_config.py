@@ -1,4 +1,5 @@
-"""The shared config: the example file documents every setting, and bad input changes nothing."""
+"""The shared config: the example file documents every setting, bad input changes nothing, and the
+defaults hold (the re-verification window outlasts a long engine step)."""
 
 from __future__ import annotations
 
@@ -81,3 +82,10 @@ def test_unreadable_and_invalid_yaml_files(tmp_path: Path) -> None:
     bad.write_text("backends: [\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad)
+
+
+def test_default_window_outlasts_a_long_engine_step() -> None:
+    r = RemediatorSettings()
+    assert (r.verify_readings, r.verify_interval) == (3, 10.0)
+    assert (r.verify_readings - 1) * r.verify_interval == 20.0
+    assert r.unresponsive_after == 120.0

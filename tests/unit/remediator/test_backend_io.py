@@ -1,4 +1,6 @@
-"""The remediator counts its probes through exporter.check.verify's `on_probe`, not by patching the exporter."""
+"""The authority's default backend I/O (remediator/backend_io.py): probes counted through exporter.check.verify's
+`on_probe`, not by patching the exporter, in SQLite and /metrics, per purpose; the exporter's API key file
+read once and passed to verify."""
 
 from __future__ import annotations
 
@@ -6,14 +8,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 from llm_health.exporter import check, probe
-from llm_health.exporter.observation import Observation, ProbeOutcome, ProbeResult, ReadResult
+from llm_health.exporter.observation import Observation, ProbeOutcome, ProbeResult, ReadResult, Verification
 from llm_health.exporter.reading import EngineReading, Reading
 from llm_health.remediator import backend_io
+from llm_health.remediator.app import create_app
 from llm_health.remediator.authority import Authority
 from llm_health.remediator.store import SqliteStore
+from llm_health.simulator.server import SimConfig, Simulator
 
 from llm_health.config import parse_config
+from llm_health.drill.procs import free_port, wait_until
+from tests.support.fakes import has_sample
 
 
 def idle() -> Observation:
@@ -64,3 +71,66 @@ def test_each_purpose_counts_its_own_probes(tmp_path: Path) -> None:
     counter.counting(backend_io.WARMUP)(backend)
     assert store.counters("probes") == {"a\tverify": 1, "a\twarmup": 2}
     store.close()
+
+
+@pytest.fixture
+def sim() -> Any:
+    """An in-process simulator (here in place of the conftest's `sim`, which starts processes)."""
+    s = Simulator(SimConfig(port=free_port(), model="sim-model")).start()
+    try:
+        wait_until(lambda: requests.get(s.url + "/health", timeout=1).ok, what="simulator")
+        yield s
+    finally:
+        s.stop()
+
+
+def test_every_probe_is_counted_in_sqlite_and_metrics(tmp_path: Path, sim: Simulator) -> None:
+    (tmp_path / "key").write_text("secret-key\n")
+    config = parse_config({
+        "backends": [{"name": "gpu-a", "url": sim.url, "model": "sim-model", "restart": ["true"]}],
+        "exporter": {"read_timeout": 2.0, "probe_timeout": 5.0, "api_key_file": "key"},
+        "remediator": {"state": "state.db", "verify_readings": 2, "verify_interval": 0.1, "insecure_no_auth": True},
+    }, source=str(tmp_path / "llm-health.yml"))
+    app = create_app(config, with_authority=False)
+    store = app.extensions["remediator"].store
+    auth = Authority(store, config, holder="probe-test")
+    backend = config.backend("gpu-a")
+    assert backend is not None
+    v = auth.io.verifier(backend)
+    assert v.outcome == "idle_ok"
+    ready, why = auth.io.warmup_check(backend)
+    assert ready, why
+    assert store.counters("probes") == {"gpu-a\tverify": 1, "gpu-a\twarmup": 1}
+    text = app.test_client().get("/metrics").get_data(as_text=True)
+    assert has_sample(text, 'llm_health_remediator_probes_total{backend="gpu-a",purpose="verify"} 1')
+    assert has_sample(text, 'llm_health_remediator_probes_total{backend="gpu-a",purpose="warmup"} 1')
+    from llm_health.exporter import check
+    assert check.verify(sim.url, readings=2, interval=0.1).outcome == "idle_ok"   # outside: not counted
+    assert store.counters("probes") == {"gpu-a\tverify": 1, "gpu-a\twarmup": 1}
+    store.close()
+
+
+def test_api_key_file_is_read_once_and_passed_to_verify(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from llm_health.exporter import check
+    seen: list[dict[str, Any]] = []
+
+    def fake_verify(url: str, *, api_key: str = "", **kw: Any) -> Verification:
+        seen.append({**kw, **({"api_key": api_key} if api_key else {})})
+        return Verification("idle_ok", "fake")
+    monkeypatch.setattr(check, "verify", fake_verify)
+    (tmp_path / "key").write_text("  s3cret \n")
+    config = parse_config({"backends": [{"name": "a", "url": "http://127.0.0.1:9"}],
+                           "exporter": {"api_key_file": "key"}}, source=str(tmp_path / "x.yml"))
+    verify = backend_io.default_verifier(config)
+    (tmp_path / "key").write_text("changed")
+    verify(config.backends[0])
+    verify(config.backends[0])
+    assert [kw["api_key"] for kw in seen] == ["s3cret", "s3cret"]
+    assert seen[0]["readings"] == 3 and seen[0]["interval"] == 10.0
+    missing = parse_config({"backends": [{"name": "a", "url": "http://127.0.0.1:9"}],
+                            "exporter": {"api_key_file": "nope"}}, source=str(tmp_path / "x.yml"))
+    v = backend_io.default_verifier(missing)(missing.backends[0])
+    assert v.outcome == "unknown" and "unreadable" in v.reason
+    plain = parse_config({"backends": [{"name": "a", "url": "http://127.0.0.1:9"}]})
+    backend_io.default_verifier(plain)(plain.backends[0])
+    assert "api_key" not in seen[-1]

@@ -1,4 +1,6 @@
-"""Alerts -> incidents (remediator/incident.py): deduplication, late resends, alerts that resolve one by one."""
+"""Alerts -> incidents (remediator/incident.py): deduplication, late resends, alerts that resolve one by one;
+through the webhook and the authority: a storm of copies is one restart, an alert routed by its instance
+label, signal-only alerts, unknown backends and labels full of shell metacharacters."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from llm_health.remediator.store import IncidentState, SqliteStore
 
 from llm_health.config import Config, parse_config
 from tests.support.alerts import alert, payload
+from tests.support.remediator import AUTH, World, four_backends
 
 WINDOW = 60.0
 
@@ -91,3 +94,86 @@ def test_alerts_without_a_backend_or_a_restart_label_open_nothing(store: SqliteS
                                            alert(backend=None, instance="10.9.9.9:8000")))["outcomes"]
     assert outcomes == ["ignored", "signal", "ignored"]
     assert store.active_incidents() == []
+
+
+# -- through the webhook and the authority (tests.support.remediator) ------------------------------
+@pytest.fixture
+def w(tmp_path: Path) -> Iterator[World]:
+    world = four_backends(tmp_path)
+    yield world
+    world.close()
+
+
+def test_duplicate_storm_gives_one_incident_and_one_restart(w: World) -> None:
+    first = payload(alert())
+    assert w.post(first).status_code == 202
+    assert w.post(first).status_code == 202                                     # resend
+    assert w.post(payload(alert(), external="http://am-1:9093")).status_code == 202  # HA replica
+    assert w.post(payload(alert(alertname="LLMBackendDown"))).status_code == 202    # another alert name
+    both = payload(alert(), alert(alertname="LLMBackendDown"), alert(alertname="LLMHighErrorRate", restart=False))
+    assert w.post(both).status_code == 202
+    w.run(5)
+    w.post(first)
+    w.post(payload(alert(alertname="LLMBackendDown", starts_at="2026-11-30T00:03:00Z")))
+    w.run(5)
+    assert w.calls == [("restart-a", "--now")]
+    kinds = w.kinds("gpu-a")
+    assert kinds.count("incident_opened") == 1
+    assert kinds.count("restarting") == 1 and kinds.count("restarted") == 1
+    assert "absorbed" in kinds and "signal" in kinds
+    assert len(w.store.events(kind="deduplicated")) == 3
+    assert w.envs[0]["LLM_HEALTH_BACKEND"] == "gpu-a"
+
+
+def test_instance_label_routes_to_backend(w: World) -> None:
+    w.post(payload(alert(backend=None, instance="127.0.0.1:18002")))
+    w.run()
+    assert w.calls == [("restart-b",)]
+
+
+def test_signal_only_alert_never_restarts(w: World) -> None:
+    w.post(payload(alert(alertname="LLMHighErrorRate", restart=False)))
+    w.run()
+    assert w.calls == [] and w.incident() is None
+    assert w.kinds("gpu-a") == ["signal"]
+
+
+def test_unknown_backend_and_shell_metacharacters_change_nothing(w: World) -> None:
+    evil = "gpu-a; rm -rf / #$(touch /tmp/pwned)`id`"
+    w.post(payload(alert(backend=evil)))
+    w.post(payload(alert(backend=None, instance="10.9.9.9:8000")))
+    w.post(payload(alert(backend=None)))
+    w.run()
+    assert w.calls == []
+    assert w.store.active_incidents() == []
+    assert len(w.store.events(kind="ignored")) == 3
+    # labels full of metacharacters on a known backend: the argv is still exactly the configured one
+    w.post(payload(alert(job="$(reboot)", note="; shutdown -h now | `id` && echo")))
+    w.run()
+    assert w.calls == [("restart-a", "--now")]
+
+
+def test_resolved_closes_an_open_incident(w: World) -> None:
+    w.client.post("/api/busy", json={"backend": "gpu-a", "owner": "x", "ttl_seconds": 600}, headers=AUTH)
+    w.post(payload(alert(), alert(alertname="LLMBackendDown")))
+    w.run()
+    w.post(payload(alert(status="resolved")))
+    assert w.incident() is not None          # the other alert still fires
+    w.post(payload(alert(alertname="LLMBackendDown", status="resolved")))
+    assert w.incident() is None and "resolved" in w.kinds("gpu-a")
+
+
+def test_f10_late_firing_after_resolved_does_not_reopen(w: World) -> None:
+    first = alert(starts_at="2026-11-30T00:00:00Z")
+    assert w.post(payload(first)).status_code == 202
+    resolved = {**first, "status": "resolved", "endsAt": "2026-11-30T00:05:00Z"}
+    assert w.post(payload(resolved)).status_code == 202
+    assert w.incident() is None
+    late = payload(first, external="http://am-1:9093")               # HA peer's delayed copy of the firing
+    late["groupKey"] += "-late"                                      # not a byte-identical duplicate
+    assert w.post(late).status_code == 202
+    assert w.incident() is None
+    assert "stale_firing" in w.kinds("gpu-a")
+    again = alert(starts_at="2026-11-30T01:00:00Z")                  # a genuinely new firing
+    assert w.post(payload(again)).status_code == 202
+    assert w.incident() is not None

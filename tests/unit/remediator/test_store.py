@@ -1,10 +1,14 @@
-"""The store owns every SQL statement, records its schema version, and keeps what it is given whole."""
+"""The store owns every SQL statement, records its schema version, and keeps what it is given whole; an
+older state file gets the new columns, a damaged one is refused at start-up, a deleted or replaced one
+stops the store (never a second one)."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,6 +16,9 @@ from llm_health.exporter.reading import EngineReading, Reading, Sleep
 from llm_health.remediator.lifecycle import LifecycleState
 from llm_health.remediator.store import IncidentState, SqliteStore, StateError
 from llm_health.remediator.store.sqlite.schema import SCHEMA_VERSION
+
+from tests.support.alerts import alert, payload
+from tests.support.remediator import World, four_backends
 
 ROOT = Path(__file__).resolve().parents[3]
 PRODUCT = ("llm_health", "exporter", "remediator", "simulator")      # what the wheel ships
@@ -132,4 +139,60 @@ def test_a_baseline_no_version_can_read_is_none(tmp_path: Path) -> None:
     store.conn().execute("UPDATE lifecycle SET drain_baseline = '{not json' WHERE backend = 'gpu-a'")
     row = store.lifecycle("gpu-a")
     assert row is not None and row.drain_baseline is None
+    store.close()
+
+
+# -- a damaged, deleted or replaced state file -----------------------------------------------------
+@pytest.fixture
+def w(tmp_path: Path) -> Iterator[World]:
+    world = four_backends(tmp_path)
+    yield world
+    world.close()
+
+
+def test_f2_startup_refuses_a_damaged_state(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    store = SqliteStore(path)
+    store.init()
+    with store.tx() as tx:
+        for i in range(300):
+            tx.event(float(i), "received", reason="x" * 500)
+    store.conn().execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    store.close()
+    with open(path, "r+b") as f:
+        f.seek(4096 * 6)
+        f.write(os.urandom(4096 * 4))
+    with pytest.raises(Exception, match="integrity|malformed|not a database"):
+        SqliteStore(path).init()
+
+
+@pytest.mark.parametrize("how", ["delete", "replace"])
+def test_f3_state_file_deleted_or_replaced_stops_acting(w: World, how: str) -> None:
+    path = Path(w.store.path)
+    if how == "delete":
+        path.unlink()
+    else:
+        other = path.with_name("other.db")
+        sqlite3.connect(other).close()
+        os.replace(other, path)
+    r = w.client.get("/healthz")
+    assert r.status_code == 503 and how[:6] in " ".join(r.get_json()["problems"])
+    assert w.post(payload(alert())).status_code == 503                # says why instead of acting
+    with pytest.raises(Exception, match="deleted|replaced"):
+        w.authority.lease.renew()
+    if how == "delete":
+        assert not path.exists()                                      # no new database behind our back
+
+
+def test_older_state_file_gets_the_new_columns(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as c:
+        c.execute("CREATE TABLE incidents (id INTEGER PRIMARY KEY AUTOINCREMENT, backend TEXT NOT NULL, "
+                  "state TEXT NOT NULL, opened_at REAL NOT NULL, updated_at REAL NOT NULL, closed_at REAL, "
+                  "close_reason TEXT NOT NULL DEFAULT '', next_check_at REAL NOT NULL DEFAULT 0, "
+                  "last_note TEXT NOT NULL DEFAULT '', warm_deadline REAL, last_decision TEXT NOT NULL DEFAULT '')")
+    store = SqliteStore(path)
+    store.init()
+    cols = {r[1] for r in store.conn().execute("PRAGMA table_info(incidents)").fetchall()}
+    assert {"verified_outcome", "verified_at", "unresponsive_since"} <= cols
     store.close()

@@ -1,9 +1,5 @@
-"""A state file that disappears after it existed is never replaced by an empty one without a word.
-
-The running remediator already stops when its state file is deleted (test_self_watch*); the next start
-used to create an empty state, forgetting restart history, backoff, budgets and open incidents. Now a
-start that finds no state file but traces of one (`<state>.id`, written when the state is created;
-SQLite's `-wal`/`-shm`; the `.actions` folder) refuses and says how to start over on purpose.
+"""A lost state file with the real remediator under gunicorn: deleted while it runs (and a worker killed)
+it stops and never makes a second store; the next start refuses and says how to start over.
 """
 
 from __future__ import annotations
@@ -12,56 +8,65 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import requests
 from llm_health.remediator import state_traces
-from llm_health.remediator.store import SqliteStore, StateError
 
 from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
-from tests.test_self_watch_process import write_config
+from tests.support.alerts import alert, payload
+from tests.support.remediator_process import AUTH, running, write_config
 
 
-def init(path: Path) -> None:
-    store = SqliteStore(path)
-    try:
-        store.init()
-    finally:
-        store.close()
+@pytest.fixture
+def remediator(tmp_path: Path) -> Iterator[tuple[str, ManagedProcess]]:
+    with running(tmp_path, 2, request_timeout=2) as served:
+        yield served
 
 
-def test_a_new_state_gets_an_id_and_a_lost_one_is_not_recreated(tmp_path: Path) -> None:
+def children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def test_f3_deleted_state_and_a_killed_worker_never_make_a_second_store(
+        tmp_path: Path, remediator: tuple[str, ManagedProcess]) -> None:
+    url, proc = remediator
+    workers = wait_until(lambda: (w := children(proc.pid)) and len(w) == 2 and w, what="two workers")
     state = tmp_path / "state.db"
-    init(state)                                             # a fresh install: nothing left of an older state
-    assert state.exists() and state_traces.id_file(state).exists()
-    init(state)                                             # an ordinary restart
+    assert state.exists()
     state.unlink()
-    with pytest.raises(StateError, match="missing") as exc:
-        init(state)
-    assert str(state_traces.id_file(state)) in str(exc.value) and "rm -rf" in str(exc.value)
-    assert not state.exists()                               # nothing created
-    state_traces.id_file(state).unlink()                    # starting over, on purpose
-    init(state)
-    assert state.exists() and state_traces.id_file(state).exists()
+    os.kill(workers[0], signal.SIGKILL)
 
+    def stopped() -> bool:
+        if not proc.alive():
+            return True
+        try:
+            return requests.get(url + "/healthz", timeout=2).status_code == 503
+        except requests.RequestException:
+            return False
 
-@pytest.mark.parametrize("trace", ["state.db-wal", "state.db-shm", "state.db.actions"])
-def test_sqlite_files_or_the_actions_folder_also_show_it_existed(tmp_path: Path, trace: str) -> None:
-    """A state file from before `<state>.id` existed leaves these behind."""
-    (tmp_path / trace).mkdir() if trace.endswith(".actions") else (tmp_path / trace).write_bytes(b"")
-    with pytest.raises(StateError, match=re.escape(trace)):
-        init(tmp_path / "state.db")
-    assert not (tmp_path / "state.db").exists()
-
-
-def test_a_state_file_from_before_the_check_gets_its_id_at_the_next_start(tmp_path: Path) -> None:
-    state = tmp_path / "state.db"
-    init(state)
-    state_traces.id_file(state).unlink()                    # as an older version left it
-    init(state)
-    assert state_traces.id_file(state).exists()
+    wait_until(stopped, timeout=30, what="the remediator stopping (dead or unhealthy)")
+    # never re-created behind the first store's back; and every answer says why
+    assert not state.exists()
+    if proc.alive():
+        r = requests.post(url + "/webhook", json=payload(alert()), headers=AUTH, timeout=5)
+        assert r.status_code == 503 and "deleted" in r.json()["error"]
+    log = proc.log()
+    assert "deleted" in log or "cannot open state" in log, log[-2000:]
+    assert not state.exists()
 
 
 def start(tmp_path: Path, config: Path, port: int, name: str) -> ManagedProcess:

@@ -1,4 +1,5 @@
-"""Issue 18 with a real `llm-health remediator` (gunicorn, its default 2 workers x 16 threads) on loopback:
+"""Slow and dripping clients against a real `llm-health remediator` (gunicorn, its default 2 workers x 16
+threads) on loopback:
 
 * 200 slow clients (header bytes, header lines, body bytes: one piece per second each) never slow
   /healthz: it answers within 1 s every time, over a window longer than `request_timeout`;
@@ -6,7 +7,11 @@
 * gunicorn's control socket is off: nothing is created in $HOME or $XDG_RUNTIME_DIR;
 * the worker's limits (request_timeout, idle_timeout, header and body size, incomplete requests per
   worker and per peer) with small settings, and normal clients (keep-alive, pipelining, chunked
-  bodies, Expect: 100-continue, gunicorn's own request validation) as before.
+  bodies, Expect: 100-continue, gunicorn's own request validation) as before;
+* a dozen connections dripping their headers (reconnecting when cut off) starve neither /healthz nor
+  /webhook of a remediator with a short request_timeout.
+
+That the settings reach gunicorn is checked in-process (tests/unit/remediator/test_cli.py).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import json
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -24,16 +30,12 @@ from typing import Any
 
 import pytest
 import requests
-import yaml
 
-from llm_health.config import parse_config
 from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
 from llm_health.drill.slowclients import Drip, SlowClients
 from tests.support.alerts import alert, payload
 from tests.support.paths import REPO
-
-TOKEN = "slow-clients-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
+from tests.support.remediator_process import AUTH, TOKEN, running, write_config
 
 
 @dataclass
@@ -43,18 +45,6 @@ class Served:
     proc: ManagedProcess
     home: Path
     runtime: Path
-
-
-def write_config(tmp: Path, **remediator: Any) -> Path:
-    (tmp / "token").write_text(TOKEN + "\n")
-    os.chmod(tmp / "token", 0o600)
-    cfg = {
-        "backends": [{"name": "gpu-a", "url": f"http://127.0.0.1:{free_port()}", "restart": ["true"]}],
-        "remediator": {"state": "state.db", "token_file": "token", "poll_interval": 0.2, **remediator},
-    }
-    path = tmp / "llm-health.yml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
 
 
 @contextmanager
@@ -328,17 +318,50 @@ def test_global_cap_stops_accepting_until_a_slot_frees(tight: Served) -> None:
             s.close()
 
 
-def test_settings_reach_gunicorn(monkeypatch: pytest.MonkeyPatch) -> None:
-    from llm_health.remediator.buffering import ServingLimits
-    from llm_health.remediator.cli import RemediatorServer
-    from llm_health.remediator.serving import GuardedThreadWorker
+@pytest.fixture
+def two_workers(tmp_path: Path) -> Iterator[tuple[str, ManagedProcess]]:
+    """A real remediator with two workers and a request_timeout of 2 s: (its URL, its process)."""
+    with running(tmp_path, 2, request_timeout=2) as served:
+        yield served
 
-    monkeypatch.setattr(GuardedThreadWorker, "limits", GuardedThreadWorker.limits)   # restored afterwards
-    settings = {"request_timeout": 7, "idle_timeout": 2.5, "max_header_bytes": 4096, "max_body_bytes": 5000,
-                "max_pending_connections": 100, "max_pending_per_peer": 10}
-    server = RemediatorServer(parse_config({"remediator": settings}))
-    assert GuardedThreadWorker.limits == ServingLimits(**settings)
-    assert server.cfg.control_socket_disable is True
-    assert server.cfg.keepalive == 3                          # gunicorn counts whole seconds
-    assert server.cfg.worker_connections == 100 + 256
-    assert server.cfg.worker_class is GuardedThreadWorker
+
+def test_f5_dripping_clients_do_not_starve_the_webhook(two_workers: tuple[str, ManagedProcess]) -> None:
+    url, _ = two_workers
+    port = int(url.rsplit(":", 1)[1])
+    stop = threading.Event()
+    cut: list[float] = []
+
+    def drip() -> None:
+        while not stop.is_set():                       # a malicious client: reconnects when cut off
+            start = time.monotonic()
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+                    s.sendall(b"POST /webhook HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+                    while not stop.is_set():
+                        s.sendall(b"X")
+                        s.settimeout(0.3)
+                        try:
+                            if s.recv(1) == b"":
+                                break
+                        except TimeoutError:
+                            continue
+            except OSError:
+                pass
+            cut.append(time.monotonic() - start)
+
+    threads = [threading.Thread(target=drip, daemon=True) for _ in range(12)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(0.5)  # let every dripper get a thread (not a wait for a result: the checks below poll)
+        for i in range(6):
+            h = requests.get(url + "/healthz", timeout=1.0)
+            assert h.status_code == 200
+            body = payload(alert(backend="unknown", starts_at=f"2026-11-30T00:0{i}:00Z"))
+            r = requests.post(url + "/webhook", json=body, headers=AUTH, timeout=1.0)
+            assert r.status_code == 202
+        wait_until(lambda: len(cut) >= 1, timeout=10, what="a dripping connection cut off by request_timeout")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=5)

@@ -1,8 +1,11 @@
-"""remediator.lifecycle: the transition table and the start gates (pure, fake clock)."""
+"""remediator.lifecycle: the transition table and the start gates (pure, fake clock); a transition outside
+the table, asked of the store, is refused and audited."""
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from llm_health.remediator.lifecycle import (
@@ -18,6 +21,7 @@ from llm_health.remediator.lifecycle import (
 )
 
 from tests.support.fakes import FakeClock
+from tests.support.remediator import World, fleet
 
 S = LifecycleState
 
@@ -136,3 +140,20 @@ def test_may_restart_combines_both_gates() -> None:
     ok, why = may_restart("b1", states, HOSTS, min_ready=2)
     assert not ok and "min_ready" in why
     assert may_restart("b1", states, HOSTS, min_ready=1)[0]
+
+
+# -- the table enforced by the store (tests.support.remediator) ------------------------------------
+@pytest.fixture
+def w(tmp_path: Path) -> Iterator[World]:
+    world = fleet(tmp_path)
+    yield world
+    world.close()
+
+
+def test_illegal_transition_is_refused_and_audited(w: World) -> None:
+    with w.store.tx() as tx:
+        assert not tx.move_lifecycle("gpu-a", S.INITIALIZING, w.clock.t, "skip the drain")
+    assert w.state() == "ready"
+    refused = w.store.events(kind="lifecycle_refused")
+    assert len(refused) == 1 and "ready -> initializing" in refused[0].reason
+    assert 'decision="lifecycle_refused"} 1' in w.client.get("/metrics").get_data(as_text=True)

@@ -1,4 +1,5 @@
-"""Restart actions that start the server in the background, and results that survive the authority.
+"""Restart actions as real processes: the argv without a shell, failures, timeouts and truncated output;
+actions that start the server in the background, and results that survive the authority.
 
 Real processes: a restart script that ends in `nohup ... &` (the child inherits the action's stdout)
 and one that uses `setsid`. The action is over when the SCRIPT exits: the authority is free again, the
@@ -231,3 +232,23 @@ def test_a_placeholder_left_by_a_dead_wrapper_is_unknown(tmp_path: Path) -> None
     files.pid.write_text("999999999")
     r = action.collect(files)
     assert r is not None and r.result == action.UNKNOWN and "without an exit status" in r.output
+
+
+def test_action_runs_argv_without_shell(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    code = f"import sys, os; open({str(out)!r}, 'w').write(repr(sys.argv[1:]) + os.environ['LLM_HEALTH_BACKEND'])"
+    r = action.run_action([sys.executable, "-c", code, "$(id)", "; rm -rf /"], timeout=10,
+                          env={"LLM_HEALTH_BACKEND": "gpu-a"})
+    assert r.result == action.OK and r.exit_code == 0
+    assert out.read_text() == "['$(id)', '; rm -rf /']gpu-a"
+
+
+def test_action_failure_timeout_and_output_truncation() -> None:
+    r = action.run_action([sys.executable, "-c", "import sys; print('x' * 10000); sys.exit(4)"], timeout=10)
+    assert r.result == action.FAILED and r.exit_code == 4
+    assert len(r.output) < 4100 and "[truncated]" in r.output
+    r = action.run_action([sys.executable, "-c", "import time; print('started', flush=True); time.sleep(30)"],
+                          timeout=0.5)
+    assert r.result == action.TIMEOUT and r.outcome_unknown and "started" in r.output
+    r = action.run_action(["/nonexistent/restart-me"], timeout=1)
+    assert r.result == action.FAILED and r.exit_code is None and "cannot start" in r.output

@@ -1,162 +1,37 @@
-"""The remediator with discovery as a trust boundary, in-process: the real Flask app, store, authority
-and discovery refresher (its thread runs), a Prometheus stand-in on loopback that serves
-/api/v1/targets (and counts, and can hang), a recording restart runner and a fake verifier.
+"""Discovered backends in the remediator (remediator/discovered.py), discovery as a trust boundary,
+in-process: the real Flask app, store, authority and discovery refresher (its thread runs), a Prometheus
+stand-in on loopback that serves /api/v1/targets (and counts, and can hang), a recording restart runner
+and a fake verifier (tests.support.remediator.discovered).
 
-Each test is an abuse the old code allowed:
+The abuses the old code allowed:
 * a rogue target labelled pod=vllm-0 got `delete pod vllm-0` run (placeholders came from target labels);
 * a rogue target copying a real backend's name took it over (first scrape URL won);
 * a forged node label put a rogue on the real backend's host: its restart held that host's mutex;
 * every webhook naming an undiscovered backend ran a targets query inside the request.
+
+And a discovered backend in the middle of a restart survives a remediator start while Prometheus is down.
 """
 
 from __future__ import annotations
 
-import http.server
-import json
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from flask.testing import FlaskClient
-from llm_health.exporter.observation import Verification
-from llm_health.remediator import action
-from llm_health.remediator.app import create_app
-from llm_health.remediator.authority import Authority
-from llm_health.remediator.store import Event, SqliteStore
 
-from llm_health.config import parse_config
 from llm_health.drill.procs import WaitTimeout, wait_until
 from tests.support.alerts import alert, one_pass, payload
-from tests.support.discovery import K8S, pod, rogue
-from tests.support.fakes import FakeClock
-
-TOKEN = "discovery-trust-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-
-class FakePrometheus:
-    """GET /api/v1/targets on 127.0.0.1: the targets given, counting queries; `hang()` holds answers."""
-
-    def __init__(self) -> None:
-        self.targets: list[dict[str, Any]] = []
-        self.queries = 0
-        self.open = threading.Event()
-        self.open.set()
-        self.lock = threading.Lock()
-        outer = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                with outer.lock:
-                    outer.queries += 1
-                outer.open.wait(30)
-                body = json.dumps({"status": "success", "data": {"activeTargets": outer.targets}}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *_args: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.open.set()
-        self.server.shutdown()
-        self.server.server_close()
-
-
-@dataclass
-class World:
-    client: FlaskClient
-    authority: Authority
-    store: SqliteStore
-    clock: FakeClock
-    prometheus: FakePrometheus
-    app: Any
-    outcomes: dict[str, str] = field(default_factory=dict)
-    calls: list[tuple[str, ...]] = field(default_factory=list)
-
-    @property
-    def discovery(self) -> Any:
-        return self.app.extensions["remediator"].discovery
-
-    def post(self, body: Any) -> Any:
-        return self.client.post("/webhook", json=body, headers=AUTH)
-
-    def kinds(self, backend: str) -> list[str]:
-        return [e.kind for e in reversed(self.store.events(backend=backend, limit=1000))]
-
-    def events(self, backend: str, kind: str) -> list[Event]:
-        return self.store.events(backend=backend, kind=kind, limit=1000)
-
-    def publish(self, *targets: dict[str, Any]) -> None:
-        """New targets, and wait until this worker's discovery has an answer that started after them."""
-        self.prometheus.targets = list(targets)
-        mark = self.discovery.mark()
-        self.discovery.request_refresh()
-        wait_until(lambda: self.discovery.answered_since(mark), timeout=10, what="discovery refreshed")
-
-    def run_until(self, done: Any, what: str, timeout: float = 20.0) -> Any:
-        """Authority passes (the fake clock moves a poll interval each) until `done()` is truthy."""
-        def step() -> Any:
-            assert self.authority.lease.renew()
-            one_pass(self.authority)
-            self.clock.advance(0.5)
-            return done()
-        return wait_until(step, timeout=timeout, interval=0.02, what=what)
-
-
-def build(tmp_path: Path, **discovery: Any) -> World:
-    (tmp_path / "token").write_text(TOKEN + "\n")
-    prometheus = FakePrometheus()
-    config = parse_config({
-        "discovery": {
-            "prometheus_url": prometheus.url, "refresh": 3600, "extra_refresh_every": 0.05, "timeout": 30,
-            "name_from": "__meta_kubernetes_pod_name", "placeholders": K8S,
-            "restart": ["restart-pod", "{namespace}", "{pod}"], **discovery,
-        },
-        "remediator": {
-            "state": "state.db", "token_file": "token", "dedup_window": 60, "verify_interval": 0.2,
-            "poll_interval": 0.1, "warmup_timeout": 100, "warmup_poll": 5, "action_timeout": 5,
-            "backoff": {"initial": 100, "factor": 2, "cap": 1000, "stable_after": 5000},
-        },
-    }, source=str(tmp_path / "llm-health.yml"))
-    clock = FakeClock()
-    app = create_app(config, clock=clock, with_authority=False)
-    ctx = app.extensions["remediator"]
-    ctx.services.start()                 # this worker's discovery: one refresh, then its refresher thread
-    world: World
-
-    def verifier(backend: Any) -> Verification:
-        return Verification(world.outcomes.get(backend.name, "down"), "fake verifier")
-
-    def runner(argv: Any, timeout: float, env: dict[str, str]) -> action.ActionResult:
-        world.calls.append(tuple(argv))
-        return action.ActionResult(action.OK, 0, "ok")
-
-    authority = Authority(ctx.store, ctx.config, verifier=verifier, warmup_check=lambda b: (False, "warming"),
-                          clock=clock, runner=runner, holder="test-authority")
-    world = World(app.test_client(), authority, ctx.store, clock, prometheus, app)
-    assert authority.lease.renew()
-    return world
+from tests.support.discovery import pod, rogue
+from tests.support.remediator import World, discovered, four_backends
 
 
 @pytest.fixture
 def w(tmp_path: Path) -> Iterator[World]:
-    world = build(tmp_path)
+    world = discovered(tmp_path)
     yield world
-    world.discovery.stop()
-    world.prometheus.close()
-    world.store.close()
+    world.close()
 
 
 def test_a_rogue_target_labelled_pod_vllm_0_never_gets_vllm_0_deleted(w: World) -> None:
@@ -249,3 +124,52 @@ def test_an_alert_for_a_proxy_or_an_invalid_name_is_still_ignored(w: World) -> N
     w.publish(pod("vllm-0"))
     w.post(payload(alert("a b"), alert(None, instance="10.9.9.9:1")))
     assert len(w.store.events(kind="ignored")) == 2 and not w.store.active_incidents()
+
+
+def test_a_discovered_backend_mid_restart_survives_a_remediator_start_while_prometheus_is_down(tmp_path: Path) -> None:
+    """The remediator (re)starts while Prometheus is down (a host reboot): its discovery has no answer, so
+    a discovered backend in the middle of a restart is unknown. Its incident must not be closed as 'no
+    longer configured' (that left the lifecycle owned by a closed incident: host mutex held, every later
+    restart of the backend deferred forever). Once discovery answers without it, the incident closes
+    and the lifecycle is released."""
+    w = four_backends(tmp_path)
+    import dataclasses
+
+    from llm_health.config import DiscoverySettings
+    from llm_health.discovery import Discovery, LiveBackends
+
+    w.post(payload(alert()))
+    w.run(3)
+    assert w.incident().state == "warming"                    # restarted, not warm yet (ready False)
+    config = w.authority.ctx.config
+    gpu_a = config.backend("gpu-a")
+    answer: dict[str, Any] = {"targets": None}
+
+    def fetch() -> list[Any]:
+        if answer["targets"] is None:
+            raise OSError("connection refused")                  # Prometheus down
+        return answer["targets"]
+
+    d = Discovery(DiscoverySettings(prometheus_url="http://127.0.0.1:9", selector='job="vllm"'),
+                  static=(), fetch=fetch)
+    static = tuple(b for b in config.backends if b.name != "gpu-a")
+    live = dataclasses.replace(config, backends=LiveBackends(static, d))
+    w.authority.ctx.config = live
+    d.refresh()
+    w.clock.advance(10)
+    w.run(3)
+    inc = w.incident()
+    assert inc is not None and inc.state == "warming"
+    assert "waiting_for_discovery" in w.kinds("gpu-a")
+    answer["targets"] = []                                       # answers, gpu-a really gone
+    w.clock.advance(10)
+    w.run(3)
+    assert w.incident() is not None                              # no good answer yet: kept
+    d.refresh()                                                  # the refresher thread's job (not started here)
+    w.clock.advance(10)
+    w.run(3)
+    assert w.incident() is None
+    with w.store.reader() as rd:
+        r = rd.lifecycle("gpu-a")
+        assert r.state == "error" and r.incident_id is None
+    assert gpu_a is not None

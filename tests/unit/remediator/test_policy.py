@@ -1,10 +1,12 @@
-"""The pure restart policy with a fake clock: backoff, budget, breaker, markers, verification."""
+"""The pure restart policy with a fake clock: backoff, budget, breaker, markers, verification, and
+`unresponsive` only once it persisted for unresponsive_after."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import pytest
+from llm_health.exporter.observation import Verification
 from llm_health.remediator import policy
 from llm_health.remediator.policy import (
     Decision,
@@ -125,3 +127,21 @@ def test_gates_come_before_verification() -> None:
     for f in (facts(0.0, breaker_open=True), facts(0.0, markers=(m,)), facts(50.0, restarts=(0.0,))):
         d = decide(f, None, S)
         assert isinstance(d, Decision) and d.deferred and d.kind != policy.VERIFY
+
+
+def test_policy_unresponsive_is_unknown_until_it_persisted() -> None:
+    s = policy.Settings(unknown_retry=5, unresponsive_after=120)
+    v = Verification("unresponsive", "every reading timed out")
+    first = policy.decide(policy.Facts(now=1000.0, backend="a", unresponsive_since=None), v, s)
+    assert first.kind == policy.DEFERRED_UNKNOWN and first.retry_at == 1005.0
+    held = policy.decide(policy.Facts(now=1119.0, backend="a", unresponsive_since=1000.0), v, s)
+    assert held.kind == policy.DEFERRED_UNKNOWN and held.retry_at == 1120.0
+    due = policy.decide(policy.Facts(now=1120.0, backend="a", unresponsive_since=1000.0), v, s)
+    assert due.kind == policy.RESTART
+    assert due.reason.startswith("verified unresponsive: no answer to /metrics for 120 s with work in flight")
+    dry = policy.decide(policy.Facts(now=1200.0, backend="a", unresponsive_since=1000.0, dry_run=True), v, s)
+    assert dry.kind == policy.WOULD_RESTART
+    assert policy.decide(policy.Facts(now=1000.0, backend="a"), Verification("unknown", ""), s).kind == \
+        policy.DEFERRED_UNKNOWN
+    with pytest.raises(ValueError):     # an outcome outside VerifyOutcome never reaches the policy
+        Verification("weird", "")

@@ -13,14 +13,12 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
 import yaml
-from llm_health.remediator.drain import ServerStat, show_stat
 from llm_health.remediator.inflight import read_in_flight
 from llm_health.simulator.server import SimConfig, Simulator
 
@@ -30,10 +28,9 @@ from tests.support.alerts import alert, payload
 from tests.support.fakes import has_sample
 from tests.support.haproxy import render_config
 from tests.support.paths import REPO
+from tests.support.remediator_process import TOKEN, RemediatorRig, stop_rig
 
 HAPROXY = shutil.which("haproxy")
-TOKEN = "lifecycle-test-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 RESTARTING = ("draining", "stopped", "initializing")
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(HAPROXY is None, reason="haproxy not installed")]
@@ -52,81 +49,6 @@ sys.exit(code)
 '''
 
 
-@dataclass
-class Rig:
-    url: str
-    tmp: Path
-    proc: ManagedProcess
-    sims: dict[str, Simulator]
-    agent_port: int
-    lb_url: str = ""
-    socket_path: str = ""
-    haproxy: ManagedProcess | None = None
-    mark: int = 0                      # audit events up to this id belong to the start-up
-    stuck: list[threading.Thread] = field(default_factory=list)
-
-    # -- remediator
-    def post(self, body: Any) -> None:
-        requests.post(f"{self.url}/webhook", json=body, headers=AUTH, timeout=10).raise_for_status()
-
-    def events(self, backend: str = "", kind: str = "") -> list[dict[str, Any]]:
-        r = requests.get(f"{self.url}/api/events", params={"backend": backend, "kind": kind, "limit": 5000},
-                         timeout=5)
-        r.raise_for_status()
-        return [e for e in reversed(r.json()["events"]) if e["id"] > self.mark]     # oldest first
-
-    def lifecycle(self) -> dict[str, str]:
-        r = requests.get(f"{self.url}/api/backends", timeout=5).json()["backends"]
-        return {b["backend"]: b["lifecycle"]["state"] for b in r}
-
-    def wait(self, cond: Any, what: str, timeout: float = 30.0) -> Any:
-        try:
-            return wait_until(cond, timeout=timeout, interval=0.05, what=what)
-        except AssertionError:
-            print(self.proc.log()[-3000:])
-            for e in self.events()[-60:]:
-                print(e["at"], e["kind"], e["backend"], e["reason"])
-            raise
-
-    def actions(self) -> list[tuple[str, str, float]]:
-        path = self.tmp / "actions.txt"
-        if not path.exists():
-            return []
-        return [(w[0], w[1], float(w[2])) for w in (ln.split() for ln in path.read_text().splitlines())]
-
-    # -- simulators
-    def stall_with_work(self, name: str) -> None:
-        """One long request straight to the simulator, then freeze the engine: it stays in flight."""
-        sim = self.sims[name]
-        t = threading.Thread(target=_swallow, args=(sim.url + "/v1/completions",
-                                                    {"prompt": "x", "max_tokens": 4000}), daemon=True)
-        t.start()
-        self.stuck.append(t)
-        wait_until(lambda: sim.stats_json()["running"] >= 1, what=f"work running on {name}")
-        sim.set_fault("stall")
-
-    # -- HAProxy
-    def stats(self) -> dict[str, ServerStat]:
-        return {srv: st for (px, srv), st in show_stat(self.socket_path).items() if px == "vllm"}
-
-    def complete(self, session: str | None = None, timeout: float = 10) -> requests.Response:
-        headers = {"X-Session-Id": session} if session else {}
-        return requests.post(self.lb_url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1},
-                             headers=headers, timeout=timeout)
-
-    def served_by(self, session: str | None = None) -> str:
-        resp = self.complete(session)
-        assert resp.status_code == 200, resp.text
-        return str(resp.json()["model"])
-
-
-def _swallow(url: str, body: dict[str, Any]) -> None:
-    try:
-        requests.post(url, json=body, timeout=30)
-    except requests.RequestException:
-        pass
-
-
 def timeline(events: list[dict[str, Any]], names: list[str]) -> list[dict[str, str]]:
     """Every backend's lifecycle state after each `lifecycle` event (audit log order)."""
     states = dict.fromkeys(names, "ready")
@@ -139,7 +61,7 @@ def timeline(events: list[dict[str, Any]], names: list[str]) -> list[dict[str, s
     return out
 
 
-def build_rig(tmp: Path, hosts: dict[str, str], lb: bool, **settings: Any) -> Rig:
+def build_rig(tmp: Path, hosts: dict[str, str], lb: bool, **settings: Any) -> RemediatorRig:
     sims: dict[str, Simulator] = {}
     proc = haproxy = None
     try:
@@ -171,7 +93,7 @@ def build_rig(tmp: Path, hosts: dict[str, str], lb: bool, **settings: Any) -> Ri
                               log_dir=tmp, cwd=REPO)
         url = f"http://127.0.0.1:{port}"
         proc.wait_http(url + "/healthz", timeout=30)
-        rig = Rig(url, tmp, proc, sims, agent_port)
+        rig = RemediatorRig(url, tmp, proc, sims, agent_port)
         rig.wait(lambda: set(rig.lifecycle().values()) == {"ready"}, "every backend READY")
         rig.mark = max(e["id"] for e in rig.events())
         if lb:
@@ -197,16 +119,8 @@ def build_rig(tmp: Path, hosts: dict[str, str], lb: bool, **settings: Any) -> Ri
         raise
 
 
-def stop_rig(rig: Rig) -> None:
-    for p in (rig.haproxy, rig.proc):
-        if p is not None:
-            p.stop()
-    for sim in rig.sims.values():
-        sim.stop()
-
-
 @pytest.fixture
-def rig_lb(tmp_path: Path) -> Iterator[Rig]:
+def rig_lb(tmp_path: Path) -> Iterator[RemediatorRig]:
     """gpu-a and gpu-b on different hosts behind HAProxy, min_ready 1."""
     rig = build_rig(tmp_path, {"gpu-a": "node-1", "gpu-b": "node-2"}, lb=True, min_ready=1)
     yield rig
@@ -222,7 +136,7 @@ def listeners(port: int) -> int:
 
 # ---------------------------------------------------------------------------------------------------------
 
-def test_restart_walks_every_state_and_traffic_returns_only_after_warmup(rig_lb: Rig) -> None:
+def test_restart_walks_every_state_and_traffic_returns_only_after_warmup(rig_lb: RemediatorRig) -> None:
     rig = rig_lb
     rig.wait(lambda: listeners(rig.agent_port) == 1, "one agent listener")   # two gunicorn workers, one listener
     assert {rig.served_by() for _ in range(6)} == {"gpu-a", "gpu-b"}
@@ -268,7 +182,7 @@ def test_restart_walks_every_state_and_traffic_returns_only_after_warmup(rig_lb:
     assert has_sample(metrics, f'llm_health_remediator_lifecycle_since_seconds{{backend="gpu-a"}} {ready["at"]!r}')
 
 
-def test_min_ready_holds_when_every_backend_stalls(rig_lb: Rig) -> None:
+def test_min_ready_holds_when_every_backend_stalls(rig_lb: RemediatorRig) -> None:
     """Policy: a stalled backend that still answers is not down, so it counts as READY for the floor and
     is only restarted while at least min_ready (1) other backends are READY: one restarts, the other waits."""
     rig = rig_lb

@@ -10,12 +10,9 @@ restart that exited 0 and expired the silence in the middle of B's warm-up.
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import Any
 
 from llm_health.exporter.observation import Verification
 from llm_health.remediator.app import create_app
@@ -25,6 +22,7 @@ from llm_health.remediator.store import SqliteStore
 
 from llm_health.config import parse_config
 from llm_health.drill.procs import wait_until
+from llm_health.httpserver import QuietHandler
 from tests.support.alerts import alert, one_pass, payload
 from tests.support.fakes import FakeClock
 from tests.support.loopback import Loopback
@@ -38,28 +36,18 @@ class FakeAlertmanager:
         self.expired: list[str] = []
         am = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             protocol_version = "HTTP/1.1"
-
-            def log_message(self, *_args: object) -> None:
-                pass
-
-            def _answer(self, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
 
             def do_POST(self) -> None:  # noqa: N802
                 self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 sid = f"s-{len(am.created) + 1}"
                 am.created.append(sid)
-                self._answer({"silenceID": sid})
+                self.reply_json(200, {"silenceID": sid})
 
             def do_DELETE(self) -> None:  # noqa: N802
                 am.expired.append(self.path.rsplit("/", 1)[-1])
-                self._answer({})
+                self.reply_json(200, {})
 
         self.server = Loopback(Handler)
         self.url = self.server.url

@@ -23,7 +23,7 @@ from llm_health.simulator.server import SimConfig, Simulator
 from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
 from tests.support.alerts import alert, payload
 from tests.support.paths import REPO
-from tests.test_remediator_lifecycle_lb import TOKEN, Rig, stop_rig
+from tests.support.remediator_process import TOKEN, RemediatorRig, stop_rig
 
 NAME = "gpu-a"
 WARMUP_TIMEOUT = 4.0
@@ -55,7 +55,7 @@ sys.exit(code)
 '''
 
 
-def build(tmp: Path, warmup_timeout: float) -> Rig:
+def build(tmp: Path, warmup_timeout: float) -> RemediatorRig:
     sim = Simulator(SimConfig(port=free_port(), control_port=free_port(), model=NAME,
                               restart_seconds=0.3, step_seconds=0.005)).start()
     proc = None
@@ -81,7 +81,7 @@ def build(tmp: Path, warmup_timeout: float) -> Rig:
                               log_dir=tmp, cwd=REPO)
         url = f"http://127.0.0.1:{port}"
         proc.wait_http(url + "/healthz", timeout=30)
-        rig = Rig(url, tmp, proc, {NAME: sim}, agent_port=0)
+        rig = RemediatorRig(url, tmp, proc, {NAME: sim}, agent_port=0)
         rig.wait(lambda: rig.lifecycle() == {NAME: "ready"}, "the backend READY at start-up")
         rig.mark = max(e["id"] for e in rig.events())
         return rig
@@ -93,20 +93,20 @@ def build(tmp: Path, warmup_timeout: float) -> Rig:
 
 
 @pytest.fixture
-def short_warmup(tmp_path: Path) -> Iterator[Rig]:
+def short_warmup(tmp_path: Path) -> Iterator[RemediatorRig]:
     rig = build(tmp_path, WARMUP_TIMEOUT)
     yield rig
     stop_rig(rig)
 
 
 @pytest.fixture
-def long_warmup(tmp_path: Path) -> Iterator[Rig]:
+def long_warmup(tmp_path: Path) -> Iterator[RemediatorRig]:
     rig = build(tmp_path, 15.0)
     yield rig
     stop_rig(rig)
 
 
-def restart_via_stall_alert(rig: Rig) -> tuple[int, int]:
+def restart_via_stall_alert(rig: RemediatorRig) -> tuple[int, int]:
     """Stall the simulator with work in flight and post the stall alert: the authority verifies
     no_progress, drains, runs the restart action. Returns (restarts, probes) seen before."""
     sim = rig.sims[NAME]
@@ -122,7 +122,7 @@ def one_token(url: str) -> requests.Response:
     return requests.post(url + "/v1/completions", json={"model": NAME, "prompt": "hi", "max_tokens": 1}, timeout=5)
 
 
-def states_until(rig: Rig, done: Any, what: str, timeout: float) -> list[str]:
+def states_until(rig: RemediatorRig, done: Any, what: str, timeout: float) -> list[str]:
     """Poll the lifecycle state until done(state); every distinct state seen, in order."""
     seen: list[str] = []
 
@@ -136,11 +136,11 @@ def states_until(rig: Rig, done: Any, what: str, timeout: float) -> list[str]:
     return seen
 
 
-def lifecycle_steps(rig: Rig) -> list[tuple[str, str]]:
+def lifecycle_steps(rig: RemediatorRig) -> list[tuple[str, str]]:
     return [(e["detail"]["source"], e["detail"]["target"]) for e in rig.events(NAME, "lifecycle")]
 
 
-def test_failing_generation_keeps_it_initializing_then_error_escalated_no_restart_loop(short_warmup: Rig) -> None:
+def test_failing_generation_keeps_it_initializing_then_error_escalated_no_restart_loop(short_warmup: RemediatorRig) -> None:
     rig, sim = short_warmup, short_warmup.sims[NAME]
     restarts, probes = restart_via_stall_alert(rig)
     # the restarted backend looks fine on the cheap endpoints, but cannot answer a single token
@@ -187,7 +187,7 @@ def test_failing_generation_keeps_it_initializing_then_error_escalated_no_restar
     assert kinds.count("escalated") == 1, kinds
 
 
-def test_clearing_the_error_before_the_timeout_lets_it_become_ready(long_warmup: Rig) -> None:
+def test_clearing_the_error_before_the_timeout_lets_it_become_ready(long_warmup: RemediatorRig) -> None:
     rig, sim = long_warmup, long_warmup.sims[NAME]
     _, probes = restart_via_stall_alert(rig)
     rig.wait(lambda: rig.lifecycle()[NAME] == "initializing", "gpu-a INITIALIZING after the action")

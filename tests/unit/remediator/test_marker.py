@@ -1,75 +1,27 @@
-"""Small parts of the remediator: payload validation and dedup keys, marker files, the action runner."""
+"""Busy markers as files (remediator/marker.py): exact names, TTLs and their cap, mtimes from the
+future, an unusable busy_dir and files that never end; a marker holds a restart for its TTL only.
+"""
 
 from __future__ import annotations
 
 import os
-import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from llm_health.remediator import action
-from llm_health.remediator.alert import PayloadError, parse_notification
 from llm_health.remediator.marker import file_markers, write_marker_file
 
+from llm_health.config import ConfigError, parse_config
 from tests.support.alerts import alert, payload
-
-# a real Alertmanager 0.25 payload (docs: reference facts §1.1)
-AM_025 = {
-    "receiver": "hook", "status": "firing",
-    "alerts": [{
-        "status": "firing",
-        "labels": {"alertname": "AppStuck", "cluster": "e2e", "instance": "127.0.0.1:18000", "job": "app",
-                   "severity": "critical"},
-        "annotations": {"summary": "stuck on 127.0.0.1:18000"},
-        "startsAt": "2026-11-29T18:17:48.51Z", "endsAt": "0001-01-01T00:00:00Z",
-        "generatorURL": "http://vm:19090/graph?g0.expr=app_stuck+%3D%3D+1&g0.tab=1",
-        "fingerprint": "ab26b92c61261eb6",
-    }],
-    "groupLabels": {"alertname": "AppStuck"}, "commonLabels": {}, "commonAnnotations": {},
-    "externalURL": "http://vm:19093", "version": "4", "groupKey": "{}:{alertname=\"AppStuck\"}",
-    "truncatedAlerts": 0,
-}
+from tests.support.remediator import AUTH, World, four_backends
 
 
-def test_parses_a_real_alertmanager_payload() -> None:
-    n = parse_notification(AM_025)
-    assert n.status == "firing" and n.group_key == '{}:{alertname="AppStuck"}'
-    (a,) = n.alerts
-    assert a.name == "AppStuck" and a.fingerprint == "ab26b92c61261eb6" and not a.wants_restart
-    assert a.labels["instance"] == "127.0.0.1:18000"
-
-
-def test_dedup_key_ignores_external_url_and_order_but_not_status_or_firing() -> None:
-    a1, a2 = alert(), alert(alertname="LLMBackendDown")
-    key = parse_notification(payload(a1, a2)).dedup_key()
-    assert parse_notification(payload(a2, a1, external="http://am-1:9093")).dedup_key() == key
-    assert parse_notification(payload(a1, a2, receiver="other")).dedup_key() == key
-    assert parse_notification(payload(a1)).dedup_key() != key
-    refired = alert(starts_at="2026-11-30T01:00:00Z")
-    assert parse_notification(payload(refired, a2)).dedup_key() != key
-    resolved = payload(alert(status="resolved"), alert(alertname="LLMBackendDown", status="resolved"))
-    assert parse_notification(resolved).dedup_key() != key
-
-
-@pytest.mark.parametrize("bad", [
-    None, [], "x", {"alerts": None}, {"alerts": [1]}, {"alerts": [{"status": "firing", "labels": []}]},
-    {"alerts": [{"status": "firing", "labels": {"a": "b" * 5000}}]},
-    {"alerts": [{"status": "firing", "labels": {}, "fingerprint": 5}]},
-    {"version": 4, "alerts": []},
-    {"alerts": [{"status": "firing", "labels": {}}] * 1001},
-])
-def test_bad_payloads_say_why(bad: object) -> None:
-    with pytest.raises(PayloadError) as exc:
-        parse_notification(bad)
-    assert str(exc.value)
-
-
-def test_missing_fingerprint_is_derived_from_labels() -> None:
-    body = payload(alert())
-    del body["alerts"][0]["fingerprint"]
-    one = parse_notification(body).alerts[0].fingerprint
-    assert one and one == parse_notification(body).alerts[0].fingerprint
+@pytest.fixture
+def w(tmp_path: Path) -> Iterator[World]:
+    world = four_backends(tmp_path)
+    yield world
+    world.close()
 
 
 def test_marker_files(tmp_path: Path) -> None:
@@ -131,41 +83,6 @@ def test_unusable_busy_dir_fails_closed(tmp_path: Path) -> None:
     assert m.valid(time.time()) and "unreadable busy_dir" in m.owner
 
 
-def test_action_runs_argv_without_shell(tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    code = f"import sys, os; open({str(out)!r}, 'w').write(repr(sys.argv[1:]) + os.environ['LLM_HEALTH_BACKEND'])"
-    r = action.run_action([sys.executable, "-c", code, "$(id)", "; rm -rf /"], timeout=10,
-                          env={"LLM_HEALTH_BACKEND": "gpu-a"})
-    assert r.result == action.OK and r.exit_code == 0
-    assert out.read_text() == "['$(id)', '; rm -rf /']gpu-a"
-
-
-def test_action_failure_timeout_and_output_truncation() -> None:
-    r = action.run_action([sys.executable, "-c", "import sys; print('x' * 10000); sys.exit(4)"], timeout=10)
-    assert r.result == action.FAILED and r.exit_code == 4
-    assert len(r.output) < 4100 and "[truncated]" in r.output
-    r = action.run_action([sys.executable, "-c", "import time; print('started', flush=True); time.sleep(30)"],
-                          timeout=0.5)
-    assert r.result == action.TIMEOUT and r.outcome_unknown and "started" in r.output
-    r = action.run_action(["/nonexistent/restart-me"], timeout=1)
-    assert r.result == action.FAILED and r.exit_code is None and "cannot start" in r.output
-
-
-def test_remediator_refuses_to_start_on_bad_token_or_corrupt_state(tmp_path: Path,
-                                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    from llm_health.cli import main
-
-    cfg = tmp_path / "llm-health.yml"
-    cfg.write_text("remediator: {token_file: missing-token, state: state.db}\n")
-    assert main(["remediator", "--config", str(cfg)]) == 2
-    assert "token_file" in capsys.readouterr().err
-    (tmp_path / "missing-token").write_text("t")
-    (tmp_path / "state.db").write_bytes(b"this is not a database" * 100)   # never silently reset
-    assert main(["remediator", "--config", str(cfg)]) == 2
-    assert "state" in capsys.readouterr().err
-    assert main(["remediator", "--config", str(cfg), "--listen", "nonsense"]) == 2
-
-
 def test_marker_files_that_never_end_do_not_block_the_claim(tmp_path: Path) -> None:
     """file_markers runs inside the claim's BEGIN IMMEDIATE: a FIFO (a job's mistake in the group-writable
     busy_dir) or a link to /dev/zero must neither block nor read forever; each still counts as a marker."""
@@ -189,3 +106,57 @@ def test_marker_files_that_never_end_do_not_block_the_claim(tmp_path: Path) -> N
     assert {m.id for m in markers} == {"file:gpu-a@fifo", "file:gpu-a@zero"}   # type: ignore[attr-defined]
     fifo = next(m for m in markers if m.id == "file:gpu-a@fifo")                # type: ignore[attr-defined]
     assert fifo.valid(time.time()) and fifo.expires_at == pytest.approx(time.time() + 100, abs=5)
+
+
+def test_f7_marker_names_match_exactly(tmp_path: Path) -> None:
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "gpu.a").write_text("")
+    (busy / ".gpu").write_text("")
+    assert file_markers(busy, "gpu", 100, now=time.time()) == ()     # gpu.a is backend gpu.a's, .gpu is hidden
+    assert [m.id for m in file_markers(busy, "gpu.a", 100, now=time.time())] == ["file:gpu.a"]
+    with pytest.raises(ConfigError, match="name"):
+        parse_config({"backends": [{"name": ".gpu", "url": "http://127.0.0.1:1"}]})
+
+
+def test_f7_every_marker_has_a_ttl_cap(w: World, tmp_path: Path) -> None:
+    busy = tmp_path / "busy"
+    busy.mkdir(exist_ok=True)
+    (busy / "gpu-a").write_text("ttl=99999999999\n")
+    (m,) = file_markers(busy, "gpu-a", 3600, 86400, now=time.time())
+    assert m.expires_at <= os.stat(busy / "gpu-a").st_mtime + 86400
+    r = w.client.post("/api/busy", json={"backend": "gpu-a", "owner": "me", "ttl_seconds": 7 * 86400}, headers=AUTH)
+    assert r.status_code == 400 and "marker_max_ttl" in r.get_json()["error"]
+    with pytest.raises(ConfigError, match="busy_file_ttl"):
+        parse_config({"remediator": {"busy_file_ttl": 100000, "marker_max_ttl": 3600}})
+
+
+def test_file_marker_defers_and_expired_file_is_ignored(w: World, tmp_path: Path) -> None:
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    marker = busy / "gpu-a@nightly-eval"
+    marker.write_text("ttl=600\n")
+    os.utime(marker, (w.clock.t, w.clock.t))
+    (busy / "gpu-ab").write_text("")                  # another name: not a marker for gpu-a
+    holds_for_its_ttl(w, 601)
+
+
+def holds_for_its_ttl(w: World, ttl: float) -> None:
+    """An alert about gpu-a: deferred by the marker, then restarted once `ttl` has passed."""
+    w.post(payload(alert()))
+    w.run()
+    assert w.calls == [] and w.kinds("gpu-a")[-1] == "deferred_marker"
+    w.clock.advance(ttl)
+    w.run()
+    assert w.calls == [("restart-a", "--now")]
+
+
+def test_file_marker_with_a_future_mtime_holds_for_its_ttl_only(w: World, tmp_path: Path) -> None:
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    marker = busy / "gpu-a@skewed"
+    marker.write_text("ttl=600\n")
+    w.clock.t = time.time()                           # the kernel's ctime of the file is real time
+    future = w.clock.t + 3650 * 86400                 # seen in the field: a marker valid for ten years
+    os.utime(marker, (future, future))
+    holds_for_its_ttl(w, 601)

@@ -1,6 +1,10 @@
 """Acceptance: a real `llm-health remediator` under gunicorn (4 workers), real simulators on loopback,
 the real exporter.check.verify, and a restart action that records its calls and then restarts the
 simulator through `python -m llm_health.simulator.ctl restart`.
+
+With nothing but incident dedup (no backoff, a large budget) a storm still gives one restart per
+incident, and a hung server (accepts connections, never answers) is restarted exactly once, only
+after `unresponsive_after`.
 """
 
 from __future__ import annotations
@@ -309,3 +313,58 @@ def test_kill9_mid_restart_collects_the_real_outcome(tmp_path: Path, crash_what:
             proc.stop()
         kill_recorded(calls)
         sim.stop()
+
+
+# -- nothing but incident dedup, and a hung server --------------------------------------------------
+UNRESPONSIVE_AFTER = 3.0
+
+
+def dedup_and_hang_settings(cfg: dict[str, Any]) -> None:
+    cfg["exporter"]["read_timeout"] = 0.5
+    cfg["remediator"].update({
+        "backoff": {"initial": 0, "factor": 2, "cap": 0, "stable_after": 3600},   # nothing but dedup
+        "budget": {"restarts": 100, "window": 3600}, "breaker": {"restarts": 100, "window": 3600},
+        "unresponsive_after": UNRESPONSIVE_AFTER, "stalled_drain_timeout": 0.5,
+    })
+
+
+@pytest.fixture(scope="module")
+def dedup_rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    with running_rig(tmp_path_factory.mktemp("remediator-dedup"), ("storm", "hung"), "remediator-dedup",
+                     dedup_and_hang_settings) as r:
+        yield r
+
+
+def fault(sim: Simulator, name: str) -> None:
+    requests.post(sim.control_url + "/sim/fault", json={"fault": name}, timeout=5).raise_for_status()
+
+
+def test_dedup_alone_gives_one_restart_per_incident(dedup_rig: Rig) -> None:
+    fault(dedup_rig.sims["storm"], "crash")
+    first = payload(alert("storm"))
+    bodies = [first] * 6 + [payload(alert("storm"), external="http://am-1:9093")] * 4 + [
+        payload(alert("storm", alertname="LLMBackendDown")),
+    ]
+    assert fire_at_once(dedup_rig, bodies) == [202] * len(bodies)
+    dedup_rig.wait_event("storm", "recovered")
+    assert len(dedup_rig.events("storm", "incident_opened")) == 1
+    assert len(dedup_rig.events("storm", "restarting")) == 1
+    assert len(dedup_rig.calls_for("storm")) == 1
+    assert requests.get(dedup_rig.sims["storm"].control_url + "/sim/stats", timeout=5).json()["restarts"] == 1
+    assert dedup_rig.events("storm", "deferred_backoff") == []          # backoff never held anything back
+
+
+def test_hung_server_is_restarted_once_after_unresponsive_after(dedup_rig: Rig) -> None:
+    sim = dedup_rig.sims["hung"]
+    fault(sim, "hang")
+    assert dedup_rig.post(payload(alert("hung"))).status_code == 202
+    dedup_rig.wait_event("hung", "recovered", timeout=60)
+    deferred = [e for e in reversed(dedup_rig.events("hung", "deferred_unknown")) if "unresponsive" in e["reason"]]
+    restarting = dedup_rig.events("hung", "restarting")
+    draining = dedup_rig.events("hung", "draining")
+    assert deferred, dedup_rig.events("hung")
+    assert len(restarting) == 1 and len(dedup_rig.calls_for("hung")) == 1
+    assert restarting[0]["at"] - deferred[0]["at"] >= UNRESPONSIVE_AFTER    # not before the window
+    assert len(draining) == 1 and "no answer to /metrics for" in draining[0]["reason"]
+    assert requests.get(sim.control_url + "/sim/stats", timeout=5).json()["restarts"] == 1
+    assert requests.get(sim.url + "/health", timeout=5).ok

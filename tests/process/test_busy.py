@@ -1,8 +1,10 @@
-"""`llm-health busy` as a real process: marker file set while the job runs, removed after, exit code kept."""
+"""`llm-health busy` as a real process: marker file set while the job runs, removed after, exit code kept;
+a lost marker is re-created, and the job is stopped loudly when it cannot be."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -88,3 +90,37 @@ def test_the_job_dies_with_a_killed_wrapper(tmp_path: Path, ttl: str) -> None:
         proc.stop()
         if job and _running(job):
             os.kill(job, signal.SIGKILL)
+
+
+def test_f7_busy_wrapper_recreates_a_lost_marker(tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    job = f"import os, sys, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)\nsys.exit(0)"
+    proc = ManagedProcess(llm_health("busy", "--backend", "gpu-a", "--ttl", "0.6", "--config", write_config(tmp_path, name="busy.yml"),
+                                     "--", "python3", "-c", job), name="busy", log_dir=tmp_path)
+    try:
+        busy = tmp_path / "busy"
+        (first,) = wait_until(lambda: list(busy.glob("gpu-a@*")), what="marker file")
+        first.unlink()                                             # lost: removed by hand
+        wait_until(lambda: list(busy.glob("gpu-a@*")), timeout=10, what="marker re-created")
+        assert "re-created" in proc.log()
+        go.write_text("")
+        assert proc.proc.wait(timeout=10) == 0
+    finally:
+        proc.stop()
+
+
+def test_f7_busy_wrapper_stops_loudly_when_the_marker_cannot_come_back(tmp_path: Path) -> None:
+    ran_on = tmp_path / "still-running"
+    job = f"import time\nwhile True:\n    open({str(ran_on)!r}, 'w').write(str(time.time()))\n    time.sleep(0.05)"
+    proc = ManagedProcess(llm_health("busy", "--backend", "gpu-a", "--ttl", "0.6", "--config", write_config(tmp_path, name="busy.yml"),
+                                     "--", "python3", "-c", job), name="busy", log_dir=tmp_path)
+    try:
+        busy = tmp_path / "busy"
+        wait_until(lambda: list(busy.glob("gpu-a@*")) and ran_on.exists(), what="marker file and job running")
+        shutil.rmtree(busy)
+        busy.write_text("a file where the marker folder was")     # the marker cannot be written again
+        assert wait_until(lambda: proc.proc.poll() is not None and [proc.proc.returncode], timeout=15,
+                          what="busy wrapper stopping")[0] == 3
+        assert "cannot be re-created" in proc.log()
+    finally:
+        proc.stop()

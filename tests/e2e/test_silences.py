@@ -1,0 +1,70 @@
+"""Silences around one restart (remediator/restart/silences.py) against a real Alertmanager 0.25: the
+in-process remediator creates one when the drain begins, long enough for the whole restart, and
+expires it once the backend is READY again.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+import requests
+
+from llm_health.drill.procs import ManagedProcess, free_port
+from tests.support.alerts import alert, payload
+from tests.support.fakes import has_sample
+from tests.support.remediator import fleet
+
+AM_BINARY = shutil.which("prometheus-alertmanager")
+
+
+@pytest.fixture
+def alertmanager(tmp_path: Path) -> Iterator[str]:
+    if AM_BINARY is None:
+        pytest.skip("prometheus-alertmanager not installed")
+    port, cluster = free_port(), free_port()
+    cfg = tmp_path / "am.yml"
+    cfg.write_text("route:\n  receiver: none\nreceivers:\n  - name: none\n")
+    proc = ManagedProcess([AM_BINARY, f"--config.file={cfg}", f"--storage.path={tmp_path / 'am-data'}",
+                           f"--web.listen-address=127.0.0.1:{port}", f"--cluster.listen-address=127.0.0.1:{cluster}"],
+                          name="alertmanager", log_dir=tmp_path)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        proc.wait_http(url + "/-/ready", timeout=20)
+        yield url
+    finally:
+        proc.stop()
+
+
+def test_silence_covers_the_restart_and_is_removed_after(tmp_path: Path, alertmanager: str) -> None:
+    w = fleet(tmp_path, alertmanager_url=alertmanager)
+    w.deliver(payload(alert()))
+    w.run()
+    rows = w.store.conn().execute("SELECT * FROM silences").fetchall()
+    assert len(rows) == 1 and rows[0]["backend"] == "gpu-a" and rows[0]["expired_at"] is None
+    sil = requests.get(f"{alertmanager}/api/v2/silence/{rows[0]['id']}", timeout=5).json()
+    assert sil["status"]["state"] == "active"
+    assert sil["matchers"] == [{"name": "backend", "value": "gpu-a", "isRegex": False, "isEqual": True}]
+    length = (datetime.fromisoformat(sil["endsAt"]) - datetime.fromisoformat(sil["startsAt"])).total_seconds()
+    assert abs(length - (60 + 30 + 100 + 60)) < 2           # drain + action + warm-up timeouts + margin
+    w.ready["gpu-a"] = False
+    w.clock.advance(5)
+    w.run()
+    assert requests.get(f"{alertmanager}/api/v2/silence/{rows[0]['id']}", timeout=5).json()["status"]["state"] == \
+        "active"
+    w.ready["gpu-a"] = True
+    w.clock.advance(5)
+    w.run()
+    assert w.state() == "ready"
+    assert requests.get(f"{alertmanager}/api/v2/silence/{rows[0]['id']}", timeout=5).json()["status"]["state"] == \
+        "expired"
+    assert w.store.conn().execute("SELECT expired_at FROM silences").fetchone()[0] is not None
+    kinds = w.kinds("gpu-a")
+    assert kinds.index("draining") < kinds.index("silence_created") < kinds.index("restarting")
+    assert kinds.index("silence_expired") < kinds.index("recovered")
+    metrics = w.client.get("/metrics").get_data(as_text=True)
+    assert has_sample(metrics, 'llm_health_remediator_silences_total{result="created"} 1')
+    assert has_sample(metrics, 'llm_health_remediator_silences_total{result="expired"} 1')

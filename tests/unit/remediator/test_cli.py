@@ -1,0 +1,42 @@
+"""`llm-health remediator` (remediator/cli.py) in-process: it refuses to start on a bad token or a corrupt
+state, and its settings reach gunicorn.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llm_health.config import parse_config
+
+
+def test_remediator_refuses_to_start_on_bad_token_or_corrupt_state(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from llm_health.cli import main
+
+    cfg = tmp_path / "llm-health.yml"
+    cfg.write_text("remediator: {token_file: missing-token, state: state.db}\n")
+    assert main(["remediator", "--config", str(cfg)]) == 2
+    assert "token_file" in capsys.readouterr().err
+    (tmp_path / "missing-token").write_text("t")
+    (tmp_path / "state.db").write_bytes(b"this is not a database" * 100)   # never silently reset
+    assert main(["remediator", "--config", str(cfg)]) == 2
+    assert "state" in capsys.readouterr().err
+    assert main(["remediator", "--config", str(cfg), "--listen", "nonsense"]) == 2
+
+
+def test_settings_reach_gunicorn(monkeypatch: pytest.MonkeyPatch) -> None:
+    from llm_health.remediator.buffering import ServingLimits
+    from llm_health.remediator.cli import RemediatorServer
+    from llm_health.remediator.serving import GuardedThreadWorker
+
+    monkeypatch.setattr(GuardedThreadWorker, "limits", GuardedThreadWorker.limits)   # restored afterwards
+    settings = {"request_timeout": 7, "idle_timeout": 2.5, "max_header_bytes": 4096, "max_body_bytes": 5000,
+                "max_pending_connections": 100, "max_pending_per_peer": 10}
+    server = RemediatorServer(parse_config({"remediator": settings}))
+    assert GuardedThreadWorker.limits == ServingLimits(**settings)
+    assert server.cfg.control_socket_disable is True
+    assert server.cfg.keepalive == 3                          # gunicorn counts whole seconds
+    assert server.cfg.worker_connections == 100 + 256
+    assert server.cfg.worker_class is GuardedThreadWorker

@@ -1,0 +1,194 @@
+"""Before a restart (remediator/restart/consider.py and gates.py): the verification decides (recovered,
+restarted by someone else, unknown, down, dry run, no action) and the gates hold it (backoff,
+budget, the fleet breaker, the per-host mutex, the min_ready floor); an unresponsive backend is restarted
+once, after unresponsive_after of consecutive samples. In-process, pass by pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from llm_health.remediator import action
+
+from tests.support.alerts import alert, payload
+from tests.support.fakes import has_sample
+from tests.support.remediator import AUTH, World, fleet, four_backends
+
+
+@pytest.fixture
+def w(tmp_path: Path) -> Iterator[World]:
+    world = four_backends(tmp_path)
+    yield world
+    world.close()
+
+
+def test_backend_that_recovered_is_not_restarted(w: World) -> None:
+    w.outcomes["gpu-a"] = "progress"
+    w.post(payload(alert()))
+    w.run()
+    assert w.calls == [] and w.incident() is None
+    assert "verified_healthy" in w.kinds("gpu-a")
+
+
+def test_restarted_by_someone_else_is_not_restarted(w: World) -> None:
+    w.outcomes["gpu-a"] = "restarted"
+    w.post(payload(alert()))
+    w.run()
+    assert w.calls == [] and "restarted_by_other" in w.kinds("gpu-a")
+
+
+def test_unknown_verification_fails_closed_then_retries(w: World) -> None:
+    w.outcomes["gpu-a"] = "unknown"
+    w.post(payload(alert()))
+    w.run(5)
+    assert w.calls == [] and w.incident().state == "open"
+    assert w.kinds("gpu-a").count("deferred_unknown") == 1
+    assert w.verifications == 1            # not re-verified on every tick
+    w.outcomes["gpu-a"] = "no_progress"
+    w.clock.advance(1)
+    w.run()
+    assert w.calls == [("restart-a", "--now")]
+
+
+def test_verified_down_skips_the_drain(tmp_path: Path) -> None:
+    w = fleet(tmp_path)
+    w.outcomes["gpu-a"] = "down"
+    w.deliver(payload(alert()))
+    w.run()
+    assert w.steps()[1] == ("ready", "stopped")    # nothing to drain
+    assert w.restarted == ["gpu-a"]
+
+
+def test_dry_run_records_would_restart(tmp_path: Path) -> None:
+    w = four_backends(tmp_path, dry_run=True)
+    w.post(payload(alert()))
+    w.run()
+    assert w.calls == [] and "would_restart" in w.kinds("gpu-a")
+    w.post(payload(alert(alertname="LLMBackendDown")))
+    w.run()
+    assert w.kinds("gpu-a").count("would_restart") == 1
+
+
+def test_backend_without_action_is_only_recorded(w: World) -> None:
+    w.post(payload(alert(backend="gpu-n")))
+    w.run()
+    assert w.calls == [] and "not_configured" in w.kinds("gpu-n")
+
+
+def test_failed_action_waits_for_backoff(w: World) -> None:
+    w.result = action.ActionResult(action.FAILED, 3, "boom")
+    w.post(payload(alert()))
+    w.run(5)
+    assert len(w.calls) == 1 and w.incident().state == "open"
+    assert "deferred_backoff" in w.kinds("gpu-a")
+    w.clock.advance(99)
+    w.run()
+    assert len(w.calls) == 1
+    w.clock.advance(2)
+    w.run()
+    assert len(w.calls) == 2
+    restarts = w.client.get("/metrics").get_data(as_text=True)
+    assert has_sample(restarts, 'llm_health_remediator_restarts_total{backend="gpu-a",result="failed"} 2')
+
+
+def test_breaker_opens_across_the_fleet_and_resets_through_api(tmp_path: Path) -> None:
+    w = four_backends(tmp_path, breaker={"restarts": 2, "window": 10000})
+    for name in ("gpu-a", "gpu-b", "gpu-c"):
+        w.post(payload(alert(backend=name)))
+    w.run(5)
+    assert len(w.calls) == 2
+    assert "breaker_open" in w.kinds()
+    metrics = w.client.get("/metrics").get_data(as_text=True)
+    assert has_sample(metrics, "llm_health_remediator_breaker_open 1")
+    w.clock.advance(20_000)                      # stays open after the window
+    w.run()
+    assert len(w.calls) == 2
+    assert w.client.post("/api/breaker/reset").status_code == 401
+    assert w.client.post("/api/breaker/reset", headers=AUTH).status_code == 200
+    w.run()
+    assert len(w.calls) == 3
+    assert has_sample(w.client.get("/metrics").get_data(as_text=True), "llm_health_remediator_breaker_open 0")
+
+
+def test_budget_holds_over_incidents(tmp_path: Path) -> None:
+    w = four_backends(tmp_path, budget={"restarts": 2, "window": 10000})
+    for i in range(4):
+        w.post(payload(alert(starts_at=f"2026-11-30T0{i}:00:00Z")))
+        w.run()
+        w.ready["gpu-a"] = True
+        w.clock.advance(2000)
+        w.run()
+        w.ready["gpu-a"] = False
+    assert len(w.calls) == 2
+    assert "deferred_budget" in w.kinds("gpu-a")
+
+
+def test_per_host_mutex_defers_the_second_backend(tmp_path: Path) -> None:
+    w = fleet(tmp_path, ("gpu-a", "gpu-b", "gpu-c"), hosts={"gpu-a": "n1", "gpu-b": "n1", "gpu-c": "n2"})
+    w.deliver(payload(alert("gpu-a"), alert("gpu-b"), alert("gpu-c")))
+    w.run()
+    assert (w.state("gpu-a"), w.state("gpu-b"), w.state("gpu-c")) == ("draining", "ready", "draining")
+    deferred = w.store.events(kind="deferred_host")
+    assert [e.backend for e in deferred] == ["gpu-b"] and "gpu-a on the same host n1" in deferred[0].reason
+    w.ready["gpu-a"] = w.ready["gpu-c"] = False
+    w.clock.advance(5)
+    w.run()
+    assert w.state("gpu-a") == "initializing" and w.state("gpu-b") == "ready"    # still waiting
+    w.run(5)
+    assert len(w.store.events(kind="deferred_host")) == 1                      # logged once
+    w.ready["gpu-a"] = True
+    w.clock.advance(5)
+    w.run()
+    assert w.state("gpu-a") == "ready" and w.state("gpu-b") == "draining"
+
+
+def test_min_ready_floor_and_the_down_exception(tmp_path: Path) -> None:
+    w = fleet(tmp_path, min_ready=1)
+    w.deliver(payload(alert("gpu-a"), alert("gpu-b")))
+    w.run()
+    assert (w.state("gpu-a"), w.state("gpu-b")) == ("draining", "ready")
+    assert [e.backend for e in w.store.events(kind="deferred_min_ready")] == ["gpu-b"]
+    w.outcomes["gpu-b"] = "down"                   # gpu-b goes down: restarting it costs no capacity
+    w.ready["gpu-b"] = False
+    w.clock.advance(1)
+    w.run()
+    assert w.state("gpu-b") == "initializing" and ("ready", "stopped") in w.steps("gpu-b")
+    assert w.restarted == ["gpu-b"]
+
+
+def test_unresponsive_restarts_once_after_the_window_and_a_break_restarts_the_window(tmp_path: Path) -> None:
+    w = fleet(tmp_path, unresponsive_after=120)
+    w.outcomes["gpu-a"] = "unresponsive"
+    w.deliver(payload(alert()))
+    w.run()
+    first = w.last_incident()["unresponsive_since"]
+    assert first == w.clock.t and w.state() == "ready"
+    w.clock.advance(60)
+    w.run()
+    w.outcomes["gpu-a"] = "unknown"                # one answer in between: the run is broken
+    w.clock.advance(1)
+    w.run()
+    assert w.last_incident()["unresponsive_since"] is None
+    w.outcomes["gpu-a"] = "unresponsive"
+    w.clock.advance(1)
+    w.run()
+    assert w.last_incident()["unresponsive_since"] == w.clock.t
+    for _ in range(11):                            # consecutive samples (a gap of two verifications starts over)
+        w.clock.advance(10)
+        w.run()
+    w.clock.advance(9)
+    w.run()
+    assert w.restarted == [] and w.state() == "ready"
+    w.clock.advance(1)
+    w.run()
+    assert w.state() == "draining"
+    w.clock.advance(5)                             # treated like a stall: stalled_drain_timeout
+    w.run()
+    w.clock.advance(5)
+    w.run(5)
+    assert w.restarted == ["gpu-a"]
+    assert len(w.store.events(kind="restarting", backend="gpu-a")) == 1
+    draining = w.store.events(kind="draining", backend="gpu-a")
+    assert len(draining) == 1 and "no answer to /metrics for 120 s with work in flight" in draining[0].reason
