@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
+from llm_health import groups
 from llm_health.config import NAME_RE, Backend, DiscoverySettings
 from llm_health.discovery.placeholders import PlaceholderError, expand_argv
 from llm_health.discovery.selector import SCRAPE_POOL, Matcher, selects
@@ -164,7 +165,8 @@ def backends_from_targets(targets: Sequence[Any], settings: DiscoverySettings,
             refusals.append(refused)
         host = discovered.get(settings.host_from, "") if settings.host_from else ""
         chosen.append(Backend(name=name, url=url, host=host, model=labels.get(settings.model_label, "")
-                              if settings.model_label else "", restart=restart))
+                              if settings.model_label else "", restart=restart,
+                              labels=groups.from_target(labels, settings.group_labels)))
     return Discovered(tuple(chosen), tuple(refusals), matched, tuple(duplicates))
 
 

@@ -33,6 +33,7 @@ from llm_health.remediator.restart.result import DONE, LookAgain, StepResult
 from llm_health.remediator.restart.warmup import watch_recovery, watch_warmup
 from llm_health.remediator.store import Incident, IncidentState
 
+from llm_health import groups
 from llm_health.config import Backend
 
 IS = IncidentState
@@ -66,6 +67,10 @@ class Reconciler:
             backend = self.ctx.config.backend(inc.backend)     # the refresh may have found it
             if backend is None:
                 return close(self.ctx, inc.id, inc.backend, "closed", "backend no longer configured")
+            # opened before this worker knew the backend: only now can its group labels be compared
+            why = groups.mismatch(dict(inc.labels), backend.labels, f"backend {backend.name}")
+            if why is not None and not inc.restart_under_way:
+                return close(self.ctx, inc.id, inc.backend, "closed", f"not this backend's alert: {why}")
         else:
             self.discovery.found(inc.id)
         step = STEPS.get(inc.state)

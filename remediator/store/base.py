@@ -39,6 +39,8 @@ from llm_health.remediator.store.rows import (
     Silence,
 )
 
+from llm_health.groups import Labels
+
 
 class StateError(RuntimeError):
     """The state cannot be used (deleted, replaced, damaged, too new); we stop rather than start from an
@@ -116,7 +118,8 @@ class Transaction(Reads, Protocol):
     # -- notifications and incidents --------------------------------------------------------------------
     def remember_delivery(self, key: str, at: float, forget_before: float) -> None: ...
     def remember_resolved(self, fingerprint: str, starts_at: str, at: float) -> None: ...
-    def open_incident(self, backend: str, at: float) -> int: ...
+    def open_incident(self, backend: str, at: float, labels: Labels = ()) -> int:
+        """A new OPEN incident of `backend`, recording the group labels of the alert that opened it."""
     def alert_firing(self, incident_id: int, fingerprint: str, starts_at: str, alertname: str) -> None: ...
     def alert_resolves(self, incident_id: int, fingerprint: str, starts_at: str) -> None:
         """Mark the incident's alert resolved (every firing of it when `starts_at` is '')."""
