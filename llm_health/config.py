@@ -52,6 +52,7 @@ class Backend:
     model: str = ""
     restart: tuple[str, ...] = ()
     labels: groups.Labels = ()          # group labels (cluster, namespace, ...) an alert about it must carry
+    workload: str = ""                  # discovered: the ReplicaSet that replaces this pod under a new name
 
     @property
     def address(self) -> str:

@@ -129,6 +129,13 @@ class Transaction(Reads, Protocol):
                       next_check_at: float | None = None, warm_deadline: float | None = None) -> None:
         """Set the state (CLOSED stamps closed_at); the named fields too (None: unchanged)."""
 
+    def note_workload(self, incident_id: int, workload: str, members: tuple[str, ...]) -> None:
+        """The restarted backend's workload (a ReplicaSet) and the backends it had when the restart began."""
+
+    def take_replacement(self, incident_id: int, backend: str) -> bool:
+        """Follow `backend` as the replacement of the incident's pod; False when another open incident
+        follows it already (two restarts of one ReplicaSet never take the same new pod)."""
+
     def look_again_at(self, incident_id: int, t: float, note: str | None = None) -> None:
         """When to look at the incident again (monotonic), and optionally its note; nothing else changes."""
 

@@ -67,6 +67,9 @@ class Incident:
     unresponsive_since: float | None = None       # monotonic: first of the current run of `unresponsive`
     unresponsive_seen_at: float | None = None     # monotonic: the latest `unresponsive`
     labels: Labels = ()                           # group labels of the alert that opened it (cluster, namespace)
+    workload: str = ""                            # a workload that replaces its pods ("ReplicaSet/ns/name")
+    members: tuple[str, ...] = ()                 # its backends when the restart began
+    replacement: str = ""                         # the new pod the incident follows (restart/replacement.py)
 
     @property
     def restart_under_way(self) -> bool:
@@ -77,6 +80,7 @@ class Incident:
         out["state"] = self.state.value
         out["verified_outcome"] = self.verified_outcome.value if self.verified_outcome is not None else ""
         out["labels"] = dict(self.labels)
+        out["members"] = list(self.members)
         return out
 
 

@@ -31,6 +31,7 @@ def incident_of(r: sqlite3.Row | None) -> Incident | None:
         verified_at=r["verified_at"], unresponsive_since=r["unresponsive_since"],
         unresponsive_seen_at=r["unresponsive_seen_at"],
         labels=tuple(sorted(json.loads(r["labels"] or "{}").items())),
+        workload=r["workload"], members=tuple(json.loads(r["members"] or "[]")), replacement=r["replacement"],
     )
 
 
@@ -123,6 +124,18 @@ class IncidentWrites(Connected):
                 sets.append(f"{column} = ?")
                 args.append(value)
         self._db().execute(f"UPDATE incidents SET {', '.join(sets)} WHERE id = ?", (*args, incident_id))
+
+    def note_workload(self, incident_id: int, workload: str, members: tuple[str, ...]) -> None:
+        self._db().execute("UPDATE incidents SET workload = ?, members = ? WHERE id = ?",
+                           (workload, json.dumps(sorted(members)), incident_id))
+
+    def take_replacement(self, incident_id: int, backend: str) -> bool:
+        taken = self._db().execute("SELECT id FROM incidents WHERE replacement = ? AND state != ? AND id != ?",
+                                   (backend, CLOSED, incident_id)).fetchone()
+        if taken is not None:
+            return False
+        self._db().execute("UPDATE incidents SET replacement = ? WHERE id = ?", (backend, incident_id))
+        return True
 
     def look_again_at(self, incident_id: int, t: float, note: str | None = None) -> None:
         if note is None:

@@ -138,8 +138,12 @@ def _baseline(c: sqlite3.Connection) -> None:
 
 
 def _group_labels(c: sqlite3.Connection) -> None:
-    """Version 2: an incident records the group labels (cluster, namespace) of the alert that opened it."""
-    c.execute("ALTER TABLE incidents ADD COLUMN labels TEXT NOT NULL DEFAULT '{}'")
+    """Version 2: an incident records the group labels (cluster, namespace) of the alert that opened it,
+    and, for a pod of a workload that replaces its pods (a ReplicaSet), the workload, its members when the
+    restart began and the replacement it follows (remediator/restart/replacement.py)."""
+    for column, decl in (("labels", "TEXT NOT NULL DEFAULT '{}'"), ("workload", "TEXT NOT NULL DEFAULT ''"),
+                         ("members", "TEXT NOT NULL DEFAULT '[]'"), ("replacement", "TEXT NOT NULL DEFAULT ''")):
+        c.execute(f"ALTER TABLE incidents ADD COLUMN {column} {decl}")
 
 
 #: (version, step): the step brings a state file of version - 1 to `version`
