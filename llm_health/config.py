@@ -7,6 +7,7 @@ backends:
     host: node-1                     # optional: backends on one host restart one at a time
     model: my-model                  # optional: the model /v1/models must list (warm-up gate)
     restart: ["systemctl", "restart", "vllm@gpu-a"]   # argv, run without a shell
+    labels: {namespace: llm}         # optional group labels its alerts must carry (llm_health/groups.py)
 proxies:
   - name: lb
     url: http://10.0.0.9:8080        # checked through GET /v1/models only
@@ -29,6 +30,8 @@ from urllib.parse import urlparse
 
 import yaml
 
+from llm_health import groups
+
 if TYPE_CHECKING:
     from llm_health.discovery import Discovery
 
@@ -48,6 +51,8 @@ class Backend:
     host: str = ""
     model: str = ""
     restart: tuple[str, ...] = ()
+    labels: groups.Labels = ()          # group labels (cluster, namespace, ...) an alert about it must carry
+    workload: str = ""                  # discovered: the ReplicaSet that replaces this pod under a new name
 
     @property
     def address(self) -> str:
@@ -150,6 +155,8 @@ class RemediatorSettings:
     budget: Budget = field(default_factory=Budget)
     breaker: Breaker = field(default_factory=Breaker)
     retention: Retention = field(default_factory=Retention)
+    group_labels: groups.Labels = ()     # the group this remediator serves, e.g. {cluster: eu-1}: a restart
+    #                                      alert must carry these values (a mapping in the file)
 
 
 @dataclass(frozen=True)
@@ -178,6 +185,8 @@ class DiscoverySettings:
     allow_ports: tuple[int, ...] = ()    # ports a backend may be at; empty = any port
     allow_link_local: bool = False       # accept 169.254.0.0/16 and fe80::/10 addresses (cloud metadata lives there)
     allow_userinfo: bool = False         # accept user:password@ in a target's URL
+    group_labels: tuple[str, ...] = ()   # target labels that are a backend's group labels, e.g. [namespace]:
+    #                                      an alert about it must carry the same values
 
     @property
     def enabled(self) -> bool:
@@ -292,7 +301,7 @@ def parse_config(data: Any, source: str = "") -> Config:
         where = f"backends[{i}]"
         if not isinstance(raw, dict):
             raise ConfigError(f"{where}: must be a mapping")
-        extra = sorted(set(raw) - {"name", "url", "host", "model", "restart"})
+        extra = sorted(set(raw) - {"name", "url", "host", "model", "restart", "labels"})
         if extra:
             raise ConfigError(f"{where}: unknown key(s) {', '.join(extra)}")
         restart = raw.get("restart") or []
@@ -308,6 +317,7 @@ def parse_config(data: Any, source: str = "") -> Config:
                 host=raw.get("host", "") or "",
                 model=raw.get("model", "") or "",
                 restart=tuple(restart),
+                labels=_group_labels(raw.get("labels"), f"{where}.labels"),
             )
         )
     proxies: list[Proxy] = []
@@ -323,7 +333,12 @@ def parse_config(data: Any, source: str = "") -> Config:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ConfigError(f"config: duplicate name(s) {', '.join(dupes)}")
-    remediator = _section(RemediatorSettings, data.get("remediator"), "remediator")
+    raw_remediator = data.get("remediator")
+    scope: groups.Labels = ()
+    if isinstance(raw_remediator, dict) and "group_labels" in raw_remediator:
+        raw_remediator = dict(raw_remediator)
+        scope = _group_labels(raw_remediator.pop("group_labels"), "remediator.group_labels")
+    remediator = replace(_section(RemediatorSettings, raw_remediator, "remediator"), group_labels=scope)
     _check_remediator(remediator)
     return Config(
         backends=tuple(backends),
@@ -333,6 +348,13 @@ def parse_config(data: Any, source: str = "") -> Config:
         discovery=parse_discovery(data.get("discovery")),
         source=source,
     )
+
+
+def _group_labels(raw: Any, where: str) -> groups.Labels:
+    try:
+        return groups.parse_labels(raw, where)
+    except groups.GroupLabelError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _check_exporter(e: ExporterSettings) -> ExporterSettings:
@@ -368,7 +390,7 @@ _REMOVED_DISCOVERY_KEYS = {
                   "discovered label instead: host_from: __meta_kubernetes_pod_node_name (Kubernetes, the "
                   "default) or host_from: node (file_sd: the labels written in the file are discovered labels)",
 }
-_DISCOVERY_LISTS = ("restart", "placeholders", "allow_networks", "allow_ports")
+_DISCOVERY_LISTS = ("restart", "placeholders", "allow_networks", "allow_ports", "group_labels")
 
 
 def parse_discovery(data: Any) -> DiscoverySettings:
@@ -397,8 +419,12 @@ def parse_discovery(data: Any) -> DiscoverySettings:
     ports = data.get("allow_ports") or []
     if not isinstance(ports, list) or not all(isinstance(p, int) and not isinstance(p, bool) for p in ports):
         raise ConfigError("discovery.allow_ports: must be a list of port numbers")
+    try:
+        group_labels = groups.parse_names(data.get("group_labels"), "discovery.group_labels")
+    except groups.GroupLabelError as exc:
+        raise ConfigError(str(exc)) from None
     settings = replace(settings, restart=tuple(restart), placeholders=tuple(placeholders.items()),
-                       allow_networks=tuple(networks), allow_ports=tuple(ports))
+                       allow_networks=tuple(networks), allow_ports=tuple(ports), group_labels=group_labels)
     check_discovery(settings)
     return settings
 

@@ -1,5 +1,8 @@
 """Alerts -> incidents: dedupe deliveries and keep one active incident per backend.
 
+A restart alert about another group (cluster, namespace: llm_health/groups.py) than this remediator's or
+its backend's is recorded and ignored; an incident records the group labels of the alert that opened it.
+
 Everything happens in one BEGIN IMMEDIATE transaction per notification, so concurrent HA copies
 arriving at different gunicorn workers are serialised: the first is processed, the rest are
 recorded as `deduplicated`.
@@ -18,6 +21,7 @@ from typing import Any
 from llm_health.remediator.alert import Alert, Notification
 from llm_health.remediator.store import NO_RESTART_UNDER_WAY, Incident, IncidentState, StateStore, Transaction
 
+from llm_health import groups
 from llm_health.config import NAME_RE, Backend, Config
 
 
@@ -32,9 +36,22 @@ def route(alert: Alert, config: Config) -> Backend | None:
     return None
 
 
+def not_ours(alert: Alert, config: Config, backend: Backend | None) -> str | None:
+    """Why a restart alert is about another group than this remediator's or its backend's, else None
+    (llm_health/groups.py: the same name in another cluster or namespace is another backend)."""
+    why = groups.mismatch(alert.labels, config.remediator.group_labels, "this remediator")
+    if why is None and backend is not None:
+        why = groups.mismatch(alert.labels, backend.labels, f"backend {backend.name}")
+    return why
+
+
 def _brief(alert: Alert) -> dict[str, Any]:
-    return {"alertname": alert.name[:200], "status": alert.status, "fingerprint": alert.fingerprint,
-            "startsAt": alert.starts_at}
+    out: dict[str, Any] = {"alertname": alert.name[:200], "status": alert.status,
+                           "fingerprint": alert.fingerprint, "startsAt": alert.starts_at}
+    group = groups.group_of(alert.labels)
+    if group:
+        out["group"] = dict(group)
+    return out
 
 
 def ingest(store: StateStore, config: Config, n: Notification, now: float, dedup_window: float) -> dict[str, Any]:
@@ -71,6 +88,12 @@ def _apply(tx: Transaction, config: Config, alert: Alert, now: float) -> str:
         tx.event(now, "ignored", reason="no configured backend matches this alert (backend / instance label)",
                  **_brief(alert), labels={k[:100]: v[:200] for k, v in list(alert.labels.items())[:30]})
         return "ignored"
+    if alert.wants_restart:
+        why = not_ours(alert, config, backend)
+        if why is not None:
+            tx.event(now, "ignored", name, None, reason=f"{alert.name or 'alert'} {alert.status} about {name}: {why}",
+                     **_brief(alert))
+            return "ignored"
     active = tx.active_incident(name)
     active_id = active.id if active is not None else None
     if not alert.wants_restart:
@@ -83,7 +106,8 @@ def _apply(tx: Transaction, config: Config, alert: Alert, now: float) -> str:
                      reason=f"{alert.name or 'alert'} firing, but this very alert (fingerprint and startsAt) was "
                      "already resolved: a late resend, ignored (a new firing has a new startsAt)", **_brief(alert))
             return "stale_firing"
-        return _firing(tx, name, active, alert, now, unseen=backend is None)
+        scope = [n for n, _ in (*config.remediator.group_labels, *(backend.labels if backend else ()))]
+        return _firing(tx, name, active, alert, now, groups.group_of(alert.labels, scope), unseen=backend is None)
     if alert.starts_at:
         tx.remember_resolved(alert.fingerprint, alert.starts_at, now)
     return _resolved(tx, name, active, alert, now)
@@ -99,9 +123,9 @@ def _already_resolved(tx: Transaction, alert: Alert) -> bool:
 
 
 def _firing(tx: Transaction, backend: str, active: Incident | None, alert: Alert, now: float,
-            unseen: bool = False) -> str:
+            group: groups.Labels, unseen: bool = False) -> str:
     if active is None:
-        incident_id = tx.open_incident(backend, now)
+        incident_id = tx.open_incident(backend, now, group)
         note = (" (a backend this worker's service discovery has not seen yet: looked up after its next refresh)"
                 if unseen else "")
         tx.event(now, "incident_opened", backend, incident_id, reason=f"{alert.name or 'alert'} firing{note}",

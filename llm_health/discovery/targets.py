@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
+from llm_health import groups
 from llm_health.config import NAME_RE, Backend, DiscoverySettings
 from llm_health.discovery.placeholders import PlaceholderError, expand_argv
 from llm_health.discovery.selector import SCRAPE_POOL, Matcher, selects
@@ -101,6 +102,21 @@ def _restart_of(name: str, discovered: Mapping[str, str], settings: DiscoverySet
         return (), Refusal(name, where, f"no restart: {exc}", True, RefusalKind.PLACEHOLDER)
 
 
+#: controllers whose pods come back under a new name when deleted (a Deployment's ReplicaSet); a
+#: StatefulSet (and a LeaderWorkerSet's leaders, which are StatefulSet pods) keeps the name
+REPLACES_PODS = frozenset({"ReplicaSet"})
+
+
+def workload_of(discovered: Mapping[str, str]) -> str:
+    """`ReplicaSet/<namespace>/<name>` for a pod its controller replaces under a new name, else "". From
+    discovered labels only (relabelling cannot forge them)."""
+    kind = discovered.get("__meta_kubernetes_pod_controller_kind", "")
+    name = discovered.get("__meta_kubernetes_pod_controller_name", "")
+    if kind not in REPLACES_PODS or not name:
+        return ""
+    return f"{kind}/{discovered.get('__meta_kubernetes_namespace', '')}/{name}"
+
+
 def backends_from_targets(targets: Sequence[Any], settings: DiscoverySettings,
                           matchers: Sequence[Matcher], reserved: Sequence[str] = ()) -> Discovered:
     """Active targets (`data.activeTargets` of /api/v1/targets) -> backends, pure.
@@ -164,7 +180,9 @@ def backends_from_targets(targets: Sequence[Any], settings: DiscoverySettings,
             refusals.append(refused)
         host = discovered.get(settings.host_from, "") if settings.host_from else ""
         chosen.append(Backend(name=name, url=url, host=host, model=labels.get(settings.model_label, "")
-                              if settings.model_label else "", restart=restart))
+                              if settings.model_label else "", restart=restart,
+                              labels=groups.from_target(labels, settings.group_labels),
+                              workload=workload_of(discovered)))
     return Discovered(tuple(chosen), tuple(refusals), matched, tuple(duplicates))
 
 

@@ -49,6 +49,9 @@ def claim(ctx: Context, tx: Transaction, incident_id: int, backend: Backend, d: 
         tx.move_lifecycle(backend.name, S.INITIALIZING, now, f"restart started from ERROR: {d.reason}", incident_id)
     elif taken == Claim.TAKE_OVER:
         tx.set_lifecycle_owner(backend.name, incident_id)   # never READY yet: the restart takes it over
+    if backend.workload:         # its pod comes back under a new name: remember who was there before
+        tx.note_workload(incident_id, backend.workload,
+                         tuple(b.name for b in ctx.config.backends if b.workload == backend.workload))
     tx.move_incident(incident_id, now, IS.RESTARTING, last_decision=policy.RESTART, last_note="")
     tx.event(now, "restarting", backend.name, incident_id, reason=d.reason, action_id=action_id)
     return action_id

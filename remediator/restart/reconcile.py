@@ -11,6 +11,8 @@ step; nothing is remembered between looks except in the store (and the discovery
     restarting  watch_action (act.py)           collect the result of an argv a previous      warming, open (failed),
                                                 authority began (ours runs in its claim)      needs_ack (unknown)
     warming     watch_warmup (warmup.py)        /health, /v1/models, a healthy verification   closed, needs_ack
+    warming     watch_replacement               the same, on the new pod of a ReplicaSet      closed, needs_ack
+                (replacement.py)                (its pod comes back under a new name)
     needs_ack   watch_recovery (warmup.py)      closes by itself when the backend answers     closed
     observed    (nothing: absorbs alerts until they resolve)
 
@@ -29,10 +31,12 @@ from llm_health.remediator.restart.consider import consider
 from llm_health.remediator.restart.context import Context
 from llm_health.remediator.restart.draining import watch_drain
 from llm_health.remediator.restart.notes import close
+from llm_health.remediator.restart.replacement import watch_replacement
 from llm_health.remediator.restart.result import DONE, LookAgain, StepResult
 from llm_health.remediator.restart.warmup import watch_recovery, watch_warmup
 from llm_health.remediator.store import Incident, IncidentState
 
+from llm_health import groups
 from llm_health.config import Backend
 
 IS = IncidentState
@@ -58,6 +62,8 @@ class Reconciler:
 
     def look(self, inc: Incident) -> StepResult:
         """The step the incident's state calls for (the caller checked that it is due)."""
+        if inc.state == IS.WARMING and inc.workload:
+            return watch_replacement(self.ctx, inc)     # its pod comes back under a new name
         backend = self.ctx.config.backend(inc.backend)
         if backend is None:
             waiting = self.discovery.wait(inc)
@@ -66,6 +72,10 @@ class Reconciler:
             backend = self.ctx.config.backend(inc.backend)     # the refresh may have found it
             if backend is None:
                 return close(self.ctx, inc.id, inc.backend, "closed", "backend no longer configured")
+            # opened before this worker knew the backend: only now can its group labels be compared
+            why = groups.mismatch(dict(inc.labels), backend.labels, f"backend {backend.name}")
+            if why is not None and not inc.restart_under_way:
+                return close(self.ctx, inc.id, inc.backend, "closed", f"not this backend's alert: {why}")
         else:
             self.discovery.found(inc.id)
         step = STEPS.get(inc.state)

@@ -25,10 +25,10 @@ IS = IncidentState
 def watch_warmup(ctx: Context, inc: Incident, backend: Backend) -> StepResult:
     deadline = float(inc.warm_deadline or 0)
     if ctx.clocks.mono() > deadline:
-        return warmup_timed_out(ctx, inc.id, backend, "")
+        return warmup_timed_out(ctx, inc.id, backend.name, "")
     ready, why = check(ctx, backend)
     if warmup_after_check(ready, ctx.clocks.mono(), deadline) == Warmup.TIMED_OUT:
-        return warmup_timed_out(ctx, inc.id, backend, why)   # the check itself ran past the deadline
+        return warmup_timed_out(ctx, inc.id, backend.name, why)   # the check itself ran past the deadline
     return settle(ctx, inc.id, IS.WARMING, backend, ready, why, note=why[:200])
 
 
@@ -73,15 +73,15 @@ def walk(tx: Transaction, backend: str, moves: tuple[LifecycleState, ...], now: 
             return
 
 
-def warmup_timed_out(ctx: Context, incident_id: int, backend: Backend, last: str) -> StepResult:
-    unsilence_safely(ctx, backend.name)
+def warmup_timed_out(ctx: Context, incident_id: int, name: str, last: str) -> StepResult:
+    unsilence_safely(ctx, name)
     now = ctx.clocks.wall()
     with ctx.store.tx() as tx:
         if tx.incident_in(incident_id, IS.WARMING) is None:
             return DONE
         why = f"not warm {ctx.r.warmup_timeout:g}s after the restart" + (f" (last check: {last})" if last else "")
-        tx.move_lifecycle(backend.name, S.ERROR, now, f"warm-up timeout: {why}", incident_id)
+        tx.move_lifecycle(name, S.ERROR, now, f"warm-up timeout: {why}", incident_id)
         tx.move_incident(incident_id, now, IS.NEEDS_ACK, last_decision="warmup_timeout")
-        tx.event(now, "warmup_timeout", backend.name, incident_id, reason=f"{why}; needs a person, not restarted again")
-        escalate(tx, backend.name, incident_id, now, f"warm-up timeout: {why}")
+        tx.event(now, "warmup_timeout", name, incident_id, reason=f"{why}; needs a person, not restarted again")
+        escalate(tx, name, incident_id, now, f"warm-up timeout: {why}")
     return DONE

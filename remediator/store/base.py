@@ -39,6 +39,8 @@ from llm_health.remediator.store.rows import (
     Silence,
 )
 
+from llm_health.groups import Labels
+
 
 class StateError(RuntimeError):
     """The state cannot be used (deleted, replaced, damaged, too new); we stop rather than start from an
@@ -116,7 +118,8 @@ class Transaction(Reads, Protocol):
     # -- notifications and incidents --------------------------------------------------------------------
     def remember_delivery(self, key: str, at: float, forget_before: float) -> None: ...
     def remember_resolved(self, fingerprint: str, starts_at: str, at: float) -> None: ...
-    def open_incident(self, backend: str, at: float) -> int: ...
+    def open_incident(self, backend: str, at: float, labels: Labels = ()) -> int:
+        """A new OPEN incident of `backend`, recording the group labels of the alert that opened it."""
     def alert_firing(self, incident_id: int, fingerprint: str, starts_at: str, alertname: str) -> None: ...
     def alert_resolves(self, incident_id: int, fingerprint: str, starts_at: str) -> None:
         """Mark the incident's alert resolved (every firing of it when `starts_at` is '')."""
@@ -125,6 +128,13 @@ class Transaction(Reads, Protocol):
                       last_decision: str | None = None, last_note: str | None = None,
                       next_check_at: float | None = None, warm_deadline: float | None = None) -> None:
         """Set the state (CLOSED stamps closed_at); the named fields too (None: unchanged)."""
+
+    def note_workload(self, incident_id: int, workload: str, members: tuple[str, ...]) -> None:
+        """The restarted backend's workload (a ReplicaSet) and the backends it had when the restart began."""
+
+    def take_replacement(self, incident_id: int, backend: str) -> bool:
+        """Follow `backend` as the replacement of the incident's pod; False when another open incident
+        follows it already (two restarts of one ReplicaSet never take the same new pod)."""
 
     def look_again_at(self, incident_id: int, t: float, note: str | None = None) -> None:
         """When to look at the incident again (monotonic), and optionally its note; nothing else changes."""

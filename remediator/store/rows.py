@@ -16,6 +16,8 @@ from llm_health.exporter.observation import VerifyOutcome
 from llm_health.exporter.reading import Reading
 from llm_health.remediator.lifecycle import LifecycleState
 
+from llm_health.groups import Labels
+
 
 class IncidentState(enum.StrEnum):
     """Where an incident is (stored in `incidents.state` and shown by the API: the values never change)."""
@@ -64,6 +66,10 @@ class Incident:
     verified_at: float | None = None
     unresponsive_since: float | None = None       # monotonic: first of the current run of `unresponsive`
     unresponsive_seen_at: float | None = None     # monotonic: the latest `unresponsive`
+    labels: Labels = ()                           # group labels of the alert that opened it (cluster, namespace)
+    workload: str = ""                            # a workload that replaces its pods ("ReplicaSet/ns/name")
+    members: tuple[str, ...] = ()                 # its backends when the restart began
+    replacement: str = ""                         # the new pod the incident follows (restart/replacement.py)
 
     @property
     def restart_under_way(self) -> bool:
@@ -73,6 +79,8 @@ class Incident:
         out = dataclasses.asdict(self)
         out["state"] = self.state.value
         out["verified_outcome"] = self.verified_outcome.value if self.verified_outcome is not None else ""
+        out["labels"] = dict(self.labels)
+        out["members"] = list(self.members)
         return out
 
 

@@ -31,7 +31,7 @@ def _guard() -> Any:
 def get_backends() -> Any:
     c = ctx()
     return jsonify({"backends": backends_view(c), "breaker": c.store.breaker().as_dict(),
-                    "dry_run": c.config.remediator.dry_run})
+                    "dry_run": c.config.remediator.dry_run, "group": dict(c.config.remediator.group_labels)})
 
 
 @api.get("/events")

@@ -10,6 +10,7 @@ from llm_health.remediator import metrics
 from llm_health.remediator.web.context import ctx
 from llm_health.remediator.web.views import backends_view, fmt_time, public_event
 
+from llm_health import groups
 from llm_health.redact import redact
 
 status = Blueprint("status", __name__)
@@ -34,4 +35,5 @@ def page() -> Any:
     events = [public_event(e, authed) for e in c.store.events(limit=50)]
     br = redact(c.store.breaker().as_dict())
     return render_template("status.html", backends=backends_view(c), events=events, breaker=br,
-                           dry_run=c.config.remediator.dry_run, now=c.clock(), fmt=fmt_time)
+                           dry_run=c.config.remediator.dry_run, now=c.clock(), fmt=fmt_time,
+                           group=groups.shown(c.config.remediator.group_labels))

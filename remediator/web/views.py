@@ -63,6 +63,7 @@ def backends_view(c: WebContext) -> list[dict[str, Any]]:
             "backend": b.name,
             "url": redact(b.url),
             "host": b.host,
+            "labels": dict(b.labels),
             "lifecycle": shown(clocks, lifecycle_view(lifecycles.get(b.name)), ("drain_deadline",)),
             "restart_configured": bool(b.restart),
             "incident": shown(clocks, inc.as_dict(), MONOTONIC_INCIDENT_FIELDS) if inc else None,

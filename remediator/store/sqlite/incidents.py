@@ -5,12 +5,15 @@ One active incident per backend is a database fact (the partial unique index `on
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from typing import Any
 
 from llm_health.exporter.observation import VerifyOutcome
 from llm_health.remediator.store.rows import Incident, IncidentState
 from llm_health.remediator.store.sqlite.connected import Connected
+
+from llm_health.groups import Labels
 
 IS = IncidentState
 CLOSED = IS.CLOSED.value
@@ -27,6 +30,8 @@ def incident_of(r: sqlite3.Row | None) -> Incident | None:
         verified_outcome=VerifyOutcome(r["verified_outcome"]) if r["verified_outcome"] else None,
         verified_at=r["verified_at"], unresponsive_since=r["unresponsive_since"],
         unresponsive_seen_at=r["unresponsive_seen_at"],
+        labels=tuple(sorted(json.loads(r["labels"] or "{}").items())),
+        workload=r["workload"], members=tuple(json.loads(r["members"] or "[]")), replacement=r["replacement"],
     )
 
 
@@ -87,9 +92,10 @@ class IncidentWrites(Connected):
         self._db().execute("INSERT OR IGNORE INTO resolved_alerts (fingerprint, starts_at, resolved_at) "
                            "VALUES (?,?,?)", (fingerprint, starts_at, at))
 
-    def open_incident(self, backend: str, at: float) -> int:
-        cur = self._db().execute("INSERT INTO incidents (backend, state, opened_at, updated_at) VALUES (?,?,?,?)",
-                                 (backend, IS.OPEN.value, at, at))
+    def open_incident(self, backend: str, at: float, labels: Labels = ()) -> int:
+        cur = self._db().execute("INSERT INTO incidents (backend, state, opened_at, updated_at, labels) "
+                                 "VALUES (?,?,?,?,?)", (backend, IS.OPEN.value, at, at,
+                                                        json.dumps(dict(labels), sort_keys=True)))
         return int(cur.lastrowid or 0)
 
     def alert_firing(self, incident_id: int, fingerprint: str, starts_at: str, alertname: str) -> None:
@@ -118,6 +124,18 @@ class IncidentWrites(Connected):
                 sets.append(f"{column} = ?")
                 args.append(value)
         self._db().execute(f"UPDATE incidents SET {', '.join(sets)} WHERE id = ?", (*args, incident_id))
+
+    def note_workload(self, incident_id: int, workload: str, members: tuple[str, ...]) -> None:
+        self._db().execute("UPDATE incidents SET workload = ?, members = ? WHERE id = ?",
+                           (workload, json.dumps(sorted(members)), incident_id))
+
+    def take_replacement(self, incident_id: int, backend: str) -> bool:
+        taken = self._db().execute("SELECT id FROM incidents WHERE replacement = ? AND state != ? AND id != ?",
+                                   (backend, CLOSED, incident_id)).fetchone()
+        if taken is not None:
+            return False
+        self._db().execute("UPDATE incidents SET replacement = ? WHERE id = ?", (backend, incident_id))
+        return True
 
     def look_again_at(self, incident_id: int, t: float, note: str | None = None) -> None:
         if note is None:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from llm_health.remediator.store.base import StateError
 
 #: the schema this remediator writes; bump it with a new step in MIGRATIONS
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS deliveries (key TEXT PRIMARY KEY, first_seen REAL NOT NULL);
@@ -137,9 +137,19 @@ def _baseline(c: sqlite3.Connection) -> None:
             c.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
 
 
+def _group_labels(c: sqlite3.Connection) -> None:
+    """Version 2: an incident records the group labels (cluster, namespace) of the alert that opened it,
+    and, for a pod of a workload that replaces its pods (a ReplicaSet), the workload, its members when the
+    restart began and the replacement it follows (remediator/restart/replacement.py)."""
+    for column, decl in (("labels", "TEXT NOT NULL DEFAULT '{}'"), ("workload", "TEXT NOT NULL DEFAULT ''"),
+                         ("members", "TEXT NOT NULL DEFAULT '[]'"), ("replacement", "TEXT NOT NULL DEFAULT ''")):
+        c.execute(f"ALTER TABLE incidents ADD COLUMN {column} {decl}")
+
+
 #: (version, step): the step brings a state file of version - 1 to `version`
 MIGRATIONS: tuple[tuple[int, Callable[[sqlite3.Connection], None]], ...] = (
     (1, _baseline),
+    (2, _group_labels),
 )
 
 

@@ -177,3 +177,56 @@ def test_f10_late_firing_after_resolved_does_not_reopen(w: World) -> None:
     again = alert(starts_at="2026-11-30T01:00:00Z")                  # a genuinely new firing
     assert w.post(payload(again)).status_code == 202
     assert w.incident() is not None
+
+
+# -- group labels: the same backend name in another cluster or namespace is another backend ---------------
+def scoped(**remediator: object) -> Config:
+    return parse_config({"backends": [{"name": "vllm-0", "url": "http://127.0.0.1:18001", "restart": ["r"],
+                                       "labels": {"namespace": "llm"}}],
+                         "remediator": {"group_labels": {"cluster": "eu-1"}, **remediator}})
+
+
+def test_another_clusters_alert_is_recorded_and_ignored(store: SqliteStore) -> None:
+    config = scoped()
+    body = payload(alert("vllm-0", cluster="us-2", namespace="llm"))
+    assert post(store, config, body)["outcomes"] == ["ignored"]
+    assert store.active_incidents() == []
+    (ignored,) = [e for e in store.events(limit=10) if e.kind == "ignored"]
+    assert "cluster='us-2': another group's alert (this remediator is cluster='eu-1')" in ignored.reason
+    assert ignored.backend == "vllm-0"
+
+
+def test_an_alert_without_the_group_label_is_not_taken_for_ours(store: SqliteStore) -> None:
+    assert post(store, scoped(), payload(alert("vllm-0", namespace="llm")))["outcomes"] == ["ignored"]
+    assert post(store, scoped(), payload(alert("vllm-0", cluster="eu-1")), now=1001.0)["outcomes"] == ["ignored"]
+    assert store.active_incidents() == []
+
+
+def test_an_incident_records_the_group_of_the_alert_that_opened_it(store: SqliteStore) -> None:
+    body = payload(alert("vllm-0", cluster="eu-1", namespace="llm", pod="vllm-0-abc"))
+    assert post(store, scoped(), body)["outcomes"] == ["incident_opened"]
+    (inc,) = store.active_incidents()
+    assert inc.labels == (("cluster", "eu-1"), ("namespace", "llm"))
+    assert inc.as_dict()["labels"] == {"cluster": "eu-1", "namespace": "llm"}
+    opened = next(e for e in store.events(limit=10) if e.kind == "incident_opened")
+    assert opened.detail["group"] == {"cluster": "eu-1", "namespace": "llm"}
+
+
+def test_two_clusters_alerts_in_one_notification_open_only_this_clusters_incident(store: SqliteStore) -> None:
+    """A shared Alertmanager grouping by backend only puts both clusters' vllm-0 in one notification."""
+    body = payload(alert("vllm-0", cluster="us-2", namespace="llm"), alert("vllm-0", cluster="eu-1", namespace="llm"))
+    assert post(store, scoped(), body)["outcomes"] == ["ignored", "incident_opened"]
+    (inc,) = store.active_incidents()
+    assert dict(inc.labels)["cluster"] == "eu-1"
+
+
+def test_signals_are_recorded_whatever_their_group(store: SqliteStore) -> None:
+    body = payload(alert("vllm-0", restart=False, cluster="us-2", namespace="llm"))
+    assert post(store, scoped(), body)["outcomes"] == ["signal"]
+
+
+def test_without_group_settings_alerts_with_group_labels_still_open_incidents(store: SqliteStore,
+                                                                              config: Config) -> None:
+    assert post(store, config, payload(alert(cluster="eu-1", namespace="llm")))["outcomes"] == ["incident_opened"]
+    (inc,) = store.active_incidents()
+    assert inc.labels == (("cluster", "eu-1"), ("namespace", "llm"))

@@ -15,7 +15,7 @@ import pytest
 from llm_health.exporter.reading import EngineReading, Reading, Sleep
 from llm_health.remediator.lifecycle import LifecycleState
 from llm_health.remediator.store import IncidentState, SqliteStore, StateError
-from llm_health.remediator.store.sqlite.schema import SCHEMA_VERSION
+from llm_health.remediator.store.sqlite.schema import SCHEMA_VERSION, _baseline
 
 from tests.support.alerts import alert, payload
 from tests.support.remediator import World, four_backends
@@ -196,3 +196,23 @@ def test_older_state_file_gets_the_new_columns(tmp_path: Path) -> None:
     cols = {r[1] for r in store.conn().execute("PRAGMA table_info(incidents)").fetchall()}
     assert {"verified_outcome", "verified_at", "unresponsive_since"} <= cols
     store.close()
+
+
+def test_a_version_1_state_gets_the_incidents_group_labels(tmp_path: Path) -> None:
+    """Schema 2 adds incidents.labels; an open incident of a version-1 file has none and keeps its state."""
+    path = tmp_path / "v1.db"
+    with sqlite3.connect(path) as c:
+        c.row_factory = sqlite3.Row
+        _baseline(c)
+        c.execute("INSERT INTO incidents (backend, state, opened_at, updated_at) VALUES ('gpu-a', 'open', 1, 1)")
+        c.execute("PRAGMA user_version = 1")
+    store = SqliteStore(path)
+    store.init()
+    (inc,) = store.active_incidents()
+    assert inc.backend == "gpu-a" and inc.labels == ()
+    with store.tx() as tx:
+        new = tx.open_incident("gpu-b", 2.0, (("cluster", "eu-1"),))
+    reread = store.incident(new)
+    assert reread is not None and reread.labels == (("cluster", "eu-1"),)
+    store.close()
+    assert version(path) == SCHEMA_VERSION == 2

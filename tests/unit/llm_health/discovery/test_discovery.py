@@ -4,6 +4,7 @@ the refresher's keep-last-good / grace / static-wins rules with an injected cloc
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -135,6 +136,16 @@ def test_name_and_host_labels_are_configurable_and_url_keeps_a_path_prefix() -> 
     t["labels"]["model"] = "m1"
     found = backends_from_targets([t], s, parse_selector(s.selector))
     assert found.backends == (Backend("vllm-0", "https://h:443/prefix", "box-1", "m1", ("restart-vllm", "vllm-0")),)
+
+
+def test_a_discovered_backend_carries_the_group_labels_named_in_the_settings() -> None:
+    """discovery.group_labels: target labels an alert about the backend must carry (llm_health/groups.py);
+    the series, and so the alerts, carry the target's labels."""
+    s = replace(SETTINGS, group_labels=("namespace", "cluster"))
+    found = backends_from_targets([pod("vllm-0", namespace="llm")], s, parse_selector(s.selector))
+    assert [b.labels for b in found.backends] == [(("namespace", "llm"),)]     # no cluster label: none kept
+    found = backends_from_targets([pod("vllm-0", namespace="llm")], SETTINGS, parse_selector(SETTINGS.selector))
+    assert [b.labels for b in found.backends] == [()]                          # off by default
 
 
 def test_url_from_discovered_labels_without_scrape_url() -> None:
