@@ -1,32 +1,25 @@
 """A Deployment's pod comes back under a new name (remediator/restart/replacement.py): the incident
 follows the workload slot to the new pod, which passes the warm-up gate and closes it.
 
-In-process: the real app, store and authority (driven through `Authority.work`), a fleet that a test
-changes as Kubernetes and discovery would (the deleted pod leaves, a new pod of the same ReplicaSet
-appears), a recording restart runner and fake checks."""
+In-process on the shared harness: the real app, store, authority (driven through `Authority.work`) and
+discovery, reading pod targets from a Prometheus stand-in that the test changes as Kubernetes would
+(the deleted pod's target goes, a new pod of the same ReplicaSet comes), a recording runner, fake checks."""
 
 from __future__ import annotations
 
-import dataclasses
-from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from llm_health.exporter.observation import Verification
-from llm_health.exporter.reading import EngineReading, Reading
-from llm_health.remediator import action
-from llm_health.remediator.app import create_app
-from llm_health.remediator.authority import Authority
-from llm_health.remediator.inflight import InFlight
 from llm_health.remediator.restart.replacement import candidates
 from llm_health.remediator.store import Incident, IncidentState, SqliteStore
 
-from llm_health.config import Backend, parse_config
-from tests.support.alerts import alert, one_pass, payload
-from tests.support.fakes import FakeClock
+from llm_health.config import Backend
+from tests.support.alerts import alert, payload
+from tests.support.discovery import pod as pod_target
+from tests.support.remediator import World, discovered
 
-TOKEN = "replacement-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 RS = "ReplicaSet/llm/vllm-7d9f"
 OLD, OTHER, NEW = "vllm-7d9f-aaaaa", "vllm-7d9f-bbbbb", "vllm-7d9f-ccccc"
 
@@ -36,96 +29,64 @@ def pod(name: str, port: int, workload: str = RS) -> Backend:
                    restart=("kubectl", "delete", "pod", "-n", "llm", name), workload=workload)
 
 
-class Rig:
-    def __init__(self, tmp_path: Path, warmup_timeout: float = 100) -> None:
-        (tmp_path / "token").write_text(TOKEN)
-        config = parse_config({"remediator": {
-            "state": "state.db", "token_file": "token", "verify_interval": 0.2, "poll_interval": 0.1,
-            "warmup_timeout": warmup_timeout, "warmup_poll": 5, "drain_timeout": 60,
-            "backoff": {"initial": 10, "factor": 2, "cap": 100, "stable_after": 5000}}},
-            source=str(tmp_path / "llm-health.yml"))
-        self.fleet: list[Backend] = [pod(OLD, 18101), pod(OTHER, 18102)]
-        self.config = dataclasses.replace(config, backends=self.fleet)    # a live list, as discovery's
-        self.clock = FakeClock()
-        app = create_app(self.config, clock=self.clock, with_authority=False)
-        self.client = app.test_client()
-        self.store: SqliteStore = app.extensions["remediator"].store
-        self.ready: dict[str, bool] = defaultdict(lambda: True)
-        self.calls: list[str] = []
-        self.authority = Authority(
-            self.store, self.config, clock=self.clock, runner=self.runner, holder="test",
-            verifier=lambda b: Verification("no_progress" if b.name == OLD else "healthy", "fake verifier"),
-            warmup_check=lambda b: (self.ready[b.name], f"fake warm-up of {b.name}"),
-            answer_check=lambda b: (self.ready[b.name], "fake answers"),
-            in_flight=lambda b: InFlight(0.0, None, Reading("v1", {"0": EngineReading(running=0.0)},
-                                                            process_start=1.0)),
-        )
-        self.run()
-
-    def runner(self, argv: object, timeout: float, env: dict[str, str]) -> action.ActionResult:
-        self.calls.append(env["LLM_HEALTH_BACKEND"])
-        return action.ActionResult(action.OK, 0, "pod deleted")
-
-    def run(self, ticks: int = 3) -> None:
-        for _ in range(ticks):
-            assert self.authority.lease.renew()
-            one_pass(self.authority)
-
-    def restart_old(self) -> Incident:
-        assert self.client.post("/webhook", json=payload(alert(OLD)), headers=AUTH).status_code == 202
-        for _ in range(20):
-            self.run(1)
-            self.clock.advance(1)
-            if self.calls:
-                break
-        assert self.calls == [OLD]
-        (inc,) = self.store.active_incidents()
-        assert inc.state == IncidentState.WARMING and inc.workload == RS, inc
-        assert set(inc.members) == {OLD, OTHER}
-        return inc
-
-    def kubernetes_replaces_the_pod(self) -> None:
-        self.fleet.remove(self.fleet[0])
-        self.fleet.append(pod(NEW, 18103))
+def replica(name: str, port: int, replica_set: str = "vllm-7d9f") -> dict[str, Any]:
+    """A pod target of a Deployment's ReplicaSet as Prometheus lists it (its controller in discovered labels)."""
+    t = pod_target(name, f"127.0.0.1:{port}", node=f"node-{port}")
+    t["discoveredLabels"].update({"__meta_kubernetes_pod_controller_kind": "ReplicaSet",
+                                  "__meta_kubernetes_pod_controller_name": replica_set})
+    return t
 
 
-def test_the_incident_follows_the_new_pod_through_the_warm_up_gate(tmp_path: Path) -> None:
-    rig = Rig(tmp_path)
-    inc = rig.restart_old()
-    rig.ready[NEW] = False                        # the new pod loads its model
-    rig.kubernetes_replaces_the_pod()
-    rig.clock.advance(5)
-    rig.run()
-    (following,) = rig.store.active_incidents()
-    assert following.id == inc.id and following.replacement == NEW and following.state == IncidentState.WARMING
-    assert [e.detail["replacement"] for e in rig.store.events(kind="replacement")] == [NEW]
-    rig.ready[NEW] = True
-    rig.clock.advance(5)
-    rig.run()
-    assert rig.store.active_incidents() == []
-    closed = rig.store.incident(inc.id)
+@pytest.fixture
+def w(tmp_path: Path) -> Iterator[World]:
+    """Discovery over a FakePrometheus listing two pods of one ReplicaSet; OLD verifies stalled."""
+    world = discovered(tmp_path)
+    world.publish(replica(OLD, 18101), replica(OTHER, 18102))
+    world.outcomes.update({OLD: "no_progress", OTHER: "healthy"})
+    world.ready.update({OLD: True, OTHER: True})
+    yield world
+    world.close()
+
+
+def restart_old(w: World) -> Incident:
+    w.deliver(payload(alert(OLD)))
+    w.run_until(lambda: w.restarted, what="the restart of the stalled pod")
+    assert w.restarted == [OLD] and w.calls == [("restart-pod", "llm", OLD)]
+    inc = w.incident(OLD)
+    assert inc is not None and inc.state == IncidentState.WARMING and inc.workload == RS, inc
+    assert set(inc.members) == {OLD, OTHER}
+    w.ready[OLD] = False                          # deleted: that pod never answers again
+    return inc
+
+
+def test_the_incident_follows_the_new_pod_through_the_warm_up_gate(w: World) -> None:
+    inc = restart_old(w)
+    w.ready[NEW] = False                          # the new pod loads its model
+    w.publish(replica(NEW, 18103), replica(OTHER, 18102))      # the ReplicaSet made a new pod
+    w.run_until(lambda: w.store.events(kind="replacement"), what="the new pod taken as the replacement")
+    following = w.store.incident(inc.id)
+    assert following is not None and following.replacement == NEW and following.state == IncidentState.WARMING
+    w.ready[NEW] = True
+    w.run_until(lambda: w.incident(OLD) is None, what="the incident closed on the new pod")
+    closed = w.store.incident(inc.id)
     assert closed is not None and closed.close_reason == "recovered"
-    assert rig.store.lifecycle_state(NEW).value == "ready"
-    old = rig.store.lifecycle(OLD)
+    assert w.state(NEW) == "ready"
+    old = w.store.lifecycle(OLD)
     assert old is not None and old.incident_id is None           # no incident holds the deleted pod
-    assert rig.calls == [OLD]                                     # one restart, nothing else run
-    recovered = rig.store.events(kind="recovered")[0]
+    assert w.restarted == [OLD]                                   # one restart, nothing else run
+    (recovered,) = w.events(NEW, "recovered")
     assert f"{NEW} (replaces {OLD})" in recovered.reason
+    assert "replaced" in w.kinds(OLD)
 
 
-def test_no_new_pod_by_the_warm_up_timeout_needs_a_person(tmp_path: Path) -> None:
-    rig = Rig(tmp_path, warmup_timeout=30)
-    inc = rig.restart_old()
-    # deleted, and the ReplicaSet made no new pod (the old one is still listed: discovery's grace)
-    rig.ready[OLD] = False
-    for _ in range(8):
-        rig.clock.advance(5)
-        rig.run(1)
-    after = rig.store.incident(inc.id)
+def test_no_new_pod_by_the_warm_up_timeout_needs_a_person(w: World) -> None:
+    inc = restart_old(w)          # and the ReplicaSet makes no new pod (the old one still listed: grace)
+    w.run_until(lambda: w.store.events(kind="warmup_timeout"), what="the warm-up timeout", timeout=60)
+    after = w.store.incident(inc.id)
     assert after is not None and after.state == IncidentState.NEEDS_ACK, after
-    timeout = rig.store.events(kind="warmup_timeout")[0]
+    (timeout,) = w.store.events(kind="warmup_timeout")
     assert f"no new pod of {RS} passed the warm-up gate" in timeout.reason
-    assert rig.store.events(kind="escalated") and rig.calls == [OLD]
+    assert w.store.events(kind="escalated") and w.restarted == [OLD]
 
 
 def test_the_replacement_is_never_an_old_member_or_another_workload() -> None:
