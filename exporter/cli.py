@@ -10,6 +10,7 @@ Flags override the file's `exporter:` settings; --backend/--proxy add to its lis
 from __future__ import annotations
 
 import argparse
+import logging
 import resource
 import signal
 import sys
@@ -21,6 +22,7 @@ from llm_health.exporter.app import ExporterServer
 from llm_health.exporter.backend import load_api_key
 from llm_health.exporter.scheduler import ReadScheduler
 
+from llm_health import logs
 from llm_health.config import (
     Backend,
     Config,
@@ -31,7 +33,8 @@ from llm_health.config import (
     parse_named_url,
 )
 from llm_health.discovery import Discovery, LiveBackends
-from llm_health.redact import configure_logging, redact
+
+log = logging.getLogger("llm_health.exporter")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -53,6 +56,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--listen", metavar="HOST:PORT", help="where to serve /metrics and /verdicts")
     parser.add_argument("--api-key-file", metavar="PATH",
                         help="file with the vLLM --api-key, sent as a bearer token on /v1/* (probe, models)")
+    logs.add_arguments(parser)
 
 
 def build_config(args: argparse.Namespace) -> Config:
@@ -148,8 +152,8 @@ def watch_discovered(config: Config, fleet: ReadScheduler) -> Discovery | None:
 
 def run(args: argparse.Namespace) -> int:
     config = build_config(args)
-    # verdict changes (other than idle <-> busy) and discovery events, one line each, on stderr
-    configure_logging("%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)   # URLs redacted
+    # verdict changes (other than idle <-> busy) and discovery events, one line each, on stderr (URLs redacted)
+    logs.setup(args.log_format, args.log_level, stream=sys.stderr)
     raise_fd_limit(fds_wanted(len(config.backends), len(config.proxies)))
     host, port = parse_listen(config.exporter.listen)
     api_key = load_api_key(config.exporter.api_key_file, "exporter.api_key_file")
@@ -165,8 +169,8 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, stop)
     found = f" + discovery from {config.discovery.prometheus_url} ({config.discovery.selector})" \
         if discovery is not None else ""
-    print(redact(f"llm-health exporter: {len(config.backends)} backend(s){found}, {len(config.proxies)} "
-                 f"proxy(ies), interval {config.exporter.interval:g} s, stall after "
-                 f"{config.exporter.stall_after:g} s, listening on http://{host}:{port}"), file=sys.stderr, flush=True)
+    log.info("llm-health exporter: %d backend(s)%s, %d proxy(ies), interval %g s, stall after %g s, listening on "
+             "http://%s:%d", len(config.backends), found, len(config.proxies), config.exporter.interval,
+             config.exporter.stall_after, host, port)
     server.serve_forever()
     return 0

@@ -41,10 +41,8 @@ import heapq
 import itertools
 import logging
 import queue
-import sys
 import threading
 import time
-import traceback
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -295,7 +293,7 @@ class ReadScheduler:
             try:
                 self._pump(max_wait=0.2)
             except Exception:  # noqa: BLE001 - a bug must not end the loop
-                traceback.print_exc(file=sys.stderr)
+                log.exception("the read scheduler's loop failed (it goes on)")
 
     def _start_schedule(self, slot: Slot, now: float) -> None:
         slot.next_due = now + slot.phase

@@ -215,6 +215,7 @@ def setup(fmt: LogFormat = LogFormat.TEXT, level: LogLevel = LogLevel.INFO, stre
     global _installed
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(formatter(fmt, text_format, with_pid))
+    handler.setLevel(level.number)         # also for records propagated from loggers with their own level
     root = logging.getLogger()
     with _lock:
         if _installed is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import math
 import sys
 from typing import Any
@@ -18,12 +19,18 @@ from typing import Any
 from gunicorn.app.base import BaseApplication
 from llm_health.remediator.app import create_app
 from llm_health.remediator.buffering import ServingLimits
+from llm_health.remediator.gunicorn_log import RootLogger
 from llm_health.remediator.serving import CONNECTIONS_BEYOND_PENDING, GuardedThreadWorker
 from llm_health.remediator.store import StateError, store_for
 from llm_health.remediator.web.tokens import check_exposure, read_token, token_file_warning
 
+from llm_health import logs
 from llm_health.config import Config, ConfigError, load_config
-from llm_health.redact import configure_logging
+from llm_health.logs import LogLevel
+
+log = logging.getLogger("llm_health.remediator")
+#: --log-format text: as before, with the process id (gunicorn's master and each worker log)
+TEXT_FORMAT = "%(asctime)s %(process)d %(levelname)s %(message)s"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -33,6 +40,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="record 'would restart', execute nothing")
     parser.add_argument("--insecure-no-auth", action="store_true",
                         help="serve without remediator.token_file (only with a loopback --listen; local trials)")
+    logs.add_arguments(parser)
 
 
 def apply_flags(config: Config, args: argparse.Namespace) -> Config:
@@ -55,9 +63,11 @@ def apply_flags(config: Config, args: argparse.Namespace) -> Config:
 
 
 class RemediatorServer(BaseApplication):  # type: ignore[misc]
-    def __init__(self, config: Config, state_identity: tuple[int, int] | None = None) -> None:
+    def __init__(self, config: Config, state_identity: tuple[int, int] | None = None,
+                 log_level: LogLevel = LogLevel.INFO) -> None:
         self.llm_config = config
         self.state_identity = state_identity
+        self.log_level = log_level
         super().__init__()
 
     def load_config(self) -> None:
@@ -78,12 +88,16 @@ class RemediatorServer(BaseApplication):  # type: ignore[misc]
         self.cfg.set("timeout", 60)
         self.cfg.set("graceful_timeout", 10)
         self.cfg.set("preload_app", False)
+        # gunicorn's lines (its own and one per request) through our root handler, in --log-format, redacted;
+        # none for scrapes of /metrics and /healthz probes (remediator/gunicorn_log.py)
+        self.cfg.set("logger_class", RootLogger)
+        self.cfg.set("loglevel", self.log_level.value)
         self.cfg.set("accesslog", "-")
         self.cfg.set("proc_name", "llm-health-remediator")
         self.cfg.set("post_worker_init", start_services)
 
     def load(self) -> Any:
-        configure_logging("%(asctime)s %(process)d %(levelname)s %(message)s")   # URLs redacted
+        # logging: the root handler set up before the fork (run()), inherited by every worker
         return create_app(self.llm_config, expect_state=self.state_identity)
 
 
@@ -93,11 +107,12 @@ def start_services(worker: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    logs.setup(args.log_format, args.log_level, stream=sys.stderr, text_format=TEXT_FORMAT, with_pid=True)
     config = apply_flags(load_config(args.config), args)
     check_exposure(config, read_token(config))  # fail before forking when the token is unusable or missing
     warning = token_file_warning(config)
     if warning:
-        print(f"llm-health remediator: {warning}", file=sys.stderr, flush=True)
+        log.warning("llm-health remediator: %s", warning)
     store = store_for(config)
     try:
         store.init()   # creates the file on first start, checks its integrity
@@ -106,5 +121,5 @@ def run(args: argparse.Namespace) -> int:
     finally:
         store.close()
     # workers open exactly this file: never a new one created behind the first one's back
-    RemediatorServer(config, store.identity).run()
+    RemediatorServer(config, store.identity, log_level=args.log_level).run()
     return 0
