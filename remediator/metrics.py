@@ -21,9 +21,8 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
+from llm_health.buildinfo import BuildInfoCollector
 from llm_health.config import Config
-
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class StateCollector(Collector):
@@ -135,6 +134,7 @@ class StateCollector(Collector):
 def registry_for(config: Config, store: StateStore, health: Callable[[], dict[str, Any]] | None = None) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StateCollector(config, store, health))
+    registry.register(BuildInfoCollector())
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)
@@ -142,4 +142,5 @@ def registry_for(config: Config, store: StateStore, health: Callable[[], dict[st
 
 
 def render(registry: CollectorRegistry) -> bytes:
+    """The text format (tests and tools; /metrics answers through llm_health/exposition.py)."""
     return generate_latest(registry)
