@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Sequence
 from http.server import ThreadingHTTPServer
 from typing import Any
 
@@ -32,6 +33,7 @@ from llm_health.exporter.collector import ExporterCollector
 from llm_health.exporter.scheduler import ReadScheduler, Snapshot
 from llm_health.exporter.verdict import CODES
 from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.registry import Collector
 
 from llm_health.buildinfo import BuildInfoCollector
 from llm_health.discovery import Discovery, status_document
@@ -76,7 +78,8 @@ def verdicts_document(snap: Snapshot) -> dict[str, Any]:
 class ExporterServer:
     """The fleet loop in a thread plus the HTTP listener."""
 
-    def __init__(self, fleet: ReadScheduler, host: str, port: int, discovery: Discovery | None = None) -> None:
+    def __init__(self, fleet: ReadScheduler, host: str, port: int, discovery: Discovery | None = None,
+                 collectors: Sequence[Collector] = ()) -> None:
         self.fleet = fleet
         self.discovery = discovery
         self.registry = CollectorRegistry(auto_describe=False)
@@ -84,6 +87,8 @@ class ExporterServer:
         if discovery is not None:
             self.registry.register(DiscoveryCollector(discovery.status))
         self.registry.register(BuildInfoCollector())
+        for collector in collectors:     # e.g. the config reload's (exporter/cli.py)
+            self.registry.register(collector)
         ProcessCollector(registry=self.registry)  # the exporter's own process_* series
         registry = self.registry
 
