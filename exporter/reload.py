@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import fields
 
 from llm_health.config import Config, ConfigError, ExporterSettings
-from llm_health.reload import ReloadStatus
+from llm_health.reload import ReloadStatus, fleet_change
 
 log = logging.getLogger("llm_health.exporter")
 
@@ -42,17 +42,6 @@ def restart_only_changes(old: Config, new: Config, old_key: str, new_key: str) -
     if old.discovery != new.discovery:
         changed.append("discovery")
     return changed
-
-
-def fleet_change(old: Config, new: Config) -> str:
-    """'+b1 -a2 ~c3' for the backends and proxies a reload adds, removes and moves ('' for none)."""
-    def urls(config: Config) -> dict[str, str]:
-        return {**{b.name: b.url for b in config.backends}, **{p.name: p.url for p in config.proxies}}
-
-    before, after = urls(old), urls(new)
-    parts = [f"+{n}" for n in after if n not in before] + [f"-{n}" for n in before if n not in after]
-    parts += [f"~{n}" for n in after if n in before and before[n] != after[n]]
-    return " ".join(parts)
 
 
 class Reloader:

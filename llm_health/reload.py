@@ -12,9 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from llm_health.config import Config
 
 
 @dataclass(frozen=True)
@@ -51,3 +55,14 @@ class ReloadCollector(Collector):
                               "Unix time of the last configuration load that worked (the start counts).")
         g.add_metric([], st.success_at)
         yield g
+
+
+def fleet_change(old: Config, new: Config) -> str:
+    """'+b1 -a2 ~c3' for the backends and proxies a reload adds, removes and moves ('' for none)."""
+    def urls(config: Config) -> dict[str, str]:
+        return {**{b.name: b.url for b in config.backends}, **{p.name: p.url for p in config.proxies}}
+
+    before, after = urls(old), urls(new)
+    parts = [f"+{n}" for n in after if n not in before] + [f"-{n}" for n in before if n not in after]
+    parts += [f"~{n}" for n in after if n in before and before[n] != after[n]]
+    return " ".join(parts)

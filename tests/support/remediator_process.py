@@ -39,10 +39,10 @@ class Remediator:
         return self
 
     def get(self, path: str, **kwargs: Any) -> requests.Response:
-        return requests.get(self.url + path, timeout=5, **kwargs)
+        return requests.get(self.url + path, timeout=15, **kwargs)
 
     def post(self, path: str, body: Any) -> requests.Response:
-        return requests.post(self.url + path, json=body, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5)
+        return requests.post(self.url + path, json=body, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=15)
 
     def stop(self) -> None:
         self.proc.stop()
