@@ -112,6 +112,18 @@ class StateCollector(Collector):
             m.add_metric([name, purpose], probes.get((name, purpose), 0))
         yield m
 
+        last = store.last_heard()
+        g = GaugeMetricFamily("llm_health_remediator_last_webhook_timestamp_seconds",
+                              "Unix time of the last notification accepted from Alertmanager (0: none yet in "
+                              "this state file).")
+        g.add_metric([], last.webhook_at or 0.0)
+        yield g
+        g = GaugeMetricFamily("llm_health_remediator_last_watchdog_timestamp_seconds",
+                              "Unix time of the last firing Watchdog (Watchdog, LLMHealthWatchdog) received from "
+                              "Alertmanager (0: none yet): the remediator's own dead man's switch.")
+        g.add_metric([], last.watchdog_at or 0.0)
+        yield g
+
         if self.health is not None:
             report = self.health()
             g = GaugeMetricFamily("llm_health_remediator_healthy",

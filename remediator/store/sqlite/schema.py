@@ -15,7 +15,7 @@ from collections.abc import Callable
 from llm_health.remediator.store.base import StateError
 
 #: the schema this remediator writes; bump it with a new step in MIGRATIONS
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS deliveries (key TEXT PRIMARY KEY, first_seen REAL NOT NULL);
@@ -137,9 +137,15 @@ def _baseline(c: sqlite3.Connection) -> None:
             c.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
 
 
+def _heard(c: sqlite3.Connection) -> None:
+    """Version 2: when Alertmanager was last heard from (a webhook, a Watchdog)."""
+    c.execute("CREATE TABLE IF NOT EXISTS heard (what TEXT PRIMARY KEY, at REAL NOT NULL)")
+
+
 #: (version, step): the step brings a state file of version - 1 to `version`
 MIGRATIONS: tuple[tuple[int, Callable[[sqlite3.Connection], None]], ...] = (
     (1, _baseline),
+    (2, _heard),
 )
 
 
