@@ -1,4 +1,7 @@
-"""The exporter's HTTP service: GET /metrics (Prometheus), GET /verdicts (JSON), GET /health.
+"""The exporter's HTTP service: GET /metrics (Prometheus), GET /verdicts (JSON), GET /health; HEAD on each.
+
+/metrics answers in the format the scraper asks for (OpenMetrics or text, gzip or not:
+llm_health/exposition.py); it includes llm_health_build_info and the exporter's own process_* series.
 
 `/verdicts` answers one JSON object:
 
@@ -22,17 +25,21 @@ from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Sequence
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 from llm_health.exporter.collector import ExporterCollector
 from llm_health.exporter.scheduler import ReadScheduler, Snapshot
 from llm_health.exporter.verdict import CODES
 from prometheus_client import CollectorRegistry, ProcessCollector
-from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
 
+from llm_health.buildinfo import BuildInfoCollector
 from llm_health.discovery import Discovery, status_document
 from llm_health.discovery.collector import DiscoveryCollector
+from llm_health.exposition import metrics_answer
+from llm_health.httpserver import QuietHandler
 from llm_health.redact import redact
 
 
@@ -71,43 +78,39 @@ def verdicts_document(snap: Snapshot) -> dict[str, Any]:
 class ExporterServer:
     """The fleet loop in a thread plus the HTTP listener."""
 
-    def __init__(self, fleet: ReadScheduler, host: str, port: int, discovery: Discovery | None = None) -> None:
+    def __init__(self, fleet: ReadScheduler, host: str, port: int, discovery: Discovery | None = None,
+                 collectors: Sequence[Collector] = ()) -> None:
         self.fleet = fleet
         self.discovery = discovery
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(ExporterCollector(fleet.snapshot))
         if discovery is not None:
             self.registry.register(DiscoveryCollector(discovery.status))
+        self.registry.register(BuildInfoCollector())
+        for collector in collectors:     # e.g. the config reload's (exporter/cli.py)
+            self.registry.register(collector)
         ProcessCollector(registry=self.registry)  # the exporter's own process_* series
         registry = self.registry
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet access log
-                return
-
-            def _send(self, status: int, body: bytes, ctype: str) -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
 
             def do_GET(self) -> None:  # noqa: N802 - http.server API
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
-                    self._send(200, generate_latest(registry), "text/plain; version=0.0.4; charset=utf-8")
+                    answer = metrics_answer(registry, self.headers.get("Accept"), self.headers.get("Accept-Encoding"))
+                    self.reply(200, answer.body, answer.content_type, dict(answer.headers))
                 elif path == "/verdicts":
                     doc = verdicts_document(fleet.snapshot())
                     if discovery is not None:
                         doc["discovery"] = status_document(discovery.status())
-                    body = json.dumps(doc, indent=1).encode()
-                    self._send(200, body, "application/json")
+                    self.reply(200, json.dumps(doc, indent=1), "application/json")
                 elif path in ("/health", "/"):
-                    self._send(200, b"ok\n", "text/plain")
+                    self.reply(200, b"ok\n", "text/plain")
                 else:
-                    self._send(404, b"not found\n", "text/plain")
+                    self.reply(404, b"not found\n", "text/plain")
+
+            do_HEAD = do_GET  # noqa: N815 - the same answer without its body (QuietHandler.reply)
 
         self.httpd = ThreadingHTTPServer((host, port), Handler)
         self.httpd.daemon_threads = True

@@ -4,12 +4,14 @@
     llm-health exporter --backend gpu-a=http://10.0.0.5:8000 --proxy lb=http://10.0.0.9:8080 \\
         --interval 15 --stall-after 120 --listen 127.0.0.1:9410
 
-Flags override the file's `exporter:` settings; --backend/--proxy add to its lists.
+Flags override the file's `exporter:` settings; --backend/--proxy add to its lists. SIGHUP reads the file
+again with the same flags (`systemctl reload`): exporter/reload.py says what a reload applies.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import resource
 import signal
 import sys
@@ -19,8 +21,10 @@ from types import FrameType
 
 from llm_health.exporter.app import ExporterServer
 from llm_health.exporter.backend import load_api_key
+from llm_health.exporter.reload import Reloader
 from llm_health.exporter.scheduler import ReadScheduler
 
+from llm_health import logs
 from llm_health.config import (
     Backend,
     Config,
@@ -31,7 +35,9 @@ from llm_health.config import (
     parse_named_url,
 )
 from llm_health.discovery import Discovery, LiveBackends
-from llm_health.redact import configure_logging, redact
+from llm_health.reload import ReloadCollector
+
+log = logging.getLogger("llm_health.exporter")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -53,6 +59,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--listen", metavar="HOST:PORT", help="where to serve /metrics and /verdicts")
     parser.add_argument("--api-key-file", metavar="PATH",
                         help="file with the vLLM --api-key, sent as a bearer token on /v1/* (probe, models)")
+    logs.add_arguments(parser)
 
 
 def build_config(args: argparse.Namespace) -> Config:
@@ -126,47 +133,81 @@ def raise_fd_limit(wanted: int) -> None:
             pass
 
 
+class Watched:
+    """The backends the fleet reads: the static list (the config's, replaced by a reload) then, with discovery
+    on, the discovered ones (a discovered name that clashes with a static backend or a proxy is refused)."""
+
+    def __init__(self, config: Config, fleet: ReadScheduler) -> None:
+        self.fleet = fleet
+        self.discovery: Discovery | None = None
+        if config.discovery.enabled:
+            self.discovery = Discovery(config.discovery, static=tuple(config.backends),
+                                       reserved=[p.name for p in config.proxies])
+        self._lock = threading.Lock()
+        self._live = LiveBackends(tuple(config.backends), self.discovery)
+        self._proxies = len(config.proxies)
+        if self.discovery is not None:
+            self.discovery.on_change(self._follow)
+            self.discovery.refresh()   # the first readings already see what Prometheus knows (failure: static)
+
+    def _follow(self, _backends: tuple[Backend, ...], _refusals: object) -> None:
+        """After every good refresh of discovery: static + discovered."""
+        with self._lock:
+            self._watch()
+
+    def _watch(self) -> None:
+        current = self._live.snapshot()
+        raise_fd_limit(fds_wanted(len(current), self._proxies))   # the limit set at start knew the static ones
+        self.fleet.set_backends(current)
+
+    def apply(self, config: Config) -> None:
+        """A reloaded config: its thresholds, proxies and static backends (the others keep their state)."""
+        with self._lock:
+            self.fleet.update_settings(config.exporter)
+            self._proxies = len(config.proxies)
+            self.fleet.set_proxies(config.proxies)
+            self._live = LiveBackends(tuple(config.backends), self.discovery)
+            self._watch()
+
+
 def watch_discovered(config: Config, fleet: ReadScheduler) -> Discovery | None:
-    """With discovery on: after every good refresh the fleet watches static + discovered backends
-    (static first; a discovered name that clashes with a static backend or a proxy is refused)."""
-    if not config.discovery.enabled:
-        return None
-    static = tuple(config.backends)
-    discovery = Discovery(config.discovery, static=static, reserved=[p.name for p in config.proxies])
-    live = LiveBackends(static, discovery)
-    proxies = len(config.proxies)
+    """The fleet follows static + discovered backends; the Discovery (None without discovery)."""
+    return Watched(config, fleet).discovery
 
-    def follow(_backends: tuple[Backend, ...], _refusals: object) -> None:
-        current = live.snapshot()
-        raise_fd_limit(fds_wanted(len(current), proxies))   # the limit set at start knew the static ones only
-        fleet.set_backends(current)
 
-    discovery.on_change(follow)
-    discovery.refresh()   # the first readings already see what Prometheus knows (a failure: static only)
-    return discovery
+def api_key_of(config: Config) -> str:
+    return load_api_key(config.exporter.api_key_file, "exporter.api_key_file")
 
 
 def run(args: argparse.Namespace) -> int:
     config = build_config(args)
-    # verdict changes (other than idle <-> busy) and discovery events, one line each, on stderr
-    configure_logging("%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)   # URLs redacted
+    # verdict changes (other than idle <-> busy) and discovery events, one line each, on stderr (URLs redacted)
+    logs.setup(args.log_format, args.log_level, stream=sys.stderr)
     raise_fd_limit(fds_wanted(len(config.backends), len(config.proxies)))
     host, port = parse_listen(config.exporter.listen)
-    api_key = load_api_key(config.exporter.api_key_file, "exporter.api_key_file")
-    fleet = ReadScheduler(config.backends, config.proxies, config.exporter, api_key=api_key,
-                  dynamic=config.discovery.enabled)
-    discovery = watch_discovered(config, fleet)
-    server = ExporterServer(fleet, host, port, discovery)
+    fleet = ReadScheduler(config.backends, config.proxies, config.exporter, api_key=api_key_of(config),
+                          dynamic=config.discovery.enabled)
+    watched = Watched(config, fleet)
+    reloader = Reloader(lambda: build_config(args), watched.apply, config, api_key_of)
+    server = ExporterServer(fleet, host, port, watched.discovery,
+                            collectors=[ReloadCollector("llm_health_exporter", lambda: reloader.status)])
 
     def stop(_signum: int, _frame: FrameType | None) -> None:
         threading.Thread(target=server.shutdown, daemon=True).start()
 
+    reload_wanted = threading.Event()
+
+    def hang_up(_signum: int, _frame: FrameType | None) -> None:
+        reload_wanted.set()             # the reload thread does the work, never the signal handler
+
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGHUP, hang_up)
+    threading.Thread(target=reloader.serve, args=(reload_wanted, server.stop), name="reload", daemon=True).start()
     found = f" + discovery from {config.discovery.prometheus_url} ({config.discovery.selector})" \
-        if discovery is not None else ""
-    print(redact(f"llm-health exporter: {len(config.backends)} backend(s){found}, {len(config.proxies)} "
-                 f"proxy(ies), interval {config.exporter.interval:g} s, stall after "
-                 f"{config.exporter.stall_after:g} s, listening on http://{host}:{port}"), file=sys.stderr, flush=True)
+        if watched.discovery is not None else ""
+    log.info("llm-health exporter: %d backend(s)%s, %d proxy(ies), interval %g s, stall after %g s, listening on "
+             "http://%s:%d (SIGHUP reloads %s)", len(config.backends), found, len(config.proxies),
+             config.exporter.interval, config.exporter.stall_after, host, port, args.config or "the flags")
     server.serve_forever()
     return 0

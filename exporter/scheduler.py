@@ -29,7 +29,8 @@
   counts from when it starts; the schedule lag includes reads still waiting, and each backend's last
   judged reading is exported with its time (`llm_health_last_reading_timestamp_seconds`), so a backend
   that is not judged for several intervals is visible and alerted on.
-* **Changing fleet.** `set_backends()` adds, replaces and removes backends while the loop runs.
+* **Changing fleet.** `set_backends()` and `set_proxies()` add, replace and remove backends and proxies while
+  the loop runs (discovery, a config reload); `update_settings()` takes new thresholds.
 
 `read_all()` reads every backend once right now and returns when each is judged: the scheduler's work
 done synchronously (tests, benchmarks). Do not use it while `run_forever()` runs.
@@ -41,10 +42,8 @@ import heapq
 import itertools
 import logging
 import queue
-import sys
 import threading
 import time
-import traceback
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -222,9 +221,7 @@ class ReadScheduler:
         self._closed = False
         self._to_wall = clock() - monotonic()  # monotonic -> wall for exported times (follows clock steps)
         self.set_backends(backends)
-        for p in proxies:
-            self._proxies[p.name] = ProxySlot(p, Target(p.url, settings.read_timeout, api_key),
-                                              phase=phase_of("proxy/" + p.name, self.interval))
+        self.set_proxies(proxies)
 
     # ---- the fleet -------------------------------------------------------------------------
     @property
@@ -250,6 +247,34 @@ class ReadScheduler:
                 self._slots[name] = slot = self._new_slot(b)
                 if self._started is not None:
                     self._start_schedule(slot, self.monotonic())
+
+    def set_proxies(self, proxies: Iterable[Proxy]) -> None:
+        """Check exactly these proxies from now on: one whose name and URL are unchanged keeps its state and
+        schedule, a new or moved one starts afresh (unknown until checked), a missing one is forgotten."""
+        wanted = {p.name: p for p in proxies}
+        with self._lock:
+            for name in [n for n, s in self._proxies.items() if n not in wanted or wanted[n].url != s.proxy.url]:
+                gone = self._proxies.pop(name)
+                if gone.check is None or gone.check.done():
+                    gone.target.close()
+            for name, p in wanted.items():
+                if name in self._proxies:
+                    continue
+                slot = ProxySlot(p, Target(p.url, self.settings.read_timeout, self.api_key),
+                                 phase=phase_of("proxy/" + p.name, self.interval))
+                self._proxies[name] = slot
+                if self._started is not None:
+                    self._start_schedule(slot, self.monotonic())
+
+    def update_settings(self, settings: ExporterSettings) -> None:
+        """The settings a running fleet can take (exporter/reload.py LIVE_SETTINGS): the verdict's thresholds
+        (stall_after, stall_ceiling, down_after) from the next judgement on, the probe gap and model from the
+        next probe on. The others (interval, timeouts, api key, lanes) are fixed for the scheduler's life."""
+        with self._lock:
+            self.settings = settings
+            self.thresholds = Thresholds.from_settings(settings)
+            for slot in self._slots.values():
+                slot.prober.configured = settings.probe_model or slot.backend.model
 
     def add_backend(self, backend: Backend) -> None:
         with self._lock:
@@ -295,7 +320,7 @@ class ReadScheduler:
             try:
                 self._pump(max_wait=0.2)
             except Exception:  # noqa: BLE001 - a bug must not end the loop
-                traceback.print_exc(file=sys.stderr)
+                log.exception("the read scheduler's loop failed (it goes on)")
 
     def _start_schedule(self, slot: Slot, now: float) -> None:
         slot.next_due = now + slot.phase

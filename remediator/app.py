@@ -30,6 +30,7 @@ from llm_health.remediator.web.webhook import webhook
 from werkzeug.exceptions import HTTPException
 
 from llm_health.config import Config
+from llm_health.reload import ReloadStatus
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +43,17 @@ def create_app(
     clock: Callable[[], float] = time.time,
     with_authority: bool = True,
     expect_state: tuple[int, int] | None = None,
+    token: str | None = None,
+    reload_status: ReloadStatus | None = None,
 ) -> Flask:
     """The app, its store and its services (not started: `app.extensions['remediator'].services.start()`).
 
     `with_authority=False`: no authority, pruner or agent listener (tests build their own authority).
     `expect_state`: (device, inode) of the state file the server opened before forking workers; a
-    worker then only opens that very file (never creates one) and refuses any other."""
-    token = read_token(config)
+    worker then only opens that very file (never creates one) and refuses any other. `token`: the one the
+    server's master read (None: read it here). `reload_status`: the master's last config (re)load, for
+    /metrics (None: loaded now)."""
+    token = read_token(config) if token is None else token
     check_exposure(config, token)
     store = store_for(config, expect=expect_state)
     if expect_state is None:
@@ -60,7 +65,8 @@ def create_app(
         else Services(discovery=discovery)
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = config.remediator.max_body_bytes
-    app.extensions["remediator"] = WebContext(config, store, token, clock, services)
+    app.extensions["remediator"] = WebContext(config, store, token, clock, services,
+                                              reload_status or ReloadStatus.loaded(clock()))
     for blueprint in (webhook, api, status, runbooks):
         app.register_blueprint(blueprint)
 

@@ -5,25 +5,38 @@ Serves `remediator.app.create_app` under gunicorn. The app is built in each work
 discovery; remediator/services.py) are started by gunicorn's `post_worker_init` hook: in each worker,
 once its app is loaded and before it accepts a request. create_app() itself starts nothing. Every worker
 has its own authority; the lease in the store makes one of them act.
+
+SIGHUP (`systemctl reload`): gunicorn's reload, which reads our config file again (remediator/reload.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import math
 import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
 from llm_health.remediator.app import create_app
 from llm_health.remediator.buffering import ServingLimits
+from llm_health.remediator.gunicorn_log import RootLogger
+from llm_health.remediator.reload import reloaded
 from llm_health.remediator.serving import CONNECTIONS_BEYOND_PENDING, GuardedThreadWorker
 from llm_health.remediator.store import StateError, store_for
 from llm_health.remediator.web.tokens import check_exposure, read_token, token_file_warning
 
+from llm_health import logs
 from llm_health.config import Config, ConfigError, load_config
-from llm_health.redact import configure_logging
+from llm_health.logs import LogLevel
+from llm_health.reload import ReloadStatus, fleet_change
+
+log = logging.getLogger("llm_health.remediator")
+#: --log-format text: as before, with the process id (gunicorn's master and each worker log)
+TEXT_FORMAT = "%(asctime)s %(process)d %(levelname)s %(message)s"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -33,6 +46,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="record 'would restart', execute nothing")
     parser.add_argument("--insecure-no-auth", action="store_true",
                         help="serve without remediator.token_file (only with a loopback --listen; local trials)")
+    logs.add_arguments(parser)
 
 
 def apply_flags(config: Config, args: argparse.Namespace) -> Config:
@@ -55,12 +69,44 @@ def apply_flags(config: Config, args: argparse.Namespace) -> Config:
 
 
 class RemediatorServer(BaseApplication):  # type: ignore[misc]
-    def __init__(self, config: Config, state_identity: tuple[int, int] | None = None) -> None:
+    """gunicorn's application. `reread`: how SIGHUP reads the config again (the file and the same flags);
+    None: a HUP only replaces the workers. `token`: read by the master, handed to every worker."""
+
+    def __init__(self, config: Config, state_identity: tuple[int, int] | None = None,
+                 log_level: LogLevel = LogLevel.INFO, reread: Callable[[], Config] | None = None,
+                 token: str | None = None, clock: Callable[[], float] = time.time) -> None:
         self.llm_config = config
         self.state_identity = state_identity
+        self.log_level = log_level
+        self.reread = reread
+        self.token = token
+        self.clock = clock
+        self.reload_status = ReloadStatus.loaded(clock())
+        self._loaded = False
         super().__init__()
 
+    def reload_llm_config(self) -> None:
+        """gunicorn's HUP, in the master: the config again, or the running one with the reason logged."""
+        assert self.reread is not None
+        try:
+            new, token = reloaded(self.reread, self.llm_config)
+        except ConfigError as exc:
+            self.reload_status = self.reload_status.failed(str(exc))
+            log.error("config reload failed, the running configuration stays: %s", exc)
+            return
+        warning = token_file_warning(new)
+        if warning:
+            log.warning("llm-health remediator: %s", warning)
+        change = fleet_change(self.llm_config, new)
+        self.llm_config, self.token = new, token
+        self.reload_status = self.reload_status.succeeded(self.clock())
+        log.info("config reloaded: %d backend(s)%s; new workers start with it", len(tuple(new.backends)),
+                 f" ({change})" if change else ", none added or removed")
+
     def load_config(self) -> None:
+        if self._loaded and self.reread is not None:
+            self.reload_llm_config()
+        self._loaded = True
         r = self.llm_config.remediator
         GuardedThreadWorker.limits = ServingLimits(
             request_timeout=r.request_timeout, idle_timeout=r.idle_timeout, max_header_bytes=r.max_header_bytes,
@@ -78,13 +124,18 @@ class RemediatorServer(BaseApplication):  # type: ignore[misc]
         self.cfg.set("timeout", 60)
         self.cfg.set("graceful_timeout", 10)
         self.cfg.set("preload_app", False)
+        # gunicorn's lines (its own and one per request) through our root handler, in --log-format, redacted;
+        # none for scrapes of /metrics and /healthz probes (remediator/gunicorn_log.py)
+        self.cfg.set("logger_class", RootLogger)
+        self.cfg.set("loglevel", self.log_level.value)
         self.cfg.set("accesslog", "-")
         self.cfg.set("proc_name", "llm-health-remediator")
         self.cfg.set("post_worker_init", start_services)
 
     def load(self) -> Any:
-        configure_logging("%(asctime)s %(process)d %(levelname)s %(message)s")   # URLs redacted
-        return create_app(self.llm_config, expect_state=self.state_identity)
+        # logging: the root handler set up before the fork (run()), inherited by every worker
+        return create_app(self.llm_config, expect_state=self.state_identity, token=self.token,
+                          reload_status=self.reload_status)
 
 
 def start_services(worker: Any) -> None:
@@ -93,11 +144,13 @@ def start_services(worker: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    logs.setup(args.log_format, args.log_level, stream=sys.stderr, text_format=TEXT_FORMAT, with_pid=True)
     config = apply_flags(load_config(args.config), args)
-    check_exposure(config, read_token(config))  # fail before forking when the token is unusable or missing
+    token = read_token(config)
+    check_exposure(config, token)  # fail before forking when the token is unusable or missing
     warning = token_file_warning(config)
     if warning:
-        print(f"llm-health remediator: {warning}", file=sys.stderr, flush=True)
+        log.warning("llm-health remediator: %s", warning)
     store = store_for(config)
     try:
         store.init()   # creates the file on first start, checks its integrity
@@ -106,5 +159,6 @@ def run(args: argparse.Namespace) -> int:
     finally:
         store.close()
     # workers open exactly this file: never a new one created behind the first one's back
-    RemediatorServer(config, store.identity).run()
+    RemediatorServer(config, store.identity, log_level=args.log_level, token=token,
+                     reread=lambda: apply_flags(load_config(args.config), args)).run()
     return 0

@@ -21,9 +21,8 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
+from llm_health.buildinfo import BuildInfoCollector
 from llm_health.config import Config
-
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class StateCollector(Collector):
@@ -113,6 +112,18 @@ class StateCollector(Collector):
             m.add_metric([name, purpose], probes.get((name, purpose), 0))
         yield m
 
+        last = store.last_heard()
+        g = GaugeMetricFamily("llm_health_remediator_last_webhook_timestamp_seconds",
+                              "Unix time of the last notification accepted from Alertmanager (0: none yet in "
+                              "this state file).")
+        g.add_metric([], last.webhook_at or 0.0)
+        yield g
+        g = GaugeMetricFamily("llm_health_remediator_last_watchdog_timestamp_seconds",
+                              "Unix time of the last firing Watchdog (Watchdog, LLMHealthWatchdog) received from "
+                              "Alertmanager (0: none yet): the remediator's own dead man's switch.")
+        g.add_metric([], last.watchdog_at or 0.0)
+        yield g
+
         if self.health is not None:
             report = self.health()
             g = GaugeMetricFamily("llm_health_remediator_healthy",
@@ -135,6 +146,7 @@ class StateCollector(Collector):
 def registry_for(config: Config, store: StateStore, health: Callable[[], dict[str, Any]] | None = None) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StateCollector(config, store, health))
+    registry.register(BuildInfoCollector())
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)
@@ -142,4 +154,5 @@ def registry_for(config: Config, store: StateStore, health: Callable[[], dict[st
 
 
 def render(registry: CollectorRegistry) -> bytes:
+    """The text format (tests and tools; /metrics answers through llm_health/exposition.py)."""
     return generate_latest(registry)

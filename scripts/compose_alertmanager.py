@@ -26,6 +26,7 @@ RECEIVER = "llm-health-remediator"
 GPU_RECEIVER = "llm-health-remediator-gpu"
 URLS = {RECEIVER: "http://remediator:9411/webhook", GPU_RECEIVER: "http://remediator-gpu:9411/webhook"}
 GPU_BACKENDS = 'backend=~"vllm-.*"'
+RESTART = 'remediation="restart"'    # the restart route gets the gpu child (the Watchdog goes to the first stack)
 COMPOSE_TOKEN_FILE: str | None = "/run/llm-health-token/token"
 HEADER = """\
 # Alertmanager for the docker compose stack (mounted at /etc/alertmanager/alertmanager.yml).
@@ -55,9 +56,9 @@ def compose_config(production: dict[str, Any]) -> dict[str, Any]:
     gpu["name"] = GPU_RECEIVER
     gpu["webhook_configs"][0]["url"] = URLS[GPU_RECEIVER]
     receivers.insert(index + 1, gpu)
-    routes = [r for r in config["route"]["routes"] if r["receiver"] == RECEIVER]
+    routes = [r for r in config["route"]["routes"] if r["receiver"] == RECEIVER and RESTART in r.get("matchers", [])]
     if len(routes) != 1:
-        raise SystemExit(f"expected one route to {RECEIVER} in {PRODUCTION}, found {len(routes)}")
+        raise SystemExit(f"expected one route of {RESTART} to {RECEIVER} in {PRODUCTION}, found {len(routes)}")
     routes[0].setdefault("routes", []).insert(0, {"receiver": GPU_RECEIVER, "matchers": [GPU_BACKENDS]})
     return config
 

@@ -68,6 +68,8 @@ ALERT_NAMES = (
     # llm-health.self
     "LLMHealthRemediatorDown", "LLMHealthRemediatorUnhealthy", "LLMHealthBreakerOpen", "LLMHealthBackendNeedsAck",
     "LLMHealthRestartsFailing", "LLMHealthWebhookDeliveryFailing", "LLMHealthWatchdog",
+    "LLMHealthRemediatorNotHearingAlertmanager", "LLMHealthRemediatorConfigReloadFailed",
+    "LLMHealthExporterConfigReloadFailed",
     "LLMHealthDiscoveryStale", "LLMHealthDiscoveryDuplicateNames", "LLMHealthBackendNotJudged",
 )
 # The two alerts that trigger restarts: their labels are a contract with the remediator's route.

@@ -20,8 +20,10 @@ from llm_health.remediator.store.rows import (
     ActionResultKind,
     BreakerState,
     Event,
+    Heard,
     Incident,
     IncidentState,
+    LastHeard,
     Lease,
     LifecycleRow,
     Silence,
@@ -32,8 +34,8 @@ from llm_health.config import Config
 
 __all__ = [
     "ACKNOWLEDGEABLE", "ACTIVE_STATES", "NO_RESTART_UNDER_WAY", "RESTART_UNDER_WAY", "Action", "ActionResultKind",
-    "BreakerState", "Event", "Incident", "IncidentState", "Lease", "LifecycleRow", "Reads", "Silence", "SqliteStore",
-    "StateError", "StateStore", "Transaction", "state_path", "store_for",
+    "BreakerState", "Event", "Heard", "Incident", "IncidentState", "LastHeard", "Lease", "LifecycleRow", "Reads",
+    "Silence", "SqliteStore", "StateError", "StateStore", "Transaction", "state_path", "store_for",
 ]
 
 

@@ -32,8 +32,10 @@ from llm_health.remediator.store.rows import (
     Action,
     BreakerState,
     Event,
+    Heard,
     Incident,
     IncidentState,
+    LastHeard,
     Lease,
     LifecycleRow,
     Silence,
@@ -101,6 +103,7 @@ class Reads(Protocol):
 
     def last_event(self, backend: str, skip_kinds: tuple[str, ...] = ()) -> Event | None: ...
     def counters(self, metric: str) -> dict[str, int]: ...
+    def last_heard(self) -> LastHeard: ...                               # from Alertmanager (its webhook)
 
 
 class Transaction(Reads, Protocol):
@@ -114,6 +117,9 @@ class Transaction(Reads, Protocol):
         """The event, unless the same (kind, backend, reason) was recorded within `within` seconds."""
 
     def bump(self, metric: str, label: str, by: int = 1) -> None: ...
+
+    def heard(self, what: Heard, at: float) -> None:
+        """Alertmanager was heard from at `at` (the stored time only ever moves forward)."""
 
     # -- notifications and incidents --------------------------------------------------------------------
     def remember_delivery(self, key: str, at: float, forget_before: float) -> None: ...

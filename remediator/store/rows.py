@@ -153,6 +153,21 @@ class BreakerState:
                 "reset_at": self.reset_at, "reset_after_action": self.reset_after_action}
 
 
+class Heard(enum.StrEnum):
+    """What the remediator last heard from Alertmanager (stored in `heard.what`: the values never change)."""
+
+    WEBHOOK = "webhook"            # any notification accepted at POST /webhook
+    WATCHDOG = "watchdog"          # a firing always-on Watchdog in one (remediator/heartbeat.py)
+
+
+@dataclass(frozen=True)
+class LastHeard:
+    """When Alertmanager was last heard from (wall time; None: never, in this state file)."""
+
+    webhook_at: float | None = None
+    watchdog_at: float | None = None
+
+
 @dataclass(frozen=True)
 class Event:
     """One line of the audit log."""

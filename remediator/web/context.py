@@ -13,11 +13,12 @@ from llm_health.remediator.web.guard import token_given
 
 from llm_health.config import Config
 from llm_health.discovery.collector import DiscoveryCollector
+from llm_health.reload import ReloadCollector, ReloadStatus
 
 
 class WebContext:
     def __init__(self, config: Config, store: StateStore, token: str, clock: Callable[[], float],
-                 services: Services) -> None:
+                 services: Services, reload_status: ReloadStatus | None = None) -> None:
         self.config = config
         self.store = store
         self.token = token
@@ -30,6 +31,8 @@ class WebContext:
         self.registry = metrics.registry_for(config, store, self.health.report)
         if services.discovery is not None:
             self.registry.register(DiscoveryCollector(services.discovery.status))
+        self.reload_status = reload_status or ReloadStatus.loaded(clock())   # the master's, at the fork
+        self.registry.register(ReloadCollector("llm_health_remediator", lambda: self.reload_status))
 
     def authenticated(self) -> bool:
         """This request carries the bearer token (restart output is shown to it)."""

@@ -1,16 +1,17 @@
 """For people and for Prometheus: the status page (GET /), /metrics (a collector over the store, so every
-worker answers the same) and /healthz (this worker can do its job now; health.py)."""
+worker answers the same; OpenMetrics or text, gzip when asked) and /healthz (this worker can do its job
+now; health.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, Response, jsonify, render_template
-from llm_health.remediator import metrics
+from flask import Blueprint, Response, jsonify, render_template, request
 from llm_health.remediator.web.context import ctx
 from llm_health.remediator.web.views import backends_view, fmt_time, public_event
 
 from llm_health import groups
+from llm_health.exposition import metrics_answer
 from llm_health.redact import redact
 
 status = Blueprint("status", __name__)
@@ -18,8 +19,12 @@ status = Blueprint("status", __name__)
 
 @status.get("/metrics")
 def metrics_page() -> Any:
-    return Response(metrics.render(ctx().registry), mimetype=metrics.CONTENT_TYPE.split(";")[0],
-                    content_type=metrics.CONTENT_TYPE)
+    """OpenMetrics or text, gzip or not, as the scraper asks (llm_health/exposition.py); HEAD: Flask."""
+    answer = metrics_answer(ctx().registry, request.headers.get("Accept"), request.headers.get("Accept-Encoding"))
+    response = Response(answer.body, content_type=answer.content_type)
+    for name, value in answer.headers:
+        response.headers[name] = value
+    return response
 
 
 @status.get("/healthz")

@@ -445,7 +445,8 @@ def test_compose_alertmanager_is_generated_from_the_production_example(services:
     production = yaml.safe_load(PRODUCTION_AM.read_text())
     compose = yaml.safe_load(alertmanager_file(services).read_text())
     compose["receivers"] = [r for r in compose["receivers"] if r["name"] != generator.GPU_RECEIVER]
-    (remediator_route,) = [r for r in compose["route"]["routes"] if r["receiver"] == generator.RECEIVER]
+    (remediator_route,) = [r for r in compose["route"]["routes"]
+                           if r["receiver"] == generator.RECEIVER and generator.RESTART in r["matchers"]]
     assert remediator_route.pop("routes") == [{"receiver": generator.GPU_RECEIVER, "matchers": [generator.GPU_BACKENDS]}]
     for config in (production, compose):
         for receiver in config["receivers"]:
@@ -472,7 +473,8 @@ def test_both_alertmanager_configs_pass_amtool(services: dict[str, dict[str, Any
       "llm-health-remediator-gpu,operators"),
      (["alertname=LLMBackendRestarted", "backend=sim-a", "severity=info"], "operators-info"),
      (["alertname=LLMKVCachePressure", "backend=vllm-a", "severity=warning"], "operators"),
-     (["alertname=Other"], "operators")],
+     (["alertname=Other"], "operators"),
+     (["alertname=Watchdog", "severity=none"], "llm-health-remediator,watchdog")],
 )
 def test_alertmanager_routes_each_backend_to_its_remediator(
     services: dict[str, dict[str, Any]], labels: list[str], receivers: str

@@ -75,6 +75,16 @@ def test_unit_hardening_and_directories(path: Path) -> None:
     assert unit(path)["Install"]["WantedBy"] == ["multi-user.target"]
 
 
+@pytest.mark.parametrize("path", UNITS, ids=lambda p: p.name)
+def test_reload_sends_sighup_to_the_main_process(path: Path) -> None:
+    """`systemctl reload` = SIGHUP, which both programs take as "read the config again"
+    (tests/process/test_exporter_reload.py, tests/process/test_remediator_reload.py); ExecStart runs the
+    program itself (no shell in between), so $MAINPID is the exporter, or gunicorn's master."""
+    service = unit(path)["Service"]
+    assert service["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
+    assert service["Type"] == ["simple"] and not service["ExecStart"][0].startswith(("/bin/sh", "/usr/bin/env"))
+
+
 def test_remediator_keeps_its_state_in_its_state_directory() -> None:
     service = unit(SYSTEMD / "llm-health-remediator.service")["Service"]
     assert service["StateDirectory"] == ["llm-health"] and service["WorkingDirectory"] == ["/var/lib/llm-health"]

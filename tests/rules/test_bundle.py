@@ -323,9 +323,12 @@ def test_alertmanager_example_passes_amtool() -> None:
         (["alertname=LLMBackendErrorRate", "backend=a", "severity=warning", "category=error-rate"], "operators"),
         # info is a record, not a page
         (["alertname=LLMBackendRestarted", "backend=a", "severity=info"], "operators-info"),
+        # the Watchdog: the remediator (its own dead man's switch) and the dead man's switch, never people
+        (["alertname=Watchdog", "severity=none"], "llm-health-remediator,watchdog"),
+        (["alertname=LLMHealthWatchdog", "severity=none", "cluster=eu"], "llm-health-remediator,watchdog"),
     ],
 )
-def test_only_restart_alerts_reach_the_remediator(labels: list[str], receivers: str) -> None:
+def test_only_restart_alerts_and_the_watchdog_reach_the_remediator(labels: list[str], receivers: str) -> None:
     result = subprocess.run(
         [AMTOOL, "config", "routes", "test", f"--config.file={AM_CONFIG}", f"--verify.receivers={receivers}", *labels],
         capture_output=True, text=True, check=False,

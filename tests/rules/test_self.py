@@ -145,8 +145,81 @@ def discovery_duplicates() -> Scenario:
     return s
 
 
+def stamps(every: int, until: int, total: int = 90) -> str:
+    """A last-heard timestamp sampled every minute: a delivery at minute 1 and every `every` minutes after,
+    none after minute `until` (the value then stays at the last delivery's time); 0 before the first."""
+    values = []
+    for minute in range(total + 1):
+        last = 0 if minute < 1 else 1 + (min(minute, until) - 1) // every * every
+        values.append(str(last * 60))
+    return " ".join(values)
+
+
+def not_hearing_alertmanager() -> Scenario:
+    s = Scenario("the Watchdog reaches the remediator every 5m until 31m, then stops", interval="1m")
+    s.add(rem("llm_health_remediator_last_watchdog_timestamp_seconds", {}, stamps(5, 31)))
+    s.add(rem("llm_health_remediator_last_watchdog_timestamp_seconds", {}, stamps(5, 31), "rem-2:9411"))
+    s.silent("30m", "LLMHealthRemediatorNotHearingAlertmanager")
+    s.silent("46m", "LLMHealthRemediatorNotHearingAlertmanager")     # 15m since the last one at 31m: not yet
+    s.expect("48m", "LLMHealthRemediatorNotHearingAlertmanager", {**REM, VALUE: 48 * 60 - 31 * 60})
+    return s
+
+
+def never_heard_without_a_watchdog_rule() -> Scenario:
+    s = Scenario("no Watchdog was ever received and the rules have none (rendered without --watchdog)",
+                 interval="1m")
+    s.add(rem("llm_health_remediator_last_watchdog_timestamp_seconds", {}, "0x90"))
+    s.silent("60m", "LLMHealthRemediatorNotHearingAlertmanager")
+    return s
+
+
+def webhook_failing_elsewhere() -> Scenario:
+    s = Scenario("another receiver's webhook fails from 10m on while the remediator hears a Watchdog every 5m",
+                 interval="1m")
+    s.add(series("alertmanager_notifications_failed_total",
+                 {"job": "alertmanager", "instance": "am-1:9093", "integration": "webhook"}, "0x10 1+1x80"))
+    s.add(rem("llm_health_remediator_last_webhook_timestamp_seconds", {}, stamps(5, 90)))
+    s.silent("40m", "LLMHealthWebhookDeliveryFailing")
+    s.silent("80m", "LLMHealthWebhookDeliveryFailing")
+    return s
+
+
+def webhook_failing_ours() -> Scenario:
+    s = Scenario("the remediator's webhook fails from 11m on: it hears nothing after its last Watchdog at 11m",
+                 interval="1m")
+    s.add(series("alertmanager_notifications_failed_total",
+                 {"job": "alertmanager", "instance": "am-1:9093", "integration": "webhook"}, "0x11 1+1x80"))
+    s.add(rem("llm_health_remediator_last_webhook_timestamp_seconds", {}, stamps(5, 11)))
+    s.silent("24m", "LLMHealthWebhookDeliveryFailing")        # taken for ours from 16m, for 10m: at 26m
+    s.expect("27m", "LLMHealthWebhookDeliveryFailing", {"instance": "am-1:9093", "integration": "webhook"})
+    return s
+
+
+def remediator_reload_failed() -> Scenario:
+    s = Scenario("rem-1's config reload fails at 10m and stays failed; rem-2's fails for 4m, then a reload works",
+                 interval="1m")
+    s.add(rem("llm_health_remediator_config_last_reload_successful", {}, "1x10 0x60", "rem-1:9411"))
+    s.add(rem("llm_health_remediator_config_last_reload_successful", {}, "1x10 0x4 1x60", "rem-2:9411"))
+    s.silent("19m", "LLMHealthRemediatorConfigReloadFailed")
+    s.expect("21m", "LLMHealthRemediatorConfigReloadFailed", {**REM, "instance": "rem-1:9411"})
+    return s
+
+
+def exporter_reload_failed() -> Scenario:
+    ex = {"job": "llm-health-exporter"}
+    s = Scenario("ex-1's config reload fails at 10m and stays failed; ex-2's fails for 4m only", interval="1m")
+    s.add(series("llm_health_exporter_config_last_reload_successful", {**ex, "instance": "ex-1:9410"}, "1x10 0x60"))
+    s.add(series("llm_health_exporter_config_last_reload_successful", {**ex, "instance": "ex-2:9410"},
+                 "1x10 0x4 1x60"))
+    s.silent("19m", "LLMHealthExporterConfigReloadFailed")
+    s.expect("21m", "LLMHealthExporterConfigReloadFailed", {**ex, "instance": "ex-1:9410"})
+    return s
+
+
 SCENARIOS = [remediator_down, remediator_absent, remediator_unhealthy, breaker, needs_ack, restarts_failing,
-             webhook_failing, discovery_stale, backend_not_judged, discovery_duplicates]
+             webhook_failing, discovery_stale, backend_not_judged, discovery_duplicates, not_hearing_alertmanager,
+             never_heard_without_a_watchdog_rule, webhook_failing_elsewhere, webhook_failing_ours,
+             remediator_reload_failed, exporter_reload_failed]
 
 
 def document(rule_files: list[Path], written_as: list[str] | None = None,
@@ -192,6 +265,23 @@ def test_watchdog_is_opt_in_and_always_fires(tmp_path: Path) -> None:
     s.expect("0m", "LLMHealthWatchdog", {})
     s.expect("2m", "LLMHealthWatchdog", {})
     result = run_promtool_tests(document(files, scenarios=[s]), tmp_path / "watchdog_test.yml")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_with_the_watchdog_rule_never_hearing_one_fires(tmp_path: Path) -> None:
+    """Rendered with --watchdog the Watchdog exists: a remediator that never received one is not hearing."""
+    from llm_health.render.rules import RuleSettings, write_rendered
+
+    files = [p for p in write_rendered(tmp_path, RuleSettings(watchdog=True)) if p.name == SELF_RULES.name]
+    s = Scenario("the remediator never received a Watchdog", interval="1m")
+    s.add(rem("llm_health_remediator_last_watchdog_timestamp_seconds", {}, "0x90"))
+    s.silent("15m", "LLMHealthRemediatorNotHearingAlertmanager")
+    s.expect("17m", "LLMHealthRemediatorNotHearingAlertmanager", {**REM, VALUE: 17 * 60})
+    s.expect("60m", "LLMHealthRemediatorNotHearingAlertmanager", {**REM, VALUE: 60 * 60})
+    heard = Scenario("the remediator hears the Watchdog every 5m", interval="1m")
+    heard.add(rem("llm_health_remediator_last_watchdog_timestamp_seconds", {}, stamps(5, 90)))
+    heard.silent("60m", "LLMHealthRemediatorNotHearingAlertmanager")
+    result = run_promtool_tests(document(files, scenarios=[s, heard]), tmp_path / "watchdog_test.yml")
     assert result.returncode == 0, result.stdout + result.stderr
 
 

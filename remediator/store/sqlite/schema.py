@@ -15,7 +15,7 @@ from collections.abc import Callable
 from llm_health.remediator.store.base import StateError
 
 #: the schema this remediator writes; bump it with a new step in MIGRATIONS
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS deliveries (key TEXT PRIMARY KEY, first_seen REAL NOT NULL);
@@ -143,13 +143,20 @@ def _group_labels(c: sqlite3.Connection) -> None:
     restart began and the replacement it follows (remediator/restart/replacement.py)."""
     for column, decl in (("labels", "TEXT NOT NULL DEFAULT '{}'"), ("workload", "TEXT NOT NULL DEFAULT ''"),
                          ("members", "TEXT NOT NULL DEFAULT '[]'"), ("replacement", "TEXT NOT NULL DEFAULT ''")):
-        c.execute(f"ALTER TABLE incidents ADD COLUMN {column} {decl}")
+        if column not in {r[1] for r in c.execute("PRAGMA table_info(incidents)").fetchall()}:
+            c.execute(f"ALTER TABLE incidents ADD COLUMN {column} {decl}")
+
+
+def _heard(c: sqlite3.Connection) -> None:
+    """Version 3: when Alertmanager was last heard from (a webhook, a Watchdog)."""
+    c.execute("CREATE TABLE IF NOT EXISTS heard (what TEXT PRIMARY KEY, at REAL NOT NULL)")
 
 
 #: (version, step): the step brings a state file of version - 1 to `version`
 MIGRATIONS: tuple[tuple[int, Callable[[sqlite3.Connection], None]], ...] = (
     (1, _baseline),
     (2, _group_labels),
+    (3, _heard),
 )
 
 

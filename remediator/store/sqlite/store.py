@@ -27,6 +27,7 @@ from llm_health.remediator.store.sqlite import schema
 from llm_health.remediator.store.sqlite.actions import ActionReads, ActionWrites
 from llm_health.remediator.store.sqlite.breaker import BreakerReads, BreakerWrites
 from llm_health.remediator.store.sqlite.events import EventReads, EventWrites
+from llm_health.remediator.store.sqlite.heard import HeardReads, HeardWrites
 from llm_health.remediator.store.sqlite.incidents import IncidentReads, IncidentWrites
 from llm_health.remediator.store.sqlite.lease import LeaseReads, LeaseWrites
 from llm_health.remediator.store.sqlite.lifecycle import LifecycleReads, LifecycleWrites
@@ -36,7 +37,7 @@ from llm_health.remediator.store.sqlite.silences import SilenceReads, SilenceWri
 
 
 class ReadVerbs(IncidentReads, ActionReads, LifecycleReads, MarkerReads, BreakerReads, SilenceReads, LeaseReads,
-                EventReads):
+                EventReads, HeardReads):
     """Every read verb (store/base.py Reads); the connection comes from the concrete class."""
 
 
@@ -51,7 +52,7 @@ class SqliteReads(ReadVerbs):
 
 
 class SqliteTx(SqliteReads, IncidentWrites, ActionWrites, LifecycleWrites, MarkerWrites, BreakerWrites,
-               SilenceWrites, LeaseWrites, EventWrites, RetentionWrites, SharedVerbs):
+               SilenceWrites, LeaseWrites, EventWrites, HeardWrites, RetentionWrites, SharedVerbs):
     """Every verb (store/base.py Transaction) inside one BEGIN IMMEDIATE transaction."""
 
 
