@@ -33,12 +33,15 @@ from typing import Any
 
 from llm_health.config import ConfigError
 from llm_health.render import prometheusrule
-from llm_health.render.rules import RuleSettings, add_setting_arguments, settings_from_args
+from llm_health.render.rules import ALERT_NAMES, RuleSettings, add_setting_arguments, settings_from_args
 
 DEFAULT_OUT = Path("dashboards")  # relative to the working directory (the repo root in a checkout)
 CONFIGMAP_FILE = "dashboards.yaml"
 SIDECAR_LABEL = {"grafana_dashboard": "1"}
 SCHEMA_VERSION = 39
+# Grafana has no tokens/s unit (an unknown id such as `tps` is shown as a literal suffix, unscaled):
+# a custom count unit scales like `short` (1.2 K) and names what is counted.
+TOKENS_PER_SECOND = "count:tokens/s"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 
 # Verdict codes shared with exporter.verdict and the rules (docs/design.md).
@@ -294,6 +297,11 @@ def render_dashboard(d: Dashboard) -> dict[str, Any]:
     }
 
 
+# Our alerts by name, for the "LLM alerts firing" annotation: a prefix like LLM.* would also catch
+# other bundles' alerts (llm-d's LLMD*). The always-firing watchdog is left out (it would mark every moment).
+ANNOTATED_ALERTS = "|".join(a for a in ALERT_NAMES if a != "LLMHealthWatchdog")
+
+
 # --- queries from the rule settings -------------------------------------------------------------------
 
 # Engines whose own series the dashboards read. The selector is the rule setting `<engine>_selector`.
@@ -412,7 +420,7 @@ class Q:
                                  "backend") + " > 0",
         })
         restarts = self.remediator("llm_health_remediator_restarts_total")
-        alert_matchers = ['alertname=~"LLM.*"', 'alertstate="firing"', *self.group_matchers(),
+        alert_matchers = [f'alertname=~"{ANNOTATED_ALERTS}"', 'alertstate="firing"', *self.group_matchers(),
                           'backend=~"$backend|"']
         return (
             Annotation(
@@ -550,7 +558,7 @@ def fleet(s: RuleSettings) -> Dashboard:
             (Target(generation, q.legend("({{engine_name}})")),)
             + ((Target(q.exporter("llm_health_generation_tokens_per_second"), q.legend("(exporter)")),)
                if s.exporter else ()),
-            unit="tps", min=0,
+            unit=TOKENS_PER_SECOND, min=0,
             description="Engine progress from the engines' counters, never from a probe's latency. "
                         "llama.cpp's tokens_predicted_total moves only when a request finishes: see "
                         "engine steps for its progress.",
@@ -568,7 +576,7 @@ def fleet(s: RuleSettings) -> Dashboard:
         Panel(
             "Prompt tokens per second", "timeseries",
             (Target(prompt, q.legend("({{engine_name}})")),),
-            unit="tps", min=0,
+            unit=TOKENS_PER_SECOND, min=0,
         ),
         Panel(
             "KV cache usage", "timeseries",
