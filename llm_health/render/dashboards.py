@@ -33,7 +33,13 @@ from typing import Any
 
 from llm_health.config import ConfigError
 from llm_health.render import prometheusrule
-from llm_health.render.rules import ALERT_NAMES, RuleSettings, add_setting_arguments, settings_from_args
+from llm_health.render.rules import (
+    ALERT_NAMES,
+    RuleSettings,
+    add_setting_arguments,
+    settings_from_args,
+    warn_runbook,
+)
 
 DEFAULT_OUT = Path("dashboards")  # relative to the working directory (the repo root in a checkout)
 CONFIGMAP_FILE = "dashboards.yaml"
@@ -807,6 +813,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
+    warn_runbook(settings)
     if args.format == "configmap":
         print(f"wrote {write_configmaps(args.out, prometheusrule.parse_labels(args.k8s_label), settings)}")
         return 0

@@ -84,7 +84,12 @@ RATE_WINDOWS = {
     "webhook_window": "5m",
 }
 MIN_SCRAPES_PER_WINDOW = 4
-DEFAULT_RUNBOOK_BASE_URL = "http://localhost:9411/runbooks"
+# The runbook base when the operator has not set one: a placeholder under .invalid (RFC 6761: never
+# resolves, so a link can never open somebody else's page) whose name says what to do. A render with
+# it says so on stderr (runbook_warning). The remediator serves the runbooks at /runbooks; only the
+# operator knows the address people reach it at.
+DEFAULT_RUNBOOK_BASE_URL = "https://runbook-base-url-not-set.invalid/runbooks"
+_LOOPBACK_HOST = re.compile(r"^(localhost|127(\.[0-9]+){3}|\[::1\])(:[0-9]+)?$")
 # Settings whose flag is not --FIELD-NAME (first is shown in errors and help; the rest are aliases).
 FLAG_NAMES = {"runbook_url": ("--runbook-base-url", "--runbook-url"), "extra_labels": ("--extra-label",)}
 FORMATS = ("rules", "prometheusrule")
@@ -164,8 +169,9 @@ class RuleSettings:
     exporter_down_for: str = "5m"
     probe_busy_window: str | None = None  # (5m)
     # Base of every alert's runbook_url (flag --runbook-base-url): the remediator serves docs/runbooks.md
-    # at /runbooks; each alert links to its section (#alertname, lowercase). The default suits a browser
-    # on the remediator's host; set the address people reach it at (docs/install.md, docs/kubernetes.md).
+    # at /runbooks; each alert links to its section (#alertname, lowercase). Unset, it is a placeholder
+    # that never resolves (and the render warns); set the address people reach the remediator at
+    # (docs/install.md, docs/kubernetes.md).
     runbook_url: str = DEFAULT_RUNBOOK_BASE_URL
     exporter: bool = True             # False: rules over vLLM's metrics only (no exporter alerts/branches)
     # llm-health.self: the remediator and Alertmanager's deliveries to it
@@ -402,6 +408,27 @@ def render(settings: RuleSettings | None = None) -> dict[str, str]:
     return {out: env.get_template(src).render(s=s) for src, out in OUTPUTS.items()}
 
 
+def runbook_warning(settings: RuleSettings) -> str | None:
+    """What is wrong with the runbook links of a render with these settings, for the person rendering;
+    None when they lead somewhere a person paged elsewhere can open."""
+    url = settings.runbook_url
+    if url == DEFAULT_RUNBOOK_BASE_URL:
+        return (f"warning: --runbook-base-url is not set: every runbook link points at the placeholder {url}, "
+                "which never resolves. Set it to the address people reach the remediator's /runbooks at, "
+                "e.g. --runbook-base-url https://llm-health.example.com/runbooks")
+    host = url.split("://", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1]
+    if _LOOPBACK_HOST.match(host):
+        return (f"warning: --runbook-base-url {url} is a loopback address: its links open only in a browser "
+                "on that host, not for the person paged elsewhere")
+    return None
+
+
+def warn_runbook(settings: RuleSettings) -> None:
+    message = runbook_warning(settings)
+    if message:
+        print(f"llm-health: {message}", file=sys.stderr)
+
+
 def write_rendered(out_dir: Path, settings: RuleSettings | None = None) -> list[Path]:
     """Render everything first, then write; a failure leaves `out_dir` untouched."""
     texts = render(settings)
@@ -506,6 +533,8 @@ def _report_check(paths: list[Path]) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.rules_command == "render":
+        warn_runbook(settings_from_args(args))
     if args.rules_command == "render" and args.format == "prometheusrule":
         labels = prometheusrule.parse_labels(args.k8s_label)
         text = prometheusrule.build(render(settings_from_args(args)), args.k8s_name, args.k8s_namespace, labels)
