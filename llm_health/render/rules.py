@@ -408,6 +408,26 @@ def render(settings: RuleSettings | None = None) -> dict[str, str]:
     return {out: env.get_template(src).render(s=s) for src, out in OUTPUTS.items()}
 
 
+# The Kubernetes renders (PrometheusRule, dashboard ConfigMaps) keep `namespace` in every aggregation
+# unless --group-labels says otherwise: prometheus-operator's default AlertmanagerConfig matching
+# (OnNamespace) routes only alerts whose `namespace` label is the object's namespace, and the
+# PodMonitor's targets carry it (prometheus-operator adds namespace, pod, container).
+KUBERNETES_GROUP_LABELS = ("namespace",)
+
+
+def kubernetes_settings(settings: RuleSettings, group_labels_given: bool) -> RuleSettings:
+    """The settings of a Kubernetes render: `namespace` as the group label unless --group-labels was given
+    (e.g. cluster,namespace for a Prometheus that sees several clusters)."""
+    return settings if group_labels_given else replace(settings, group_labels=KUBERNETES_GROUP_LABELS)
+
+
+def kubernetes_warning(settings: RuleSettings) -> str | None:
+    if "namespace" in settings.group_labels:
+        return None
+    return ("warning: --group-labels leaves out namespace: the alerts carry no namespace label, and an "
+            "AlertmanagerConfig (prometheus-operator's default OnNamespace matching) routes none of them")
+
+
 def runbook_warning(settings: RuleSettings) -> str | None:
     """What is wrong with the runbook links of a render with these settings, for the person rendering;
     None when they lead somewhere a person paged elsewhere can open."""
@@ -423,10 +443,11 @@ def runbook_warning(settings: RuleSettings) -> str | None:
     return None
 
 
-def warn_runbook(settings: RuleSettings) -> None:
-    message = runbook_warning(settings)
-    if message:
-        print(f"llm-health: {message}", file=sys.stderr)
+def warn_runbook(settings: RuleSettings, *, kubernetes: bool = False) -> None:
+    """Say on stderr what a render with these settings gets wrong for the people it pages."""
+    for message in (runbook_warning(settings), kubernetes_warning(settings) if kubernetes else None):
+        if message:
+            print(f"llm-health: {message}", file=sys.stderr)
 
 
 def write_rendered(out_dir: Path, settings: RuleSettings | None = None) -> list[Path]:
@@ -510,8 +531,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     render_p.add_argument("--check", action="store_true", help="run promtool check rules on the result")
     render_p.add_argument(
         "--format", choices=FORMATS, default="rules",
-        help="rules: the two rule files; prometheusrule: one PrometheusRule object for prometheus-operator, "
-             f"written to DIR/{prometheusrule.FILE_NAME} (default: %(default)s)",
+        help="rules: the rule files; prometheusrule: one PrometheusRule object for prometheus-operator, "
+             f"written to DIR/{prometheusrule.FILE_NAME}, with --group-labels namespace unless given "
+             "(default: %(default)s)",
     )
     render_p.add_argument("--k8s-name", default=prometheusrule.DEFAULT_NAME,
                           help="prometheusrule: metadata.name (default: %(default)s)")
@@ -533,11 +555,11 @@ def _report_check(paths: list[Path]) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.rules_command == "render":
-        warn_runbook(settings_from_args(args))
     if args.rules_command == "render" and args.format == "prometheusrule":
+        settings = kubernetes_settings(settings_from_args(args), args.group_labels is not None)
+        warn_runbook(settings, kubernetes=True)
         labels = prometheusrule.parse_labels(args.k8s_label)
-        text = prometheusrule.build(render(settings_from_args(args)), args.k8s_name, args.k8s_namespace, labels)
+        text = prometheusrule.build(render(settings), args.k8s_name, args.k8s_namespace, labels)
         target = prometheusrule.write(args.out, text)
         print(f"wrote {target}")
         if not args.check:
@@ -545,6 +567,7 @@ def run(args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             return _report_check([prometheusrule.groups_file(text, Path(tmp))])
     if args.rules_command == "render":
+        warn_runbook(settings_from_args(args))
         written = write_rendered(args.out, settings_from_args(args))
         for path in written:
             print(f"wrote {path}")
