@@ -30,6 +30,7 @@ from typing import Any
 
 import jinja2
 
+from llm_health import promregex
 from llm_health.config import ConfigError
 from llm_health.render import prometheusrule
 
@@ -314,9 +315,9 @@ def _check_handler_regex(value: object, flag: str) -> None:
     if not isinstance(value, str) or not HANDLER_RE.match(value):
         raise ConfigError(f"{flag}: {value!r} must be a regex without quotes, backslashes, braces or line breaks")
     try:
-        re.compile(value)
-    except re.error as exc:
-        raise ConfigError(f"{flag}: {value!r} is not a valid regex ({exc})") from None
+        promregex.compile_matcher(value)   # Prometheus evaluates it: RE2, not Python's re
+    except promregex.PromRegexError as exc:
+        raise ConfigError(f"{flag}: {value!r} is not a valid regex: {exc}") from None
 
 
 def _check_group_labels(value: object, flag: str) -> None:
