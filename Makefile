@@ -3,10 +3,12 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+DIST_STAMP := $(VENV)/.dist-stamp
+DIST ?= dist
 ARGS ?=
 TEST_WORKERS ?= 2
 
-.PHONY: demo test bench lint debs engines venv clean
+.PHONY: demo test bench lint debs engines venv dist clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -44,6 +46,20 @@ test: debs $(STAMP)
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5); that is a failure" >&2; fi; \
 	exit $$rc
 
+# The wheel and sdist in $(DIST)/, for docs/install.md: built from this checkout with the venv's setuptools
+# (no download, no isolated build env: python -m build --no-isolation builds the sdist, then the wheel from
+# the unpacked sdist, so a file missing from the sdist fails here), then twine check --strict.
+# The `dist` extra (build, twine) is installed the first time.
+$(DIST_STAMP): pyproject.toml | $(STAMP)
+	$(PY) -m pip install -q -e '.[dist]'
+	touch $(DIST_STAMP)
+
+dist: $(DIST_STAMP)
+	rm -rf $(DIST)
+	$(PY) -m build --no-isolation --outdir $(DIST) .
+	$(PY) -m twine check --strict $(DIST)/*
+	@ls -1 $(DIST)
+
 bench: debs $(STAMP)
 	$(PY) -m bench.run $(ARGS)
 
@@ -51,4 +67,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist *.egg-info

@@ -1,7 +1,7 @@
 """Build step for the shipped assets; everything else is in pyproject.toml.
 
 The wheel carries what an operator needs without a checkout, under llm_health/data/:
-dashboards/*.json (Grafana), rules/*.yml (the rules rendered with default settings) and
+dashboards/*.json (Grafana), rules/llm_health_*.yml (every rule file rendered with default settings) and
 docs/runbooks.md (served by the remediator at /runbooks). The repository keeps its top-level
 dashboards/, rules/ and docs/ folders; this copies from them at build time. A checkout (editable
 install) reads the same files in place (llm_health/assets.py).
@@ -18,7 +18,7 @@ from setuptools.command.build_py import build_py
 # folder under llm_health/data -> files of the repository copied there
 ASSETS = {
     "dashboards": ["dashboards/*.json"],
-    "rules": ["rules/llm_health_alerts.yml", "rules/llm_health_records.yml"],
+    "rules": ["rules/llm_health_*.yml"],   # every rendered rule file: records, alerts, self
     "docs": ["docs/runbooks.md"],
 }
 

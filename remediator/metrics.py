@@ -67,7 +67,7 @@ class StateCollector(Collector):
         state = GaugeMetricFamily("llm_health_remediator_lifecycle_state",
                                   "1 for the lifecycle state each backend is in, 0 for the others.",
                                   labels=["backend", "state"])
-        since = GaugeMetricFamily("llm_health_remediator_lifecycle_since_seconds",
+        since = GaugeMetricFamily("llm_health_remediator_lifecycle_since_timestamp_seconds",
                                   "Unix time of the backend's last lifecycle transition (0 = not looked at yet).",
                                   labels=["backend"])
         for name in names:

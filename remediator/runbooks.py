@@ -1,7 +1,7 @@
 """`GET /runbooks`: docs/runbooks.md as HTML, so every alert's runbook_url resolves.
 
-The rendered rules link each alert to `<--runbook-base-url>#<alertname lowercase>`; the default base
-is this page. The markdown ships in the wheel (llm_health/data/docs/runbooks.md, llm_health.assets)
+The rendered rules link each alert to `<--runbook-base-url>#<alertname lowercase>`, which the operator
+sets to this page's address as people reach it (unset, a placeholder that never resolves). The markdown ships in the wheel (llm_health/data/docs/runbooks.md, llm_health.assets)
 and is rendered once per process. Section ids are the heading text lowercased with spaces as dashes
 (`## LLMBackendStalled` -> `id="llmbackendstalled"`), which is also how GitHub anchors them. The page
 is public (no token): it documents alerts and carries no state.

@@ -1,5 +1,8 @@
 """The discovery selector: `job="vllm", namespace=~"llm-.*"` -> matchers, applied to each target
-(names starting with `__` read the target's discoveredLabels, `__scrape_pool__` its scrape pool)."""
+(names starting with `__` read the target's discoveredLabels, `__scrape_pool__` its scrape pool).
+
+Regex matchers mean what they mean in Prometheus: RE2 syntax, anchored as ^(?s:...)$ (llm_health/promregex.py);
+a pattern RE2 refuses (backreferences, look-around, ...) is refused with the reason."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from llm_health import promregex
 from llm_health.config import ConfigError
 
 MAX_SELECTOR_LENGTH = 2000
@@ -28,7 +32,7 @@ class Matcher:
             return have == self.value
         if self.op == "!=":
             return have != self.value
-        hit = re.fullmatch(self.value, have) is not None    # anchored, as in PromQL
+        hit = promregex.matches(self.value, have)            # RE2, anchored as in PromQL
         return hit if self.op == "=~" else not hit
 
 
@@ -91,9 +95,9 @@ def parse_selector(text: str) -> tuple[Matcher, ...]:
         value = "".join(chars)
         if op in ("=~", "!~"):
             try:
-                re.compile(value)
-            except re.error as exc:
-                raise fail(f"bad regular expression {value!r} ({exc})") from None
+                promregex.compile_matcher(value)
+            except promregex.PromRegexError as exc:
+                raise fail(f"bad regular expression {value!r}: {exc}") from None
         out.append(Matcher(label, op, value))
         while i < n and s[i].isspace():
             i += 1

@@ -413,7 +413,8 @@ class Stack:
     def _render_rules(self) -> Path:
         out = self.workdir / "rules"
         out.mkdir(exist_ok=True)
-        args: list[str] = ["rules", "render", "--out", str(out)]
+        # the runbook links lead to this stack's remediator (its /runbooks page)
+        args: list[str] = ["rules", "render", "--out", str(out), "--runbook-base-url", f"{self.remediator_url}/runbooks"]
         for flag, value in self.timings.rules:
             args += [flag, value]
         subprocess.run(llm_health(*args), check=True, capture_output=True, text=True)

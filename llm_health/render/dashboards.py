@@ -5,7 +5,8 @@
 
 --format json (default) writes one JSON file per dashboard; --format configmap writes DIR/dashboards.yaml,
 one ConfigMap per dashboard labelled `grafana_dashboard: "1"` for the Grafana sidecar (kube-prometheus-stack,
-grafana chart) plus any --k8s-label.
+grafana chart) plus any --k8s-label, annotated with the Grafana folder (--k8s-folder), and rendered with
+--group-labels namespace unless given (as the PrometheusRule: rules and dashboards agree).
 
 The dashboards take the rule settings (llm_health/render/rules.py RuleSettings, the same flags as `llm-health
 rules render`): the engines' selectors, the exporter's selector and the group labels go into every
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,12 +35,29 @@ from typing import Any
 
 from llm_health.config import ConfigError
 from llm_health.render import prometheusrule
-from llm_health.render.rules import RuleSettings, add_setting_arguments, settings_from_args
+from llm_health.render.rules import (
+    ALERT_NAMES,
+    RuleSettings,
+    add_setting_arguments,
+    kubernetes_settings,
+    settings_from_args,
+    warn_runbook,
+)
 
 DEFAULT_OUT = Path("dashboards")  # relative to the working directory (the repo root in a checkout)
 CONFIGMAP_FILE = "dashboards.yaml"
 SIDECAR_LABEL = {"grafana_dashboard": "1"}
+# The Grafana folder of the ConfigMaps' dashboards, under both names the dashboard sidecar (kiwigrid
+# k8s-sidecar) is found reading it: its own default FOLDER_ANNOTATION, and `grafana_folder`, the name
+# commonly set as the grafana chart's sidecar.dashboards.folderAnnotation. Either becomes a Grafana folder
+# only with the chart's sidecar.dashboards.provider.foldersFromFilesStructure: true (docs/kubernetes.md).
+FOLDER_ANNOTATIONS = ("grafana_folder", "k8s-sidecar-target-directory")
+DEFAULT_FOLDER = "llm-health"
+FOLDER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.-]{0,62}$")
 SCHEMA_VERSION = 39
+# Grafana has no tokens/s unit (an unknown id such as `tps` is shown as a literal suffix, unscaled):
+# a custom count unit scales like `short` (1.2 K) and names what is counted.
+TOKENS_PER_SECOND = "count:tokens/s"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 
 # Verdict codes shared with exporter.verdict and the rules (docs/design.md).
@@ -294,6 +313,11 @@ def render_dashboard(d: Dashboard) -> dict[str, Any]:
     }
 
 
+# Our alerts by name, for the "LLM alerts firing" annotation: a prefix like LLM.* would also catch
+# other bundles' alerts (llm-d's LLMD*). The always-firing watchdog is left out (it would mark every moment).
+ANNOTATED_ALERTS = "|".join(a for a in ALERT_NAMES if a != "LLMHealthWatchdog")
+
+
 # --- queries from the rule settings -------------------------------------------------------------------
 
 # Engines whose own series the dashboards read. The selector is the rule setting `<engine>_selector`.
@@ -412,7 +436,7 @@ class Q:
                                  "backend") + " > 0",
         })
         restarts = self.remediator("llm_health_remediator_restarts_total")
-        alert_matchers = ['alertname=~"LLM.*"', 'alertstate="firing"', *self.group_matchers(),
+        alert_matchers = [f'alertname=~"{ANNOTATED_ALERTS}"', 'alertstate="firing"', *self.group_matchers(),
                           'backend=~"$backend|"']
         return (
             Annotation(
@@ -550,7 +574,7 @@ def fleet(s: RuleSettings) -> Dashboard:
             (Target(generation, q.legend("({{engine_name}})")),)
             + ((Target(q.exporter("llm_health_generation_tokens_per_second"), q.legend("(exporter)")),)
                if s.exporter else ()),
-            unit="tps", min=0,
+            unit=TOKENS_PER_SECOND, min=0,
             description="Engine progress from the engines' counters, never from a probe's latency. "
                         "llama.cpp's tokens_predicted_total moves only when a request finishes: see "
                         "engine steps for its progress.",
@@ -568,7 +592,7 @@ def fleet(s: RuleSettings) -> Dashboard:
         Panel(
             "Prompt tokens per second", "timeseries",
             (Target(prompt, q.legend("({{engine_name}})")),),
-            unit="tps", min=0,
+            unit=TOKENS_PER_SECOND, min=0,
         ),
         Panel(
             "KV cache usage", "timeseries",
@@ -761,8 +785,17 @@ def write_rendered(out_dir: Path, settings: RuleSettings | None = None) -> list[
     return _write(out_dir, render(settings))
 
 
-def configmaps(texts: dict[str, str], labels: dict[str, str] | None = None) -> str:
-    """One ConfigMap per dashboard (name llm-health-dashboard-<file stem>), as a multi-document YAML."""
+def check_folder(folder: str) -> str:
+    if not FOLDER_RE.match(folder):
+        raise ConfigError(f"--k8s-folder: {folder!r} must be a folder name (letters, digits, space, _ . -; "
+                          "no slash), at most 63 characters")
+    return folder
+
+
+def configmaps(texts: dict[str, str], labels: dict[str, str] | None = None, folder: str = DEFAULT_FOLDER) -> str:
+    """One ConfigMap per dashboard (name llm-health-dashboard-<file stem>), as a multi-document YAML, labelled
+    for the Grafana sidecar and annotated with the Grafana folder."""
+    check_folder(folder)
     docs = []
     for file_name, text in sorted(texts.items()):
         stem = file_name.removesuffix(".json")
@@ -771,15 +804,17 @@ def configmaps(texts: dict[str, str], labels: dict[str, str] | None = None) -> s
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": name, "labels": {
                 "app.kubernetes.io/name": "llm-health", "app.kubernetes.io/component": "dashboards",
-                **SIDECAR_LABEL, **(labels or {})}},
+                **SIDECAR_LABEL, **(labels or {})},
+                "annotations": {key: folder for key in FOLDER_ANNOTATIONS}},
             "data": {file_name: text},
         })
     header = ("# Generated by `llm-health dashboards render --format configmap`; regenerate, do not edit.\n")
     return header + "---\n".join(prometheusrule.dump(doc) for doc in docs)
 
 
-def write_configmaps(out_dir: Path, labels: dict[str, str], settings: RuleSettings | None = None) -> Path:
-    return _write(out_dir, {CONFIGMAP_FILE: configmaps(render(settings), labels)})[0]
+def write_configmaps(out_dir: Path, labels: dict[str, str], settings: RuleSettings | None = None,
+                     folder: str = DEFAULT_FOLDER) -> Path:
+    return _write(out_dir, {CONFIGMAP_FILE: configmaps(render(settings), labels, folder)})[0]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -794,14 +829,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
                                "for the Grafana sidecar (default: %(default)s)")
     render_p.add_argument("--k8s-label", action="append", default=[], metavar="KEY=VALUE",
                           help="configmap: an extra metadata label (repeatable)")
+    render_p.add_argument("--k8s-folder", default=DEFAULT_FOLDER,
+                          help="configmap: the Grafana folder (annotations " + ", ".join(FOLDER_ANNOTATIONS)
+                               + "; default: %(default)s)")
     add_setting_arguments(render_p)
 
 
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     if args.format == "configmap":
-        print(f"wrote {write_configmaps(args.out, prometheusrule.parse_labels(args.k8s_label), settings)}")
+        settings = kubernetes_settings(settings, args.group_labels is not None)
+        warn_runbook(settings, kubernetes=True)
+        labels = prometheusrule.parse_labels(args.k8s_label)
+        print(f"wrote {write_configmaps(args.out, labels, settings, args.k8s_folder)}")
         return 0
+    warn_runbook(settings)
     for path in write_rendered(args.out, settings):
         print(f"wrote {path}")
     return 0

@@ -3,7 +3,9 @@
 `llm-health rules render --format prometheusrule` writes DIR/prometheusrule.yaml: the groups of both
 rule files (records first, so the alerts' inputs exist) under spec.groups, with metadata.name,
 an optional metadata.namespace and metadata labels (e.g. release=... to match the operator's
-ruleSelector). Names and labels are validated as Kubernetes does; bad input writes nothing.
+ruleSelector). Names and labels are validated as Kubernetes does; bad input writes nothing. The rules
+keep `namespace` in their aggregations unless --group-labels is given (rules.kubernetes_settings): the
+alerts carry it, so an AlertmanagerConfig's OnNamespace matcher routes them.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from typing import Any
 
 import jinja2
 
+from llm_health import promregex
 from llm_health.config import ConfigError
 from llm_health.render import prometheusrule
 
@@ -86,7 +87,12 @@ RATE_WINDOWS = {
     "webhook_window": "5m",
 }
 MIN_SCRAPES_PER_WINDOW = 4
-DEFAULT_RUNBOOK_BASE_URL = "http://localhost:9411/runbooks"
+# The runbook base when the operator has not set one: a placeholder under .invalid (RFC 6761: never
+# resolves, so a link can never open somebody else's page) whose name says what to do. A render with
+# it says so on stderr (runbook_warning). The remediator serves the runbooks at /runbooks; only the
+# operator knows the address people reach it at.
+DEFAULT_RUNBOOK_BASE_URL = "https://runbook-base-url-not-set.invalid/runbooks"
+_LOOPBACK_HOST = re.compile(r"^(localhost|127(\.[0-9]+){3}|\[::1\])(:[0-9]+)?$")
 # Settings whose flag is not --FIELD-NAME (first is shown in errors and help; the rest are aliases).
 FLAG_NAMES = {"runbook_url": ("--runbook-base-url", "--runbook-url"), "extra_labels": ("--extra-label",)}
 FORMATS = ("rules", "prometheusrule")
@@ -166,8 +172,9 @@ class RuleSettings:
     exporter_down_for: str = "5m"
     probe_busy_window: str | None = None  # (5m)
     # Base of every alert's runbook_url (flag --runbook-base-url): the remediator serves docs/runbooks.md
-    # at /runbooks; each alert links to its section (#alertname, lowercase). The default suits a browser
-    # on the remediator's host; set the address people reach it at (docs/install.md, docs/kubernetes.md).
+    # at /runbooks; each alert links to its section (#alertname, lowercase). Unset, it is a placeholder
+    # that never resolves (and the render warns); set the address people reach the remediator at
+    # (docs/install.md, docs/kubernetes.md).
     runbook_url: str = DEFAULT_RUNBOOK_BASE_URL
     exporter: bool = True             # False: rules over vLLM's metrics only (no exporter alerts/branches)
     # llm-health.self: the remediator and Alertmanager's deliveries to it
@@ -310,9 +317,9 @@ def _check_handler_regex(value: object, flag: str) -> None:
     if not isinstance(value, str) or not HANDLER_RE.match(value):
         raise ConfigError(f"{flag}: {value!r} must be a regex without quotes, backslashes, braces or line breaks")
     try:
-        re.compile(value)
-    except re.error as exc:
-        raise ConfigError(f"{flag}: {value!r} is not a valid regex ({exc})") from None
+        promregex.compile_matcher(value)   # Prometheus evaluates it: RE2, not Python's re
+    except promregex.PromRegexError as exc:
+        raise ConfigError(f"{flag}: {value!r} is not a valid regex: {exc}") from None
 
 
 def _check_group_labels(value: object, flag: str) -> None:
@@ -404,6 +411,48 @@ def render(settings: RuleSettings | None = None) -> dict[str, str]:
     return {out: env.get_template(src).render(s=s) for src, out in OUTPUTS.items()}
 
 
+# The Kubernetes renders (PrometheusRule, dashboard ConfigMaps) keep `namespace` in every aggregation
+# unless --group-labels says otherwise: prometheus-operator's default AlertmanagerConfig matching
+# (OnNamespace) routes only alerts whose `namespace` label is the object's namespace, and the
+# PodMonitor's targets carry it (prometheus-operator adds namespace, pod, container).
+KUBERNETES_GROUP_LABELS = ("namespace",)
+
+
+def kubernetes_settings(settings: RuleSettings, group_labels_given: bool) -> RuleSettings:
+    """The settings of a Kubernetes render: `namespace` as the group label unless --group-labels was given
+    (e.g. cluster,namespace for a Prometheus that sees several clusters)."""
+    return settings if group_labels_given else replace(settings, group_labels=KUBERNETES_GROUP_LABELS)
+
+
+def kubernetes_warning(settings: RuleSettings) -> str | None:
+    if "namespace" in settings.group_labels:
+        return None
+    return ("warning: --group-labels leaves out namespace: the alerts carry no namespace label, and an "
+            "AlertmanagerConfig (prometheus-operator's default OnNamespace matching) routes none of them")
+
+
+def runbook_warning(settings: RuleSettings) -> str | None:
+    """What is wrong with the runbook links of a render with these settings, for the person rendering;
+    None when they lead somewhere a person paged elsewhere can open."""
+    url = settings.runbook_url
+    if url == DEFAULT_RUNBOOK_BASE_URL:
+        return (f"warning: --runbook-base-url is not set: every runbook link points at the placeholder {url}, "
+                "which never resolves. Set it to the address people reach the remediator's /runbooks at, "
+                "e.g. --runbook-base-url https://llm-health.example.com/runbooks")
+    host = url.split("://", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1]
+    if _LOOPBACK_HOST.match(host):
+        return (f"warning: --runbook-base-url {url} is a loopback address: its links open only in a browser "
+                "on that host, not for the person paged elsewhere")
+    return None
+
+
+def warn_runbook(settings: RuleSettings, *, kubernetes: bool = False) -> None:
+    """Say on stderr what a render with these settings gets wrong for the people it pages."""
+    for message in (runbook_warning(settings), kubernetes_warning(settings) if kubernetes else None):
+        if message:
+            print(f"llm-health: {message}", file=sys.stderr)
+
+
 def write_rendered(out_dir: Path, settings: RuleSettings | None = None) -> list[Path]:
     """Render everything first, then write; a failure leaves `out_dir` untouched."""
     texts = render(settings)
@@ -485,8 +534,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     render_p.add_argument("--check", action="store_true", help="run promtool check rules on the result")
     render_p.add_argument(
         "--format", choices=FORMATS, default="rules",
-        help="rules: the two rule files; prometheusrule: one PrometheusRule object for prometheus-operator, "
-             f"written to DIR/{prometheusrule.FILE_NAME} (default: %(default)s)",
+        help="rules: the rule files; prometheusrule: one PrometheusRule object for prometheus-operator, "
+             f"written to DIR/{prometheusrule.FILE_NAME}, with --group-labels namespace unless given "
+             "(default: %(default)s)",
     )
     render_p.add_argument("--k8s-name", default=prometheusrule.DEFAULT_NAME,
                           help="prometheusrule: metadata.name (default: %(default)s)")
@@ -509,8 +559,10 @@ def _report_check(paths: list[Path]) -> int:
 
 def run(args: argparse.Namespace) -> int:
     if args.rules_command == "render" and args.format == "prometheusrule":
+        settings = kubernetes_settings(settings_from_args(args), args.group_labels is not None)
+        warn_runbook(settings, kubernetes=True)
         labels = prometheusrule.parse_labels(args.k8s_label)
-        text = prometheusrule.build(render(settings_from_args(args)), args.k8s_name, args.k8s_namespace, labels)
+        text = prometheusrule.build(render(settings), args.k8s_name, args.k8s_namespace, labels)
         target = prometheusrule.write(args.out, text)
         print(f"wrote {target}")
         if not args.check:
@@ -518,6 +570,7 @@ def run(args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             return _report_check([prometheusrule.groups_file(text, Path(tmp))])
     if args.rules_command == "render":
+        warn_runbook(settings_from_args(args))
         written = write_rendered(args.out, settings_from_args(args))
         for path in written:
             print(f"wrote {path}")

@@ -16,7 +16,7 @@ import pytest
 from llm_health.config import ConfigError
 from llm_health.drill.procs import llm_health
 from llm_health.render import dashboards as dash
-from llm_health.render.rules import RuleSettings
+from llm_health.render.rules import ALERT_NAMES, RuleSettings
 from tests.support.dashboard_queries import (
     DASHBOARD_DIR,
     all_queries,
@@ -329,10 +329,37 @@ def test_annotations_restarts_remediator_restarts_and_firing_alerts(dashboards: 
         assert "sum by (backend) (llm_health_remediator_restarts_total{" in annotations["Remediator restarts"]["expr"]
         assert "offset $__rate_interval" in annotations["Remediator restarts"]["expr"]
         alerts = annotations["LLM alerts firing"]["expr"]
-        assert alerts.startswith('ALERTS{alertname=~"LLM.*", alertstate="firing"'), alerts
+        assert alerts.startswith(f'ALERTS{{alertname=~"{dash.ANNOTATED_ALERTS}", alertstate="firing"'), alerts
         assert 'backend=~"$backend|"' in alerts, "fleet alerts have no backend label and must still show"
         for a in annotations.values():
             assert a["datasource"]["uid"] == "${datasource}" and a["enable"]
+
+
+def test_the_alert_annotation_shows_our_alerts_and_no_one_elses() -> None:
+    """Prometheus anchors a regex matcher (^(?:...)$): the annotation's regex, so anchored, matches each of
+    our alerts but the always-firing watchdog, and none of llm-d's LLMD* alerts (LLM.* did)."""
+    (annotation,) = [a for a in rendered()["llm-health-fleet.json"]["annotations"]["list"]
+                     if a["name"] == "LLM alerts firing"]
+    (regex,) = re.findall(r'alertname=~"([^"]*)"', annotation["expr"])
+    matches = re.compile(f"^(?:{regex})$").match
+    assert all(matches(a) for a in ALERT_NAMES if a != "LLMHealthWatchdog")
+    for other in ("LLMHealthWatchdog", "LLMDHighQueueDepth", "LLMDInferencePoolDown", "LLMBackendStalledX", "XLLMProxyDown"):
+        assert not matches(other), other
+
+
+# Grafana's unit ids used here (packages/grafana-data/src/valueFormats/categories.ts) and its documented custom
+# units (`count:<unit>`, `suffix:<suffix>`, ...); any other id is shown as a literal, unscaled suffix.
+GRAFANA_UNITS = {"none", "short", "percent", "percentunit", "s", "ms", "bytes", "reqps"}
+GRAFANA_CUSTOM_UNIT = re.compile(r"^(count|suffix|prefix|si):\S.*$")
+
+
+def test_every_unit_is_a_grafana_unit(dashboards: dict[str, dict[str, Any]]) -> None:
+    units = {p["fieldConfig"]["defaults"].get("unit") for d in dashboards.values() for p in iter_panels(d)} - {None}
+    assert "tps" not in units
+    assert all(u in GRAFANA_UNITS or GRAFANA_CUSTOM_UNIT.match(u) for u in units), units
+    fleet = {p["title"]: p for p in iter_panels(dashboards["llm-health-fleet.json"])}
+    for title in ("Generation tokens per second", "Prompt tokens per second"):
+        assert fleet[title]["fieldConfig"]["defaults"]["unit"] == "count:tokens/s"
 
 
 def test_runbook_links_point_at_existing_sections() -> None:

@@ -203,6 +203,26 @@ def test_dockerfile_runs_as_non_root_with_a_healthcheck() -> None:
         assert re.search(rf"^COPY .*{re.escape(needed)}", text, re.M), f"the wheel build needs {needed}"
 
 
+def test_dockerfile_carries_oci_labels_that_are_true() -> None:
+    import tomllib
+
+    import llm_health
+
+    text = (ROOT / "Dockerfile").read_text()
+    labels = dict(re.findall(r'(org\.opencontainers\.image\.[a-z.]+)="([^"]*)"', text))
+    assert set(labels) >= {f"org.opencontainers.image.{k}" for k in
+                           ("title", "description", "licenses", "version", "revision", "created")}
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert labels["org.opencontainers.image.licenses"] == project["license"]
+    assert labels["org.opencontainers.image.description"] == project["description"]
+    assert labels["org.opencontainers.image.version"] == "${VERSION}"
+    assert re.search(rf"^ARG VERSION={re.escape(llm_health.__version__)}$", text, re.M), "ARG VERSION is stale"
+    # nothing points at a repository or site that does not exist
+    assert not {"org.opencontainers.image.source", "org.opencontainers.image.url",
+                "org.opencontainers.image.documentation"} & set(labels)
+    assert "github.com" not in text
+
+
 def healthcheck_url(test: list[str]) -> tuple[str, int, str] | None:
     """(host, port, path) that a healthcheck command reaches, for the forms used in docker-compose.yml."""
     text = " ".join(test)

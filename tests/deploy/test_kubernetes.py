@@ -11,6 +11,7 @@ builds the base as a user would. Generated files must be a fresh render.
 from __future__ import annotations
 
 import copy
+import json
 import shlex
 import shutil
 import subprocess
@@ -24,15 +25,15 @@ import yaml
 from llm_health.config import load_config
 from llm_health.render import dashboards, prometheusrule
 from llm_health.render.rules import RuleSettings, render
+from tests.support import crds
+from tests.support.kube import BASE, DASHBOARDS, EXAMPLES, base_objects, by_kind, kustomization, load, named
 from tests.support.paths import REPO
 
 ROOT = REPO
-BASE = ROOT / "deploy" / "kubernetes"
-EXAMPLES = BASE / "examples"
 K8S_VERSION = "1.30"
 KUBECTL = shutil.which("kubectl")
 PROMTOOL = shutil.which("promtool")
-CRD_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
+CRD_KINDS = crds.KINDS
 
 # prometheus-operator monitoring.coreos.com/v1 fields used (a subset of the CRDs' schemas)
 RELABEL_KEYS = {"sourceLabels", "separator", "targetLabel", "regex", "modulus", "replacement", "action"}
@@ -44,29 +45,8 @@ MONITOR_SPEC_KEYS = {"selector", "namespaceSelector", "jobLabel", "podTargetLabe
 DURATION = r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
 
 
-def kustomization() -> dict[str, Any]:
-    return yaml.safe_load((BASE / "kustomization.yaml").read_text())
-
-
-def load(path: Path) -> list[dict[str, Any]]:
-    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
-
-
-def base_objects() -> list[dict[str, Any]]:
-    return [obj for name in kustomization()["resources"] for obj in load(BASE / name)]
-
-
 def example_objects() -> list[dict[str, Any]]:
     return [obj for path in sorted(EXAMPLES.glob("*.yaml")) for obj in load(path)]
-
-
-def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [o for o in objects if o["kind"] == kind]
-
-
-def named(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
-    (obj,) = [o for o in by_kind(objects, kind) if o["metadata"]["name"] == name]
-    return obj
 
 
 def validate_builtin(obj: dict[str, Any]) -> None:
@@ -124,12 +104,19 @@ def pods(objects: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
                          ids=lambda o: f"{o['kind']}/{o['metadata']['name']}")
 def test_every_manifest_validates(obj: dict[str, Any]) -> None:
     if obj["kind"] in CRD_KINDS:
+        crds.validate(obj)   # the operator's CRD schema, no unknown field
         if obj["kind"] == "PrometheusRule":
             assert set(obj["spec"]) == {"groups"}
-        else:
+        elif obj["kind"] in {"PodMonitor", "ServiceMonitor"}:
             check_monitor(obj)
         return
     validate_builtin(obj)
+
+
+def test_the_base_has_each_kind_it_should() -> None:
+    kinds = {o["kind"] for o in base_objects()}
+    assert {"PodMonitor", "ServiceMonitor", "PrometheusRule", "AlertmanagerConfig"} <= kinds
+    assert "ConfigMap" not in kinds  # the dashboards are apart, for Grafana's namespace (dashboards/)
 
 
 def test_schema_validation_can_fail() -> None:
@@ -141,6 +128,25 @@ def test_schema_validation_can_fail() -> None:
     monitor["spec"]["podMetricsEndpoints"][0]["relabelings"][0]["target_label"] = "x"
     with pytest.raises(AssertionError):
         check_monitor(monitor)
+    with pytest.raises(crds.SchemaError, match="target_label"):
+        crds.validate(monitor)
+
+
+@pytest.mark.parametrize(("path", "value", "error"), [
+    (("spec", "receivers", 0, "webhookConfigs", 0, "sendResolve"), True, "sendResolve"),   # misspelt: pruned
+    (("spec", "route", "matchers", 0, "matchType"), "==", "matchType"),                   # not an operator
+    (("spec", "receivers", 0, "webhookConfigs", 0, "maxAlerts"), -1, "maxAlerts"),        # minimum 0
+    (("spec", "route", "routes"), [{"receiver": "x", "groupWaitt": "1s"}], "groupWaitt"),  # a nested route
+])
+def test_alertmanagerconfig_schema_validation_can_fail(path: tuple[Any, ...], value: Any, error: str) -> None:
+    obj = copy.deepcopy(by_kind(base_objects(), "AlertmanagerConfig")[0])
+    crds.validate(obj)
+    target = obj
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    with pytest.raises(crds.SchemaError, match=error):
+        crds.validate(obj)
 
 
 @pytest.mark.skipif(KUBECTL is None, reason="kubectl not installed")
@@ -167,6 +173,12 @@ def test_kustomize_builds_the_base(tmp_path: Path) -> None:
     assert volumes["token"]["secret"]["secretName"] == secret["metadata"]["name"]
     config_maps = {o["metadata"]["name"] for o in by_kind(objects, "ConfigMap")}
     assert volumes["config"]["configMap"]["name"] in config_maps
+    # ... and into the AlertmanagerConfig's bearer token (kustomizeconfig.yaml's nameReference)
+    (routing,) = by_kind(objects, "AlertmanagerConfig")
+    crds.validate(routing)
+    credentials = routing["spec"]["receivers"][0]["webhookConfigs"][0]["httpConfig"]["authorization"]["credentials"]
+    assert credentials == {"name": secret["metadata"]["name"], "key": "token"}
+    assert secret["metadata"]["name"].startswith("llm-health-remediator-token-")  # the hashed name
 
 
 # -- what the objects mean -----------------------------------------------------------------------------
@@ -261,10 +273,16 @@ def test_example_vllm_has_no_liveness_probe() -> None:
 
 # -- generated files -----------------------------------------------------------------------------------
 
-def test_prometheusrule_is_a_fresh_render() -> None:
-    expected = prometheusrule.build(render())
-    assert (BASE / prometheusrule.FILE_NAME).read_text() == expected, (
+def test_prometheusrule_is_a_fresh_render(tmp_path: Path) -> None:
+    from llm_health.cli import main
+
+    assert main(["rules", "render", "--format", "prometheusrule", "--out", str(tmp_path)]) == 0
+    assert (BASE / prometheusrule.FILE_NAME).read_text() == (tmp_path / prometheusrule.FILE_NAME).read_text(), (
         "stale: llm-health rules render --format prometheusrule --out deploy/kubernetes")
+    # the Kubernetes render keeps namespace (the plain one does not), so the alerts carry it
+    k8s = RuleSettings(group_labels=("namespace",))
+    assert (tmp_path / prometheusrule.FILE_NAME).read_text() == prometheusrule.build(render(k8s))
+    assert prometheusrule.build(render(k8s)) != prometheusrule.build(render())
 
 
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed")
@@ -296,21 +314,61 @@ def test_prometheusrule_bad_metadata_is_refused_and_writes_nothing(args: list[st
     assert not (tmp_path / "out").exists()
 
 
-def test_dashboard_configmaps_are_a_fresh_render_labelled_for_the_sidecar() -> None:
-    path = BASE / dashboards.CONFIGMAP_FILE
-    assert path.read_text() == dashboards.configmaps(dashboards.render()), (
-        "stale: llm-health dashboards render --format configmap --out deploy/kubernetes")
+def test_dashboard_configmaps_are_a_fresh_render_labelled_for_the_sidecar(tmp_path: Path) -> None:
+    from llm_health.cli import main
+
+    assert main(["dashboards", "render", "--format", "configmap", "--out", str(tmp_path)]) == 0
+    path = DASHBOARDS / dashboards.CONFIGMAP_FILE
+    assert path.read_text() == (tmp_path / dashboards.CONFIGMAP_FILE).read_text(), (
+        "stale: llm-health dashboards render --format configmap --out deploy/kubernetes/dashboards")
     maps = load(path)
     assert {name for m in maps for name in m["data"]} == {p.name for p in (ROOT / "dashboards").glob("*.json")}
     for config_map in maps:
+        validate_builtin(config_map)
         assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+        # the sidecar's folder annotation (its default name, and the one the grafana chart is usually given)
+        assert config_map["metadata"]["annotations"] == {"grafana_folder": "llm-health",
+                                                         "k8s-sidecar-target-directory": "llm-health"}
+        # rendered as the rules: a namespace variable and `namespace` in every aggregation
+        (text,) = config_map["data"].values()
+        variables = [v["name"] for v in json.loads(text)["templating"]["list"]]
+        assert variables[:2] == ["datasource", "namespace"], variables
+    assert kustomization(DASHBOARDS)["resources"] == [dashboards.CONFIGMAP_FILE]
+
+
+def test_dashboard_folder_is_an_option_and_a_bad_one_is_refused(tmp_path: Path) -> None:
+    from llm_health.cli import main
+
+    assert main(["dashboards", "render", "--format", "configmap", "--out", str(tmp_path), "--k8s-folder", "LLM ops"]) == 0
+    assert {m["metadata"]["annotations"]["grafana_folder"] for m in load(tmp_path / dashboards.CONFIGMAP_FILE)} == {
+        "LLM ops"}
+    for bad in ("a/b", "../up", "", "x" * 64):
+        assert main(["dashboards", "render", "--format", "configmap", "--out", str(tmp_path / "bad"),
+                     "--k8s-folder", bad]) == 2
+    assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="kubectl not installed")
+def test_dashboards_kustomization_puts_them_in_grafanas_namespace() -> None:
+    built = subprocess.run([KUBECTL, "kustomize", str(DASHBOARDS)], capture_output=True, text=True, timeout=60)
+    assert built.returncode == 0, built.stderr
+    objects = [o for o in yaml.safe_load_all(built.stdout) if o]
+    assert objects and {o["kind"] for o in objects} == {"ConfigMap"}
+    assert {o["metadata"]["namespace"] for o in objects} == {kustomization(DASHBOARDS)["namespace"]} == {"monitoring"}
 
 
 def test_docs_explain_the_restart_authority_and_the_commands() -> None:
     text = (ROOT / "docs" / "kubernetes.md").read_text()
     for needle in ("livenessProbe", "second restart authority", "kubectl delete pod", "remediator.token",
-                   "--runbook-base-url", "--format prometheusrule"):
+                   "--runbook-base-url", "--format prometheusrule",
+                   # routing: who matches on namespace, what selects the object
+                   "OnNamespace", "alertmanagerConfigSelector", "alertmanagerConfigNamespaceSelector",
+                   "prometheus-operator's matching, not\n   Prometheus'",
+                   # dashboards: which namespace and why, and the folder
+                   "searchNamespace", "foldersFromFilesStructure", "kubectl apply -k deploy/kubernetes/dashboards"):
         assert needle in text, needle
-    for line in (BASE / "kustomization.yaml").read_text().splitlines():
-        if line.startswith("#   llm-health "):
-            shlex.split(line[4:])  # the documented commands parse
+    assert "only if your Prometheus keeps it" not in text  # it was prometheus-operator's matcher, not Prometheus
+    for folder in (BASE, DASHBOARDS):
+        for line in (folder / "kustomization.yaml").read_text().splitlines():
+            if line.startswith("#   llm-health "):
+                shlex.split(line[4:])  # the documented commands parse

@@ -74,7 +74,8 @@ def shared_alertmanager_config(tmp_path: Path, remediators: dict[str, str]) -> P
     (hook,) = receiver["webhook_configs"]
     hook["http_config"]["authorization"]["credentials_file"] = str(token)
     receiver["webhook_configs"] = [{**hook, "url": f"{url}/webhook"} for url in remediators.values()]
-    (route,) = [r for r in config["route"]["routes"] if r["receiver"] == "llm-health-remediator"]
+    (route,) = [r for r in config["route"]["routes"] if r["receiver"] == "llm-health-remediator"
+                and r["matchers"] == ['remediation="restart"']]
     assert route["group_by"] == ["cluster", "namespace", "backend"]     # as shipped
     route["group_wait"] = "1s"
     path = tmp_path / "alertmanager.yml"

@@ -179,7 +179,7 @@ def test_restart_walks_every_state_and_traffic_returns_only_after_warmup(rig_lb:
     metrics = requests.get(rig.url + "/metrics", timeout=5).text
     assert has_sample(metrics, 'llm_health_remediator_lifecycle_state{backend="gpu-a",state="ready"} 1')
     assert has_sample(metrics, 'llm_health_remediator_lifecycle_state{backend="gpu-a",state="draining"} 0')
-    assert has_sample(metrics, f'llm_health_remediator_lifecycle_since_seconds{{backend="gpu-a"}} {ready["at"]!r}')
+    assert has_sample(metrics, f'llm_health_remediator_lifecycle_since_timestamp_seconds{{backend="gpu-a"}} {ready["at"]!r}')
 
 
 def test_min_ready_holds_when_every_backend_stalls(rig_lb: RemediatorRig) -> None:

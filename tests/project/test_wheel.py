@@ -1,10 +1,13 @@
-"""The wheel, built and installed into a fresh venv, works without the checkout and adds only llm_health.
+"""`make dist` builds the sdist and the wheel (from the sdist) and passes twine check; the wheel, installed
+into a fresh venv, works without the checkout, adds only llm_health and carries every shipped asset.
 
-Offline and deterministic: the wheel is built with the project venv's setuptools (--no-build-isolation,
-no index) from a copy of the sources (the checkout gets no build/ folder), installed with --no-deps
+Offline and deterministic: `make dist` runs in a copy of the sources (the checkout gets no build/ or dist/
+folder) with this venv's build, twine and setuptools (--no-isolation, no index; the Makefile's venv stamps
+point at a file made here, so it installs nothing into this venv). The wheel is installed with --no-deps
 --no-index into a venv made here, and the installed dependencies are borrowed from the project venv
-through a .pth line (added after the site-packages listing is compared). Then `llm-health --version`,
-`rules render`, `dashboards render` and the shipped runbooks are used from that venv, outside the repo.
+through a .pth line (added after the site-packages listing is compared). Then `llm-health --help`,
+`--version`, `rules render`, `dashboards render` and the shipped runbooks are used from that venv,
+outside the repo.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import venv
 import zipfile
 from collections.abc import Iterator
@@ -25,8 +29,21 @@ import llm_health
 from tests.support.paths import REPO
 
 ROOT = REPO
-SOURCES = ["pyproject.toml", "setup.py", "MANIFEST.in", "LICENSE", "README.md",
+SOURCES = ["pyproject.toml", "setup.py", "MANIFEST.in", "LICENSE", "README.md", "Makefile",
            "llm_health", "exporter", "remediator", "simulator", "dashboards", "rules", "docs"]
+MAKE = shutil.which("make")
+
+
+def shipped_assets() -> dict[str, Path]:
+    """Path in the wheel -> the repository file it must equal: every rendered rule file, dashboard,
+    template, and the runbooks."""
+    assets = {f"llm_health/data/rules/{p.name}": p for p in sorted((ROOT / "rules").glob("llm_health_*.yml"))}
+    assets |= {f"llm_health/data/dashboards/{p.name}": p for p in sorted((ROOT / "dashboards").glob("*.json"))}
+    assets["llm_health/data/docs/runbooks.md"] = ROOT / "docs" / "runbooks.md"
+    for folder, package in ((ROOT / "llm_health" / "render" / "templates", "llm_health/render/templates"),
+                            (ROOT / "remediator" / "templates", "llm_health/remediator/templates")):
+        assets |= {f"{package}/{p.relative_to(folder)}": p for p in sorted(folder.rglob("*")) if p.is_file()}
+    return assets
 
 
 @dataclass
@@ -34,6 +51,7 @@ class Installed:
     venv: Path
     site: Path
     wheel: Path
+    sdist: Path
     added: set[str]
 
     def run(self, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -49,6 +67,8 @@ def _site_packages(prefix: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
+    if MAKE is None:
+        pytest.skip("make not installed")
     tmp = tmp_path_factory.mktemp("wheel")
     src = tmp / "src"
     src.mkdir()
@@ -60,12 +80,15 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
         else:
             shutil.copy2(path, src / name)
     dist = tmp / "dist"
+    stamp = tmp / "stamp"            # the Makefile's venv stamps: up to date, so it installs nothing
+    stamp.touch()
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-         "--disable-pip-version-check", "-q", "-w", str(dist), str(src)],
-        capture_output=True, text=True, timeout=300)
+        [MAKE, "-C", str(src), "dist", f"VENV={sys.prefix}", f"STAMP={stamp}", f"DIST_STAMP={stamp}",
+         f"DIST={dist}"], capture_output=True, text=True, timeout=900)
     assert build.returncode == 0, build.stdout + build.stderr
+    assert build.stdout.count("PASSED") == 2, build.stdout                     # twine check: wheel and sdist
     (wheel,) = dist.glob("llm_health-*.whl")
+    (sdist,) = dist.glob("llm_health-*.tar.gz")
 
     env_dir = tmp / "venv"
     venv.EnvBuilder(with_pip=False).create(env_dir)
@@ -79,7 +102,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     added = {p.name for p in site.iterdir()} - before
     # dependencies (flask, jinja2, ...) from the project venv, after the wheel's own files
     (site / "zz_project_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    yield Installed(env_dir, site, wheel, added)
+    yield Installed(env_dir, site, wheel, sdist, added)
 
 
 def test_only_llm_health_is_added_to_site_packages(installed: Installed) -> None:
@@ -90,20 +113,46 @@ def test_only_llm_health_is_added_to_site_packages(installed: Installed) -> None
         assert not (installed.site / generic).exists()
 
 
-def test_wheel_carries_license_and_assets(installed: Installed) -> None:
-    names = set(zipfile.ZipFile(installed.wheel).namelist())
+def test_wheel_carries_license_and_every_shipped_asset(installed: Installed) -> None:
+    wheel = zipfile.ZipFile(installed.wheel)
+    names = set(wheel.namelist())
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), sorted(names)
-    metadata = zipfile.ZipFile(installed.wheel).read(
-        next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
-    assert "License-Expression: Apache-2.0" in metadata
-    for asset in ("llm_health/data/docs/runbooks.md", "llm_health/data/rules/llm_health_alerts.yml",
-                  "llm_health/data/rules/llm_health_records.yml",
-                  "llm_health/render/templates/rules/llm_health_alerts.yml.j2",
-                  "llm_health/exporter/verdict.py", "llm_health/remediator/templates/status.html"):
-        assert asset in names
-    shipped = {n.rsplit("/", 1)[1] for n in names if n.startswith("llm_health/data/dashboards/")}
-    assert shipped == {p.name for p in (ROOT / "dashboards").glob("*.json")}
+    assets = shipped_assets()
+    assert "llm_health/data/rules/llm_health_self.yml" in assets and len(assets) >= 10
+    missing = sorted(set(assets) - names)
+    assert missing == [], f"not in the wheel: {missing}"
+    for name, source in assets.items():
+        assert wheel.read(name) == source.read_bytes(), name
+    shipped = {n for n in names if n.startswith("llm_health/data/")}
+    assert shipped == {n for n in assets if n.startswith("llm_health/data/")}  # nothing stale either
+    for code in ("llm_health/exporter/verdict.py", "llm_health/remediator/store/base.py", "llm_health/cli.py"):
+        assert code in names
     assert not any(n.endswith("generate.py") for n in names)
+
+
+def test_metadata_claims_no_url_that_does_not_exist(installed: Installed) -> None:
+    wheel = zipfile.ZipFile(installed.wheel)
+    metadata = wheel.read(next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    headers = metadata.split("\n\n", 1)[0]
+    assert "License-Expression: Apache-2.0" in headers and f"Version: {llm_health.__version__}" in headers
+    assert "Project-URL" not in headers and "Home-page" not in headers and "Download-URL" not in headers
+    assert "Requires-Python: >=3.11" in headers
+
+
+def test_the_sdist_holds_what_builds_the_wheel(installed: Installed) -> None:
+    with tarfile.open(installed.sdist) as sdist:
+        names = {n.split("/", 1)[1] for n in sdist.getnames() if "/" in n}
+    for needed in ("pyproject.toml", "setup.py", "MANIFEST.in", "LICENSE", "README.md", "docs/runbooks.md"):
+        assert needed in names, needed
+    for source in shipped_assets().values():
+        assert str(source.relative_to(ROOT)) in names, source
+
+
+def test_help(installed: Installed, tmp_path: Path) -> None:
+    result = installed.run("--help", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    for command in ("exporter", "remediator", "rules", "dashboards", "check", "healthcheck"):
+        assert command in result.stdout, command
 
 
 def test_version(installed: Installed, tmp_path: Path) -> None:
@@ -115,7 +164,7 @@ def test_version(installed: Installed, tmp_path: Path) -> None:
 def test_rules_render_from_the_wheel_matches_the_checked_in_rules(installed: Installed, tmp_path: Path) -> None:
     result = installed.run("rules", "render", "--out", str(tmp_path / "rules"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    for name in ("llm_health_alerts.yml", "llm_health_records.yml"):
+    for name in ("llm_health_alerts.yml", "llm_health_records.yml", "llm_health_self.yml"):
         assert (tmp_path / "rules" / name).read_text() == (ROOT / "rules" / name).read_text()
         assert (installed.site / "llm_health" / "data" / "rules" / name).read_text() == (ROOT / "rules" / name).read_text()
 

@@ -38,7 +38,7 @@ def test_restart_goes_through_every_state_and_every_view_shows_it(w: World) -> N
     assert has_sample(metrics, 'llm_health_remediator_lifecycle_state{backend="gpu-a",state="draining"} 1')
     assert has_sample(metrics, 'llm_health_remediator_lifecycle_state{backend="gpu-a",state="ready"} 0')
     assert has_sample(metrics, 'llm_health_remediator_lifecycle_state{backend="gpu-b",state="ready"} 1')
-    assert has_sample(metrics, f'llm_health_remediator_lifecycle_since_seconds{{backend="gpu-a"}} {w.clock.t:.3f}')
+    assert has_sample(metrics, f'llm_health_remediator_lifecycle_since_timestamp_seconds{{backend="gpu-a"}} {w.clock.t:.3f}')
     assert b"DRAINING" in w.client.get("/").data
     w.clock.advance(4.9)                           # stalled: waits only stalled_drain_timeout (5 s)
     w.run()
