@@ -53,7 +53,7 @@ from gunicorn.workers.gthread import ThreadWorker
 from llm_health.remediator.buffering import Buffering, GuardedConn, Pending, ServingLimits, Throttled, peer_of
 from llm_health.remediator.lingering import LINGER_MAX
 
-STOP_GRACE = 2.0            # at a graceful stop, an incomplete request has this long to arrive
+STOP_GRACE = 2.0            # at a graceful stop, a request being read (or not begun) has this long to arrive
 CONNECTIONS_BEYOND_PENDING = 256   # worker_connections = max_pending_connections + this
 
 
@@ -103,11 +103,14 @@ class GuardedThreadWorker(Buffering, ThreadWorker):  # type: ignore[misc]
         now = time.monotonic()
         super().wait_for_and_dispatch_events(max(0.0, min(timeout, self.next_sweep - now)))
         now = time.monotonic()
-        if not self.alive:                  # stopping: idle connections go now, incomplete requests get 2 s
+        if not self.alive:                  # stopping: every connection being read gets 2 s at most
             if self.stopping_at is None:
                 self.stopping_at = now
+            # also one without a byte yet: accepted a moment before the stop (a reload, a scale-down), its request
+            # is on its way; closed at once it would be reset under the client (gunicorn's gthread lingers on
+            # kept-alive connections likewise, STOP_KEEPALIVE_LINGER)
             for r in self.reading.values():
-                r.deadline = min(r.deadline, self.stopping_at + STOP_GRACE if r.started else now)
+                r.deadline = min(r.deadline, self.stopping_at + STOP_GRACE)
                 self.next_sweep = min(self.next_sweep, r.deadline)
         if now >= self.next_sweep:
             self.sweep(now)
