@@ -3,6 +3,7 @@
     llm-health rules render [--out DIR] [--scrape-interval 15s] [--vllm-selector 'job="vllm"']
                             [--sglang-selector 'job="sglang"'] [--llamacpp-selector 'job="llamacpp"'] [--stall-window 2m] ...
     llm-health rules render --format prometheusrule [--k8s-name llm-health] [--k8s-namespace NS] [--k8s-label release=prom]
+    llm-health rules render --format jsonnet --out mixin     # the rules and dashboards as a jsonnet mixin
     llm-health rules check [--dir DIR]
 
 Windows read through rate/increase/changes/resets (RATE_WINDOWS) need several samples: each must be
@@ -93,7 +94,7 @@ DEFAULT_RUNBOOK_BASE_URL = "https://runbook-base-url-not-set.invalid/runbooks"
 _LOOPBACK_HOST = re.compile(r"^(localhost|127(\.[0-9]+){3}|\[::1\])(:[0-9]+)?$")
 # Settings whose flag is not --FIELD-NAME (first is shown in errors and help; the rest are aliases).
 FLAG_NAMES = {"runbook_url": ("--runbook-base-url", "--runbook-url"), "extra_labels": ("--extra-label",)}
-FORMATS = ("rules", "prometheusrule")
+FORMATS = ("rules", "prometheusrule", "jsonnet")
 FLAG_HELP = {
     "scrape_interval": "Prometheus' scrape interval for the engines and the exporter; the rate windows must hold 4 scrapes",
     "vllm_selector": "label matchers of the vLLM scrape targets",
@@ -533,8 +534,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     render_p.add_argument(
         "--format", choices=FORMATS, default="rules",
         help="rules: the rule files; prometheusrule: one PrometheusRule object for prometheus-operator, "
-             f"written to DIR/{prometheusrule.FILE_NAME}, with --group-labels namespace unless given "
-             "(default: %(default)s)",
+             f"written to DIR/{prometheusrule.FILE_NAME}, with --group-labels namespace unless given; "
+             "jsonnet: DIR/mixin.libsonnet, the rules and dashboards as a monitoring mixin (default: %(default)s)",
     )
     render_p.add_argument("--k8s-name", default=prometheusrule.DEFAULT_NAME,
                           help="prometheusrule: metadata.name (default: %(default)s)")
@@ -567,6 +568,13 @@ def run(args: argparse.Namespace) -> int:
             return 0
         with tempfile.TemporaryDirectory() as tmp:
             return _report_check([prometheusrule.groups_file(text, Path(tmp))])
+    if args.rules_command == "render" and args.format == "jsonnet":
+        from llm_health.render import mixin  # imports the dashboards, which import this module
+
+        warn_runbook(settings_from_args(args))
+        for path in mixin.write(args.out, settings_from_args(args)):
+            print(f"wrote {path}")
+        return 0
     if args.rules_command == "render":
         warn_runbook(settings_from_args(args))
         written = write_rendered(args.out, settings_from_args(args))
