@@ -39,6 +39,7 @@ from llm_health.render.rules import (
     ALERT_NAMES,
     RuleSettings,
     add_setting_arguments,
+    group_labels_given,
     kubernetes_settings,
     settings_from_args,
     warn_runbook,
@@ -838,7 +839,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     if args.format == "configmap":
-        settings = kubernetes_settings(settings, args.group_labels is not None)
+        settings = kubernetes_settings(settings, group_labels_given(args))
         warn_runbook(settings, kubernetes=True)
         labels = prometheusrule.parse_labels(args.k8s_label)
         print(f"wrote {write_configmaps(args.out, labels, settings, args.k8s_folder)}")

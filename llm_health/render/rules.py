@@ -3,6 +3,7 @@
     llm-health rules render [--out DIR] [--scrape-interval 15s] [--vllm-selector 'job="vllm"']
                             [--sglang-selector 'job="sglang"'] [--llamacpp-selector 'job="llamacpp"'] [--stall-window 2m] ...
     llm-health rules render --format prometheusrule [--k8s-name llm-health] [--k8s-namespace NS] [--k8s-label release=prom]
+    llm-health rules render --format jsonnet --out mixin     # the rules and dashboards as a jsonnet mixin
     llm-health rules check [--dir DIR]
 
 Windows read through rate/increase/changes/resets (RATE_WINDOWS) need several samples: each must be
@@ -32,7 +33,7 @@ import jinja2
 
 from llm_health import promregex
 from llm_health.config import ConfigError
-from llm_health.render import prometheusrule
+from llm_health.render import prometheusrule, settingsfile
 
 TEMPLATE_PACKAGE = "llm_health.render"
 TEMPLATE_DIR = "templates/rules"
@@ -95,7 +96,7 @@ DEFAULT_RUNBOOK_BASE_URL = "https://runbook-base-url-not-set.invalid/runbooks"
 _LOOPBACK_HOST = re.compile(r"^(localhost|127(\.[0-9]+){3}|\[::1\])(:[0-9]+)?$")
 # Settings whose flag is not --FIELD-NAME (first is shown in errors and help; the rest are aliases).
 FLAG_NAMES = {"runbook_url": ("--runbook-base-url", "--runbook-url"), "extra_labels": ("--extra-label",)}
-FORMATS = ("rules", "prometheusrule")
+FORMATS = ("rules", "prometheusrule", "jsonnet")
 FLAG_HELP = {
     "scrape_interval": "Prometheus' scrape interval for the engines and the exporter; the rate windows must hold 4 scrapes",
     "vllm_selector": "label matchers of the vLLM scrape targets",
@@ -418,10 +419,10 @@ def render(settings: RuleSettings | None = None) -> dict[str, str]:
 KUBERNETES_GROUP_LABELS = ("namespace",)
 
 
-def kubernetes_settings(settings: RuleSettings, group_labels_given: bool) -> RuleSettings:
+def kubernetes_settings(settings: RuleSettings, given: bool) -> RuleSettings:
     """The settings of a Kubernetes render: `namespace` as the group label unless --group-labels was given
     (e.g. cluster,namespace for a Prometheus that sees several clusters)."""
-    return settings if group_labels_given else replace(settings, group_labels=KUBERNETES_GROUP_LABELS)
+    return settings if given else replace(settings, group_labels=KUBERNETES_GROUP_LABELS)
 
 
 def kubernetes_warning(settings: RuleSettings) -> str | None:
@@ -474,18 +475,33 @@ def promtool_check(paths: list[Path]) -> subprocess.CompletedProcess[str]:
     return subprocess.run([promtool, "check", "rules", *map(str, paths)], capture_output=True, text=True, check=False)
 
 
-def settings_from_args(args: argparse.Namespace) -> RuleSettings:
-    changes: dict[str, Any] = {}
+def _changes(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings the --settings file and the flags give (a flag wins over the file)."""
+    changes: dict[str, Any] = settingsfile.load(args.settings) if getattr(args, "settings", None) else {}
     for f in fields(RuleSettings):
         value = getattr(args, f.name, None)
         if value is not None:
             changes[f.name] = tuple(value) if isinstance(value, list) else value
-    return replace(RuleSettings(), **changes)
+    return changes
+
+
+def settings_from_args(args: argparse.Namespace) -> RuleSettings:
+    return replace(RuleSettings(), **_changes(args))
+
+
+def group_labels_given(args: argparse.Namespace) -> bool:
+    """--group-labels on the command line or in the --settings file."""
+    return "group_labels" in _changes(args)
 
 
 def add_setting_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per RuleSettings field: shared by `rules render` and `dashboards render`."""
     defaults = RuleSettings()
+    parser.add_argument(
+        "--settings", type=Path, default=None, metavar="FILE",
+        help="a YAML file of these settings (keys: the flags' names without --, e.g. runbook-base-url), read "
+             "by every render so rules, PrometheusRule, dashboards and mixin agree; flags win over it",
+    )
     parser.add_argument(
         "--without-exporter", dest="exporter", action="store_false", default=None,
         help="rules over vLLM's own metrics only: no exporter-based alerts or verdict branches",
@@ -535,8 +551,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     render_p.add_argument(
         "--format", choices=FORMATS, default="rules",
         help="rules: the rule files; prometheusrule: one PrometheusRule object for prometheus-operator, "
-             f"written to DIR/{prometheusrule.FILE_NAME}, with --group-labels namespace unless given "
-             "(default: %(default)s)",
+             f"written to DIR/{prometheusrule.FILE_NAME}, with --group-labels namespace unless given; "
+             "jsonnet: DIR/mixin.libsonnet, the rules and dashboards as a monitoring mixin (default: %(default)s)",
     )
     render_p.add_argument("--k8s-name", default=prometheusrule.DEFAULT_NAME,
                           help="prometheusrule: metadata.name (default: %(default)s)")
@@ -559,7 +575,7 @@ def _report_check(paths: list[Path]) -> int:
 
 def run(args: argparse.Namespace) -> int:
     if args.rules_command == "render" and args.format == "prometheusrule":
-        settings = kubernetes_settings(settings_from_args(args), args.group_labels is not None)
+        settings = kubernetes_settings(settings_from_args(args), group_labels_given(args))
         warn_runbook(settings, kubernetes=True)
         labels = prometheusrule.parse_labels(args.k8s_label)
         text = prometheusrule.build(render(settings), args.k8s_name, args.k8s_namespace, labels)
@@ -569,6 +585,13 @@ def run(args: argparse.Namespace) -> int:
             return 0
         with tempfile.TemporaryDirectory() as tmp:
             return _report_check([prometheusrule.groups_file(text, Path(tmp))])
+    if args.rules_command == "render" and args.format == "jsonnet":
+        from llm_health.render import mixin  # imports the dashboards, which import this module
+
+        warn_runbook(settings_from_args(args))
+        for path in mixin.write(args.out, settings_from_args(args)):
+            print(f"wrote {path}")
+        return 0
     if args.rules_command == "render":
         warn_runbook(settings_from_args(args))
         written = write_rendered(args.out, settings_from_args(args))

@@ -8,7 +8,7 @@ and must come out as it went in. Nested routes of an AlertmanagerConfig are free
 (x-kubernetes-preserve-unknown-fields), and the operator reads them as routes: they are checked as routes.
 
 The package registers a pytest plugin that can start kind/k3d clusters; pyproject's addopts disable it
-(-p no:cloudcoil).
+(-p no:cloudcoil), and the test extra has the filelock it imports, for pytest runs without those addopts.
 """
 
 from __future__ import annotations
