@@ -90,14 +90,19 @@ def headline(results: Path) -> list[str]:
             f"{b['busy_by_cause']['visible']} where the page showed work).")
     s = _load(results, "scale")
     if s:
-        big = s["cycles"][-1]
-        lines.append(
-            f"- **Exporter scale**: {big['backends']} backends read over HTTP and judged in "
-            f"{big['cycle_s_median']:.2f} s per cycle ({big['cpu_ms_per_backend']:.2f} ms CPU per backend; by linear "
-            "extrapolation one core "
-            f"covers ~{s['limit_backends_http']:.0f} backends per 15 s); our parser is "
-            f"{s['parsers']['full']['prometheus_client_us'] / s['parsers']['full']['ours_keep_us']:.0f}x faster "
-            "than prometheus_client's on a realistic vLLM page.")
+        big, fl = s["cycles"][-1], s.get("fleet")
+        if fl:
+            lines.append(
+                f"- **Exporter scale**: {fl['backends']} backends on the real {fl['interval_s']:g} s schedule took "
+                f"{fl['core_fraction']:.2f} of one core ({fl['cpu_ms_per_reading']:.3f} ms CPU per reading), reading "
+                f"gap p99 {fl['gap_p99']:.2f} intervals; a {big['backends']}-backend cycle takes "
+                f"{big['cycle_s_median']:.2f} s; our parser is "
+                f"{s['parsers']['full']['prometheus_client_us'] / s['parsers']['full']['ours_keep_us']:.0f}x faster "
+                "than prometheus_client's on a realistic vLLM page.")
+        else:
+            lines.append(
+                f"- **Exporter scale**: {big['backends']} backends read over HTTP and judged in "
+                f"{big['cycle_s_median']:.2f} s per cycle ({big['cpu_ms_per_backend']:.2f} ms CPU per backend).")
     t = _load(results, "storm")
     if t:
         ok = all(t["targets"].values())

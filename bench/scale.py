@@ -1,23 +1,43 @@
-"""Benchmark 2: exporter scale. Real cycles over HTTP for 10-1000 backends, the pure CPU part, the parser.
+"""Benchmark 2: exporter scale. 10 000 backends on the real schedule, cycles of 10-1000, the pure CPU part.
 
-The backends are one `bench.pageserver` process (pre-rendered busy vLLM v1 pages, two engines,
-13 histograms, ~780 lines / 81 KB; distinct URL paths per backend, the page changes between
-readings). The exporter side is the project's `exporter.cycle.ReadScheduler` in this process, i.e. its real
-thread pool, `exporter.backend` HTTP client, parser, reading and verdict code.
+The backends are one `bench.pageserver` process (asyncio; pre-rendered busy vLLM v1 pages, two engines,
+13 histograms, ~780 lines / 81 KB; a distinct URL path per backend, spread over several ports; the page
+changes between readings). The exporter side is the project's `exporter.scheduler.ReadScheduler` in
+this process, i.e. its scheduler thread, worker lanes, `exporter.backend` HTTP client, parser, reading
+and verdict code.
+
+* **The fleet on its schedule**: 10 000 backends, `run_forever()` at the default settings (15 s
+  interval), over several intervals after one that opens the connections. Figures: this process' CPU
+  (`os.times()`, user + sys, all threads) per interval, per backend reading and as a fraction of one
+  core; the reading gap (time between two `/metrics` requests of one backend, as the page server saw
+  them) p50 / p99 / max in intervals; the page server's own CPU (it must keep up for the figures to be
+  the exporter's).
+* **Cycles**: `read_all()` of 10-1000 backends (every backend at once), wall time and CPU.
+* **Pure CPU**: parse + reading + judge of one page, no I/O; the parser against prometheus_client.
+* **Profile**: cProfile of reading + judging 1000 backends one after another in one thread.
+
+`python -m bench.scale --before-label TEXT` measures the code checked out now and stores it as the
+BEFORE figures (`bench/results/scale_before.json`); `make bench` re-measures the AFTER ones.
 """
 
 from __future__ import annotations
 
+import argparse
 import cProfile
 import io
+import json
+import os
 import pstats
 import statistics
+import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from llm_health.exporter.backend import Target, observe
+from llm_health.exporter.cli import fds_wanted, raise_fd_limit
 from llm_health.exporter.observation import Observation, ReadResult
 from llm_health.exporter.parser import parse
 from llm_health.exporter.reading import VLLM_RUNNING, from_page, read_text, wanted
@@ -28,8 +48,28 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.pages import page_variants
 from llm_health.config import Backend, ExporterSettings
 from llm_health.drill.procs import ManagedProcess, free_port, python_module
+from llm_health.http_client import fetch
 
 INTERVAL = 15.0
+ROOT = Path(__file__).resolve().parent.parent
+BEFORE_JSON = ROOT / "bench" / "results" / "scale_before.json"
+GOAL_CORE = 0.25            # 10 000 backends within a quarter of one core at the 15 s interval
+
+
+def _cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _stats(port: int, what: str = "/cpu") -> dict[str, Any]:
+    return fetch("GET", f"http://127.0.0.1:{port}{what}", timeout=30).json()  # type: ignore[no-any-return]
 
 
 def _per_call(fn: Any, arg: Any, min_seconds: float) -> float:
@@ -76,6 +116,81 @@ def measure_cycles(port: int, size: int, cycles: int) -> dict[str, Any]:
         "cpu_ms_per_backend": statistics.median(cpus) / size * 1000,
         "verdicts": verdicts,
         "probes_sent": probes,
+    }
+
+
+def measure_schedule(ports: list[int], size: int, interval: float, intervals: int) -> dict[str, Any]:
+    """`size` backends on the real schedule (`run_forever`, default settings but `interval`): one interval
+    to open the connections, then `intervals` measured ones. CPU of this process per interval; the reading
+    gaps as the page server saw them."""
+    raise_fd_limit(fds_wanted(size, 0))          # as `llm-health exporter` does: a socket per backend
+    settings = ExporterSettings(interval=interval)
+    backends = [Backend(name=f"f{size}-{i}", url=f"http://127.0.0.1:{ports[i % len(ports)]}/b/f{size}-{i}")
+                for i in range(size)]
+    sched = ReadScheduler(backends, [], settings)
+    stop = threading.Event()
+    loop = threading.Thread(target=sched.run_forever, args=(stop,), name="scheduler", daemon=True)
+    cpu_start = _cpu()
+    started = time.monotonic()
+    loop.start()
+    warm = interval + settings.read_timeout / 2     # every backend read once: its connection is open
+    time.sleep(max(0.0, started + warm - time.monotonic()))
+    warm_cpu = _cpu() - cpu_start
+    server0 = _stats(ports[0])
+    t0, c0 = time.monotonic(), _cpu()
+    marks = [(t0, c0)]
+    lags: list[float] = []
+    for k in range(1, intervals + 1):
+        time.sleep(max(0.0, t0 + k * interval - time.monotonic()))
+        marks.append((time.monotonic(), _cpu()))
+        lags.append(sched.snapshot().lag_seconds)
+    t1, c1 = marks[-1]
+    server1 = _stats(ports[0])
+    stop.set()
+    loop.join(timeout=30)
+    snap = sched.snapshot()
+    sched.close()
+    for slot in sched.backends:
+        slot.target.close()
+    arrivals = _stats(ports[0], "/stats")["arrivals"]
+    gaps: list[float] = []
+    reads = 0
+    for i in range(size):
+        ts = [t for t in arrivals.get(f"f{size}-{i}", []) if t0 <= t <= t1]
+        reads += len(ts)
+        gaps += [(b - a) / interval for a, b in zip(ts, ts[1:], strict=False)]
+    per_interval = [(cb - ca) for (_ta, ca), (_tb, cb) in zip(marks, marks[1:], strict=False)]
+    cpu = c1 - c0
+    verdicts: dict[str, int] = {}
+    for b in snap.backends:
+        verdicts[b.verdict.value] = verdicts.get(b.verdict.value, 0) + 1
+    return {
+        "backends": size,
+        "ports": len(ports),
+        "interval_s": interval,
+        "intervals": intervals,
+        "window_s": t1 - t0,
+        "warm_cpu_s": warm_cpu,
+        "cpu_s": cpu,
+        "cpu_s_per_interval": per_interval,
+        "core_fraction": cpu / (t1 - t0),
+        "readings": reads,
+        "readings_expected": size * intervals,
+        "cpu_ms_per_reading": cpu / max(reads, 1) * 1000,
+        "cpu_ms_per_backend_interval": cpu / (size * intervals) * 1000,
+        "gap_p50": _pct(gaps, 0.5),
+        "gap_p99": _pct(gaps, 0.99),
+        "gap_max": max(gaps, default=float("nan")),
+        "gaps": len(gaps),
+        "lag_s_max": max(lags, default=0.0),
+        "reads_skipped": sum(b.reads_skipped for b in snap.backends),
+        "probes_sent": sum(b.probes_sent for b in snap.backends),
+        "verdicts": verdicts,
+        "server_core_fraction": (server1["cpu_s"] - server0["cpu_s"]) / (t1 - t0),
+        "server_requests": server1["requests"] - server0["requests"],
+        "nice": os.nice(0),
+        "read_timeout_s": settings.read_timeout,
+        "per_endpoint": settings.max_reads_per_endpoint,
     }
 
 
@@ -134,38 +249,66 @@ def profile_sequential(port: int, size: int) -> str:
     return "\n".join(head + lines[start:]).replace(root, "")
 
 
-def run(out_dir: Path, quick: bool) -> tuple[str, dict[str, Any]]:
+FLEET = 10_000       # backends in the run on the real schedule
+FLEET_INTERVALS = 3  # measured intervals of that run, after one that opens the connections
+PORTS = 100          # host:port endpoints of the page server in that run (100 backends each)
+
+
+def measure(quick: bool) -> dict[str, Any]:
+    """Every figure of this benchmark for the code checked out now."""
     sizes = (10, 50) if quick else (10, 100, 500, 1000)
     cycles = 2 if quick else 5
     min_s = 0.05 if quick else 0.5
-    port = free_port()
+    fleet_size, interval, intervals, nports = (100, 1.0, 2, 4) if quick else (FLEET, INTERVAL, FLEET_INTERVALS, PORTS)
+    ports = [free_port() for _ in range(nports)]
     with tempfile.TemporaryDirectory() as logs:
-        server = ManagedProcess(python_module("bench.pageserver", "--port", port, "--variants", 16),
-                                "pageserver", logs)
+        server = ManagedProcess(python_module("bench.pageserver", *[a for p in ports for a in ("--port", p)],
+                                              "--variants", 16, "--record"), "pageserver", logs, cwd=ROOT)
         try:
-            server.wait_http(f"http://127.0.0.1:{port}/b/ready/health", timeout=60)
-            rows = [measure_cycles(port, n, cycles) for n in sizes]
-            profile = profile_sequential(port, sizes[-1])
+            server.wait_http(f"http://127.0.0.1:{ports[0]}/b/ready/health", timeout=60)
+            rows = [measure_cycles(ports[0], n, cycles) for n in sizes]
+            profile = profile_sequential(ports[0], sizes[-1])
+            fleet = measure_schedule(ports, fleet_size, interval, intervals)
         finally:
             server.stop()
     full = page_variants(3)
     simple = page_variants(2, full=False)
     cpu = pure_cpu(full, min_s)
     parsers = {"full": parser_compare(full[1], min_s), "simulator": parser_compare(simple[1], min_s)}
-    per_backend_ms = cpu["total_us"] / 1000
+    return {"cycles": rows, "fleet": fleet, "pure_cpu_us": cpu, "parsers": parsers, "profile": profile,
+            "cycles_measured": cycles}
+
+
+def run(out_dir: Path, quick: bool) -> tuple[str, dict[str, Any]]:
+    m = measure(quick)
+    before = None
+    if not quick:
+        try:
+            before = json.loads(BEFORE_JSON.read_text())
+        except (OSError, ValueError):
+            pass
+    rows, fleet, cpu = m["cycles"], m["fleet"], m["pure_cpu_us"]
     big = rows[-1]
-    limit_pure = INTERVAL / (per_backend_ms / 1000)
+    limit_pure = INTERVAL / (cpu["total_us"] / 1e6)
     limit_http = INTERVAL / (big["cpu_ms_per_backend"] / 1000)
     targets = {
         f"{big['backends']}-backend cycle inside the {INTERVAL:g} s interval": big["cycle_s_max"] < INTERVAL,
         "every backend judged busy (the pages show progress)": all(
-            r["verdicts"].get("busy", 0) == r["backends"] for r in rows),
-        "no probe sent (every page shows work)": all(r["probes_sent"] == 0 for r in rows),
+            r["verdicts"].get("busy", 0) == r["backends"] for r in rows)
+        and fleet["verdicts"].get("busy", 0) == fleet["backends"],
+        "no probe sent (every page shows work)": all(r["probes_sent"] == 0 for r in rows)
+        and fleet["probes_sent"] == 0,
+        f"{fleet['backends']} backends on the schedule: every backend read every interval (p99 gap <= 1.2)":
+            fleet["gap_p99"] <= 1.2 and fleet["readings"] >= 0.98 * fleet["readings_expected"],
     }
-    plot(rows, parsers, out_dir / "img" / "scale.png")
-    text = markdown(rows, cpu, parsers, profile, limit_pure, limit_http, cycles)
-    return text, {"cycles": rows, "pure_cpu_us": cpu, "parsers": parsers, "targets": targets,
-                  "limit_backends_pure": limit_pure, "limit_backends_http": limit_http, "quick": quick}
+    if not quick:      # the goal is for the real size and interval; the quick run is a smoke test
+        targets[f"{fleet['backends']} backends within {GOAL_CORE:g} of one core at the {fleet['interval_s']:g} s "
+                "interval"] = fleet["core_fraction"] <= GOAL_CORE
+    plot(rows, m["parsers"], out_dir / "img" / "scale.png")
+    text = markdown(m, before, limit_pure, limit_http, targets)
+    m.update(targets=targets, before=before, limit_backends_pure=limit_pure, limit_backends_http=limit_http,
+             quick=quick)
+    return text, m
 
 
 def plot(rows: list[dict[str, Any]], parsers: dict[str, dict[str, float]], path: Path) -> None:
@@ -204,70 +347,158 @@ def plot(rows: list[dict[str, Any]], parsers: dict[str, dict[str, float]], path:
     plt.close(fig)
 
 
-def markdown(rows: list[dict[str, Any]], cpu: dict[str, float], parsers: dict[str, dict[str, float]],
-             profile: str, limit_pure: float, limit_http: float, cycles: int) -> str:
-    table = [
-        "| backends | full cycle, median (max) | first cycle (connects) | exporter CPU per cycle | "
-        "CPU per backend reading | verdicts |",
-        "|---:|---:|---:|---:|---:|---|",
-    ]
-    for r in rows:
-        table.append(
-            f"| {r['backends']} | {r['cycle_s_median'] * 1000:.0f} ms ({r['cycle_s_max'] * 1000:.0f} ms) | "
+def _fleet_row(label: str, f: dict[str, Any]) -> str:
+    per = f["cpu_s_per_interval"]
+    return (f"| {label} | {f['backends']} | {f['cpu_s'] / f['intervals']:.2f} s ({min(per):.2f}-{max(per):.2f}) | "
+            f"**{f['core_fraction']:.3f}** | {f['cpu_ms_per_reading']:.3f} ms | "
+            f"{f['readings']} / {f['readings_expected']} | {f['gap_p50']:.2f} / **{f['gap_p99']:.2f}** / "
+            f"{f['gap_max']:.2f} | {f['lag_s_max'] * 1000:.0f} ms | {f['reads_skipped']} | "
+            + ", ".join(f"{k} {v}" for k, v in sorted(f["verdicts"].items()))
+            + f" | {f['server_core_fraction']:.2f} |")
+
+
+def _cycle_rows(label: str, rows: list[dict[str, Any]]) -> list[str]:
+    return [f"| {label} | {r['backends']} | {r['cycle_s_median'] * 1000:.0f} ms ({r['cycle_s_max'] * 1000:.0f} ms) | "
             f"{r['first_cycle_s'] * 1000:.0f} ms | {r['cpu_s_per_cycle'] * 1000:.0f} ms | "
-            f"{r['cpu_ms_per_backend']:.2f} ms | "
-            + ", ".join(f"{k} {v}" for k, v in sorted(r["verdicts"].items())) + " |")
-    f, s = parsers["full"], parsers["simulator"]
-    ptable = [
-        "| page | lines / bytes | ours, all samples | ours, as the exporter calls it (names kept) | "
-        "prometheus_client | speed-up (exporter's call) |",
-        "|---|---:|---:|---:|---:|---:|",
+            f"{r['cpu_ms_per_backend']:.3f} ms | "
+            + ", ".join(f"{k} {v}" for k, v in sorted(r["verdicts"].items())) + " |" for r in rows]
+
+
+def _pure(label: str, cpu: dict[str, float]) -> str:
+    return (f"| {label} | {cpu['parse_keep_us']:.0f} us | {cpu['reading_us']:.0f} us | {cpu['judge_us']:.0f} us | "
+            f"**{cpu['total_us']:.0f} us** |")
+
+
+def markdown(m: dict[str, Any], before: dict[str, Any] | None, limit_pure: float, limit_http: float,
+             targets: dict[str, bool]) -> str:
+    rows, f, cpu, parsers = m["cycles"], m["fleet"], m["pure_cpu_us"], m["parsers"]
+    after = "AFTER" if before else "this code"
+    blabel = f"BEFORE: {before.get('label', 'main')}, {before.get('date', '?')}" if before else ""
+    fleet = [
+        "| code | backends | exporter CPU per interval, mean (min-max) | of one core | CPU per reading | "
+        "readings / expected | reading gap p50 / p99 / max (intervals) | max schedule lag | reads skipped | "
+        "verdicts | page server, of one core |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
-    for label, p in (("realistic v1, 2 engines, 13 histograms", f), ("simulator page as rendered", s)):
-        ptable.append(
-            f"| {label} | {p['lines']:.0f} / {p['bytes'] / 1000:.0f} KB | {p['ours_all_us']:.0f} us | "
-            f"{p['ours_keep_us']:.0f} us | {p['prometheus_client_us']:.0f} us | "
-            f"{p['prometheus_client_us'] / p['ours_keep_us']:.1f}x |")
+    if before:
+        fleet.append(_fleet_row(blabel, before["fleet"]))
+    fleet.append(_fleet_row(after, f))
+    cycles = [
+        "| code | backends | full cycle, median (max) | first cycle (connects) | exporter CPU per cycle | "
+        "CPU per backend reading | verdicts |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    if before:
+        cycles += _cycle_rows(blabel, before["cycles"])
+    cycles += _cycle_rows(after, rows)
+    pure = ["| code | parse | reading | judge | together |", "|---|---:|---:|---:|---:|"]
+    if before:
+        pure.append(_pure(blabel, before["pure_cpu_us"]))
+    pure.append(_pure(after, cpu))
+    ptable = [
+        "| code | page | lines / bytes | ours, all samples | ours, as the exporter calls it (names kept) | "
+        "prometheus_client | speed-up (exporter's call) |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for code, ps in ([(blabel, before["parsers"])] if before else []) + [(after, parsers)]:
+        for label, key in (("realistic v1, 2 engines, 13 histograms", "full"), ("simulator page as rendered", "simulator")):
+            p = ps[key]
+            ptable.append(
+                f"| {code} | {label} | {p['lines']:.0f} / {p['bytes'] / 1000:.0f} KB | {p['ours_all_us']:.0f} us | "
+                f"{p['ours_keep_us']:.0f} us | {p['prometheus_client_us']:.0f} us | "
+                f"{p['prometheus_client_us'] / p['ours_keep_us']:.1f}x |")
     big = rows[-1]
+    met = f["core_fraction"] <= GOAL_CORE
+    goal = (f"**Goal ({f['backends']} backends within {GOAL_CORE:g} of one core at a {f['interval_s']:g} s "
+            f"interval): {'met' if met else 'NOT met'}**: {f['core_fraction']:.3f} of one core, "
+            f"{f['cpu_ms_per_reading']:.3f} ms of CPU per reading, every backend read every interval "
+            f"(p99 gap {f['gap_p99']:.2f} intervals)")
+    if before:
+        b = before["fleet"]
+        goal += (f"; before: {b['core_fraction']:.3f} of one core, {b['cpu_ms_per_reading']:.3f} ms per reading "
+                 f"({b['cpu_ms_per_reading'] / f['cpu_ms_per_reading']:.1f}x the CPU per reading)")
+    goal += "."
+    profile_before = []
+    if before and before.get("profile"):
+        profile_before = ["", "<details><summary>The same profile on the BEFORE code</summary>", "", "```",
+                          before["profile"], "```", "", "</details>"]
     return "\n".join([
         "## 2. Exporter scale",
         "",
-        f"Real cycles (`exporter.cycle.ReadScheduler.read_all`: every backend read at once, each judged as its read "
-        f"completes) over HTTP, {cycles} measured cycles per size after "
-        "one that opens the connections. The backends are one `bench.pageserver` process (Python "
-        "`ThreadingHTTPServer`, HTTP/1.1 keep-alive, a distinct URL path per backend, pre-rendered pages that "
-        "change at every reading so the verdicts are `busy`), on the other core; the exporter (this process: "
-        "its thread pool, `http.client` connections, parser, reading and `judge`) is CPU-bound on one core by "
-        "the GIL. 'CPU' is this process' CPU time (all threads) during the cycle.",
+        f"**{f['backends']} backends on the real schedule.** `exporter.scheduler.ReadScheduler.run_forever()` at the "
+        f"default settings ({f['interval_s']:g} s interval, {f.get('read_timeout_s', 5.0):g} s read timeout, "
+        f"{f.get('per_endpoint', 16)} reads per host:port), every backend "
+        "on its own phase of the interval; one interval to open the connections, then "
+        f"{f['intervals']} measured intervals ({f['window_s']:.0f} s). The backends are one `bench.pageserver` "
+        f"process (asyncio, HTTP/1.1 keep-alive, {f['ports']} ports, a distinct URL path per backend, pre-rendered "
+        "~80 KB busy vLLM v1 pages that change at every reading, so the verdicts are `busy`) on the other core; "
+        "the exporter is this process (its scheduler thread, worker lanes, `http.client` connections, parser, "
+        "reading and `judge`). 'CPU' is this process' user + sys time (`os.times()`, all threads); 'of one core' "
+        "is that CPU over the wall time of the window. The reading gap is the time between two `/metrics` "
+        "requests of one backend as the page server saw them, in intervals. The page server's own CPU shows it "
+        "kept up (it answers each request from a pre-built buffer). Both processes ran at nice "
+        f"{f.get('nice', 0)} (the page server is this process' child), on the machine named above.",
         "",
-        *table,
+        *fleet,
+        "",
+        goal,
+        "",
+        f"**Cycles** (`read_all()`: every backend read at once, each judged as its read completes), "
+        f"{m['cycles_measured']} measured cycles per size after one that opens the connections, all backends on one "
+        "host:port of the same page server:",
+        "",
+        *cycles,
         "",
         "![exporter scale](img/scale.png)",
         "",
-        "Pure CPU per backend, no I/O (the realistic page): "
-        f"parse {cpu['parse_keep_us']:.0f} us + reading {cpu['reading_us']:.0f} us + judge "
-        f"{cpu['judge_us']:.0f} us = **{cpu['total_us']:.0f} us** (measured together).",
+        "Pure CPU per backend, no I/O (the realistic page; 'together' is parse + reading + judge measured as one call):",
+        "",
+        *pure,
         "",
         "Parser, per page (same pages):",
         "",
         *ptable,
         "",
-        f"**Limit.** A {big['backends']}-backend cycle takes {big['cycle_s_median']:.2f} s of a "
-        f"{INTERVAL:g} s interval. At {big['cpu_ms_per_backend']:.2f} ms of exporter CPU per backend "
-        f"reading over HTTP, one core would read about **{limit_http:.0f} backends per {INTERVAL:g} s** "
-        f"(linear extrapolation; not measured past {big['backends']}); the "
-        f"pure parse+reading+judge part ({cpu['total_us'] / 1000:.2f} ms, "
-        f"{100 * cpu['total_us'] / 1000 / big['cpu_ms_per_backend']:.0f} % of it) alone would allow about "
-        f"{limit_pure:.0f}; the rest is the HTTP client and the thread pool. The parser is the largest single "
-        "cost (it must look at every line of an ~80 KB page, most of them histogram buckets it then skips). "
-        "Past that limit, or to keep the exporter's core mostly free, run one exporter per shard of the fleet "
-        "(each backend is judged independently).",
+        f"**Limit.** At {f['cpu_ms_per_reading']:.3f} ms of exporter CPU per reading on the schedule, one core reads "
+        f"about **{f['interval_s'] / (f['cpu_ms_per_reading'] / 1000):.0f} backends per {f['interval_s']:g} s** "
+        f"(the {big['backends']}-backend cycle: {big['cpu_ms_per_backend']:.3f} ms per backend, ~{limit_http:.0f}; "
+        f"parse + reading + judge alone, {cpu['total_us'] / 1000:.3f} ms: ~{limit_pure:.0f}). The GIL keeps the "
+        "exporter on one core: past that, or to keep its core mostly free, run one exporter per shard of the "
+        "fleet (each backend is judged independently).",
         "",
         f"Where the time goes: cProfile of reading + judging {big['backends']} backends one after another "
         "(the pool's work serialised in one thread so the profiler sees it), top entries by own time:",
         "",
         "```",
-        profile,
+        m["profile"],
         "```",
+        *profile_before,
+        "",
+        "Targets:",
+        *[f"- {'PASS' if ok else 'FAIL'}: {name}" for name, ok in targets.items()],
+        "",
+        "The BEFORE figures were measured by `python -m bench.scale --before-label TEXT` on that code (stored in "
+        "`bench/results/scale_before.json`; `make bench` re-measures only the AFTER ones)." if before else "",
         "",
     ])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.splitlines()[0])
+    p.add_argument("--before-label", required=True, help="how the BEFORE figures name the code checked out now")
+    p.add_argument("--out", help="write the figures here instead of bench/results/scale_before.json")
+    args = p.parse_args(argv)
+    from bench.run import machine
+
+    m = measure(quick=False)
+    m.update(label=args.before_label, date=machine()["date"], machine=machine())
+    out = Path(args.out) if args.out else BEFORE_JSON
+    out.write_text(json.dumps(m, indent=1))
+    f = m["fleet"]
+    print(f"wrote {out}: {f['backends']} backends, {f['core_fraction']:.3f} of one core, "
+          f"{f['cpu_ms_per_reading']:.3f} ms per reading, gap p99 {f['gap_p99']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,9 +1,9 @@
 """Prometheus exposition text -> samples: fast, tolerant, and keeping only what we need.
 
-At 1000 backends the exporter parses 1000 pages per interval, most of whose lines are histogram
-buckets it never looks at. So the parser decides from the metric name alone (a set lookup)
-whether a line is worth splitting into labels and a value. Comment lines are skipped, except the
-`# HELP` of names the caller asks for (vLLM's HELP text tells V0 from V1).
+`parse()` looks at every line: it decides from the metric name alone (a set lookup) whether a line is
+worth splitting into labels and a value. Comment lines are skipped, except the `# HELP` of names the
+caller asks for (vLLM's HELP text tells V0 from V1). It is the reference: `exporter/fastparse.py`
+gives the same page without looking at most lines (what the exporter calls at every reading).
 
 Tolerance: a malformed line is skipped, never fatal (a half-broken page still yields the rest).
 Values are parsed like prometheus_client does (`+Inf`, `-Inf`, `NaN`, Go float syntax); a
@@ -13,21 +13,30 @@ trailing timestamp is ignored.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 Labels = dict[str, str]
+Keep = Container[str] | Callable[[str], bool] | None
 
 _LABEL_RE = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,)?')
 _ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 _ESCAPE_RE = re.compile(r'\\[\\"n]')
+_FIRST_KEY_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*=")      # `engine=` before a label's first quote
+_NEXT_KEY_RE = re.compile(r",[a-zA-Z_][a-zA-Z0-9_]*=")      # `,le=` before the next ones
+_KEYS_MAX = 4096
+_first_keys: dict[str, str] = {}     # `engine=` -> `engine`: label names already checked (names, never values)
+_next_keys: dict[str, str] = {}      # `,le=` -> `le`
 
 
-@dataclass(frozen=True)
-class Sample:
+class Sample(NamedTuple):
     name: str
     labels: Labels
     value: float
+
+
+_new_sample = tuple.__new__          # Sample(...) without the generated __new__ (a page has hundreds)
 
 
 @dataclass
@@ -35,14 +44,45 @@ class Page:
     samples: list[Sample] = field(default_factory=list)
     helps: dict[str, str] = field(default_factory=dict)
     prefixes: set[str] = field(default_factory=set)   # "vllm", "sglang", ... (the part before ':')
-    lines: int = 0
-    skipped: int = 0                                  # malformed lines
+    # (lines, malformed lines) as parse() counts them; None: counted from `_source` when first asked
+    _counts: tuple[int, int] | None = field(default=None, repr=False, compare=False)
+    _source: tuple[str, Keep, Container[str]] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def lines(self) -> int:
+        return self._tally()[0]
+
+    @property
+    def skipped(self) -> int:
+        """Malformed lines (skipped, never fatal)."""
+        return self._tally()[1]
+
+    def _tally(self) -> tuple[int, int]:
+        if self._counts is None:
+            assert self._source is not None
+            text, keep, helps = self._source
+            self._counts = parse(text, keep, helps)._tally()
+        return self._counts
 
 
 def _unescape(value: str) -> str:
     if "\\" not in value:
         return value
     return _ESCAPE_RE.sub(lambda m: _ESCAPES[m.group(0)], value)
+
+
+def _label_name(key: str, first: bool) -> str | None:
+    """`engine=` (first label) or `,le=` (the next ones) -> the label name; None if not that form."""
+    keys = _first_keys if first else _next_keys
+    name = keys.get(key)
+    if name is None:
+        if (_FIRST_KEY_RE if first else _NEXT_KEY_RE).fullmatch(key) is None:
+            return None
+        name = key[:-1] if first else key[1:-1]
+        if len(keys) >= _KEYS_MAX:     # a page inventing label names: forget, never grow without bound
+            keys.clear()
+        keys[key] = name
+    return name
 
 
 def _parse_labels(line: str, start: int) -> tuple[Labels, int] | None:
@@ -72,67 +112,117 @@ def parse_value(text: str) -> float:
     return float(text)  # Python's float() accepts +Inf, -Inf, NaN, 1e+09, 1.5
 
 
-def parse(
-    text: str,
-    keep: Container[str] | Callable[[str], bool] | None = None,
-    helps: Container[str] = (),
-) -> Page:
+def predicate(keep: Keep) -> Callable[[str], bool]:
+    if keep is None:
+        def everything(_name: str) -> bool:
+            return True
+        return everything
+    if callable(keep):
+        return keep
+    return keep.__contains__
+
+
+def parse(text: str, keep: Keep = None, helps: Container[str] = ()) -> Page:
     """Parse exposition text. `keep`: the metric names (a set, or a predicate) to return; None = all."""
     page = Page()
-    if keep is None:
-        def wanted(_name: str) -> bool:
-            return True
-    elif callable(keep):
-        wanted = keep
-    else:
-        wanted = keep.__contains__
+    page._counts = parse_lines(text.split("\n"), predicate(keep), helps, page)
+    return page
+
+
+def parse_lines(lines: Iterable[str], wanted: Callable[[str], bool], helps: Container[str], page: Page) -> tuple[
+        int, int]:
+    """Every line into `page` (samples of wanted names, prefixes, helps); returns (lines, malformed lines).
+    The one place that reads a line: `parse()` gives it all of them, the fast path those it must read."""
     samples = page.samples
     prefixes = page.prefixes
-    for line in text.split("\n"):
+    exact: Container[str] = getattr(wanted, "exact", ())    # Names: its exact names need no call
+    first_keys, next_keys = _first_keys, _next_keys
+    count = skipped = 0
+    for line in lines:
         if not line:
             continue
         if line[0] in " \t" or line[-1] in " \t\r":
             line = line.strip()
             if not line:
                 continue
-        page.lines += 1
+        count += 1
         if line[0] == "#":
             if helps and line.startswith("# HELP "):
-                parts = line[7:].split(" ", 1)
-                if parts[0] in helps:
-                    page.helps[parts[0]] = parts[1] if len(parts) > 1 else ""
+                _record_help(line, helps, page)
             continue
         brace = line.find("{")
         space = line.find(" ")
         if brace != -1 and (space == -1 or brace < space):
             name = line[:brace]
+            colon = name.find(":")
+            if colon > 0:
+                prefixes.add(name[:colon])
+            if name not in exact and not wanted(name):
+                continue
+            # labels in the form every engine writes, {a="x",b="y"} (no blank, no backslash), split at the
+            # quotes here; anything else goes to _parse_labels (which reads that form the same way)
+            labels: Labels | None = None
+            if "\\" not in line:
+                parts = line[brace + 1:].split('"')     # key, value, key, value, ..., after the last quote
+                last = len(parts) - 1
+                if not last & 1:
+                    labels = {}
+                    for i in range(0, last, 2):
+                        key = parts[i]
+                        label = (next_keys if i else first_keys).get(key) or _label_name(key, not i)
+                        if label is None:
+                            labels = None
+                            break
+                        labels[label] = parts[i + 1]
+                    if labels is not None:
+                        tail = parts[last]
+                        if tail[:1] == "}":
+                            rest = tail[1:].split()
+                        elif last and tail[:2] == ",}":
+                            rest = tail[2:].split()
+                        else:
+                            labels = None
+            if labels is None:
+                parsed = _parse_labels(line, brace)
+                if parsed is None:
+                    skipped += 1
+                    continue
+                labels, end = parsed
+                rest = line[end:].split()
         elif space != -1:
             name = line[:space]
-        else:
-            page.skipped += 1
-            continue
-        colon = name.find(":")
-        if colon > 0:
-            prefixes.add(name[:colon])
-        if not wanted(name):
-            continue
-        if brace != -1 and (space == -1 or brace < space):
-            parsed = _parse_labels(line, brace)
-            if parsed is None:
-                page.skipped += 1
+            colon = name.find(":")
+            if colon > 0:
+                prefixes.add(name[:colon])
+            if name not in exact and not wanted(name):
                 continue
-            labels, end = parsed
-            rest = line[end:].split()
-        else:
             labels = {}
             rest = line[space:].split()
+        else:
+            skipped += 1
+            continue
         if not rest:
-            page.skipped += 1
+            skipped += 1
             continue
         try:
             value = float(rest[0])
         except ValueError:
-            page.skipped += 1
+            skipped += 1
             continue
-        samples.append(Sample(name, labels, value))
-    return page
+        samples.append(_new_sample(Sample, (name, labels, value)))
+    return count, skipped
+
+
+def _record_help(line: str, helps: Container[str], page: Page) -> None:
+    parts = line[7:].split(" ", 1)
+    if parts[0] in helps:
+        page.helps[parts[0]] = parts[1] if len(parts) > 1 else ""
+
+
+def help_line(line: str, helps: Container[str], page: Page) -> None:
+    """What `parse_lines` does with this line's HELP text, and nothing else (the fast path reads the HELP
+    lines apart from the samples)."""
+    if line and (line[0] in " \t" or line[-1] in " \t\r"):
+        line = line.strip()
+    if line.startswith("# HELP "):
+        _record_help(line, helps, page)

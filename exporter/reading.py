@@ -44,7 +44,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from enum import StrEnum
 from typing import Any
 
-from llm_health.exporter.parser import Page, Sample, parse
+from llm_health.exporter.fastparse import Names, parse_fast
+from llm_health.exporter.parser import Page, Sample
 
 V0_HELP = "currently running on GPU"
 V1_HELP = "in model execution batches"
@@ -108,8 +109,8 @@ WANTED: frozenset[str] = frozenset(
 ENGINE_PREFIXES = ("vllm", "sglang", "llamacpp")
 
 
-def wanted(name: str) -> bool:
-    return name in WANTED or (name.endswith("_created") and name.startswith("vllm:"))
+# what a reading keeps: the names above and every vLLM `*_created` series (V1's process identity)
+wanted = Names(WANTED, rules=(("vllm:", "_created"),))
 
 
 class Sleep(StrEnum):
@@ -244,7 +245,13 @@ def rate_text(reading: Reading, tps: float, sps: float) -> str:
 
 
 def _series_key(s: Sample) -> str:
-    return s.name + "{" + ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) + "}"
+    return s.name + "{" + ",".join([k + "=" + v for k, v in sorted(s.labels.items())]) + "}"
+
+
+# the names from_page() reads apart from the per-engine series (a dict: one lookup per sample)
+_STEP_BUCKET, _PROCESS_START, _SLEEP, _PROMPT_SECONDS, _TOKENS_MAX = range(5)
+_SPECIAL = {PROCESS_START: _PROCESS_START, VLLM_SLEEP: _SLEEP, LLAMACPP_PROMPT_SECONDS: _PROMPT_SECONDS,
+            LLAMACPP_TOKENS_MAX: _TOKENS_MAX, **dict.fromkeys(STEP_HISTOGRAMS, _STEP_BUCKET)}
 
 
 def _flavour(page: Page, samples: list[Sample]) -> str:
@@ -297,30 +304,36 @@ def from_page(page: Page, start_header: float | None = None) -> Reading:
     buckets: dict[str, list[tuple[float, float]]] = {}   # histogram series -> (le, cumulative count)
     sleep: dict[str, dict[str, float]] = {}             # engine -> sleep_state -> value
     prompt_seconds: float | None = None
+    sglang = flavour == "sglang"
+    series_name, series_rest, series = "", None, None  # the last histogram series: its buckets come in a row
     for s in samples:
         name = s.name
-        if name == PROCESS_START:
-            reading.process_start = s.value
-            continue
-        if name in STEP_HISTOGRAMS:
-            le = s.labels.get("le")
-            if le is not None and _engine_of(flavour, s.labels) is not None:
+        special = _SPECIAL.get(name)
+        if special is not None:
+            if special == _STEP_BUCKET:
+                labels = s.labels
+                le = labels.get("le")
+                if le is None or (sglang and _engine_of(flavour, labels) is None):
+                    continue
                 try:
                     bound = float(le)
                 except ValueError:
                     continue
-                rest = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k != "le")
-                buckets.setdefault(name + "{" + rest, []).append((bound, s.value))
-            continue
-        if name == VLLM_SLEEP:
-            state = s.labels.get("sleep_state", "")
-            sleep.setdefault(s.labels.get("engine", "0"), {})[state] = s.value
-            continue
-        if name == LLAMACPP_PROMPT_SECONDS:
-            prompt_seconds = s.value
-            continue
-        if name == LLAMACPP_TOKENS_MAX:
-            reading.tokens_max = s.value
+                rest = labels.copy()
+                del rest["le"]
+                if series is None or name != series_name or rest != series_rest:
+                    key = name + "{" + ",".join([k + "=" + v for k, v in sorted(rest.items())])
+                    series, series_name, series_rest = buckets.setdefault(key, []), name, rest
+                series.append((bound, s.value))
+            elif special == _PROCESS_START:
+                reading.process_start = s.value
+            elif special == _SLEEP:
+                state = s.labels.get("sleep_state", "")
+                sleep.setdefault(s.labels.get("engine", "0"), {})[state] = s.value
+            elif special == _PROMPT_SECONDS:
+                prompt_seconds = s.value
+            else:
+                reading.tokens_max = s.value
             continue
         if name.endswith("_created"):
             reading.created[_series_key(s)] = s.value
@@ -417,4 +430,4 @@ def read_text(text: str, start_header: str | None = None) -> Reading:
             start = float(start_header)
         except ValueError:
             start = None
-    return from_page(parse(text, keep=wanted, helps=(VLLM_RUNNING,)), start)
+    return from_page(parse_fast(text, wanted, helps=(VLLM_RUNNING,)), start)

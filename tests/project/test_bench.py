@@ -64,6 +64,10 @@ def test_scale_reads_every_backend_over_http(tmp_path: Path) -> None:
     p = r["parsers"]["full"]
     assert p["lines"] > 500 and p["ours_keep_us"] > 0 and p["prometheus_client_us"] > 0
     assert "parser.py" in (tmp_path / "bench-results" / "scale.md").read_text()   # the profile is there
+    f = r["fleet"]               # the fleet on its real schedule (tiny: 100 backends, 1 s interval)
+    assert f["backends"] == 100 and f["verdicts"] == {"busy": 100} and f["probes_sent"] == 0
+    assert f["readings"] > 0 and f["gaps"] > 0 and f["gap_p99"] > 0 and f["cpu_ms_per_reading"] > 0
+    assert f["server_requests"] >= f["readings"]     # the page server saw every reading it counted
 
 
 def test_storm_restarts_exactly_the_due_backends_once(tmp_path: Path) -> None:
