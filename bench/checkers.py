@@ -17,14 +17,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from bench.world import PROBE, WATCHDOG, StallRecord, World, count_since
+from llm_health.config import ExporterSettings, RemediatorSettings
 from llm_health.exporter.check import verify
 from llm_health.exporter.observation import Observation, ProbeOutcome, ProbeResult, ReadResult
 from llm_health.exporter.reading import read_text
 from llm_health.exporter.verdict import BackendState, Thresholds, Verdict, idle_believable, judge
 from llm_health.remediator import policy
-
-from bench.world import PROBE, WATCHDOG, StallRecord, World, count_since
-from llm_health.config import ExporterSettings, RemediatorSettings
 
 BACKEND = "gpu-a"
 

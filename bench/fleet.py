@@ -36,14 +36,14 @@ from pathlib import Path
 from typing import Any
 
 import requests
-from llm_health.simulator.engine import Engine
-from llm_health.simulator.metrics import format_families, process_families, vllm_families
 
 from bench.pages import FLAVOUR, page_variants
 from llm_health.config import ExporterSettings
 from llm_health.drill.hostile import DripServer
 from llm_health.drill.procs import ManagedProcess, free_port, llm_health
 from llm_health.httpserver import QuietHandler
+from llm_health.simulator.engine import Engine
+from llm_health.simulator.metrics import format_families, process_families, vllm_families
 
 KINDS = (("idle", 0.25), ("busy", 0.25), ("hang", 0.10), ("slow", 0.10), ("drip", 0.10), ("refuse", 0.05),
          ("wedge", 0.05), ("stall", 0.05))

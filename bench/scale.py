@@ -36,6 +36,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.pages import page_variants
+from llm_health.config import Backend, ExporterSettings
+from llm_health.drill.procs import ManagedProcess, free_port, python_module
 from llm_health.exporter.backend import Target, observe
 from llm_health.exporter.cli import fds_wanted, raise_fd_limit
 from llm_health.exporter.observation import Observation, ReadResult
@@ -43,11 +48,6 @@ from llm_health.exporter.parser import parse
 from llm_health.exporter.reading import VLLM_RUNNING, from_page, read_text, wanted
 from llm_health.exporter.scheduler import ReadScheduler
 from llm_health.exporter.verdict import Thresholds, judge
-from prometheus_client.parser import text_string_to_metric_families
-
-from bench.pages import page_variants
-from llm_health.config import Backend, ExporterSettings
-from llm_health.drill.procs import ManagedProcess, free_port, python_module
 from llm_health.http_client import fetch
 
 INTERVAL = 15.0

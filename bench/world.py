@@ -18,10 +18,9 @@ import bisect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from bench.trace import BatchJob, Trace
 from llm_health.simulator.engine import Engine, RequestState, SimRequest
 from llm_health.simulator.metrics import Flavour, render
-
-from bench.trace import BatchJob, Trace
 
 EPOCH = 1_764_460_800.0          # simulated midnight as a Unix time (process start times look real)
 FLAVOUR = Flavour(engine="v1", model="sim-model")

@@ -29,15 +29,15 @@ from collections.abc import Sequence
 from http.server import ThreadingHTTPServer
 from typing import Any
 
-from llm_health.exporter.collector import ExporterCollector
-from llm_health.exporter.scheduler import ReadScheduler, Snapshot
-from llm_health.exporter.verdict import CODES
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.registry import Collector
 
 from llm_health.buildinfo import BuildInfoCollector
 from llm_health.discovery import Discovery, status_document
 from llm_health.discovery.collector import DiscoveryCollector
+from llm_health.exporter.collector import ExporterCollector
+from llm_health.exporter.scheduler import ReadScheduler, Snapshot
+from llm_health.exporter.verdict import CODES
 from llm_health.exposition import metrics_answer
 from llm_health.httpserver import QuietHandler
 from llm_health.redact import redact

@@ -16,10 +16,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from llm_health.config import ConfigError
 from llm_health.exporter.observation import Observation, ReadResult
 from llm_health.exporter.reading import EngineProps, Reading, read_text
-
-from llm_health.config import ConfigError
 from llm_health.http_client import FailureKind, HttpFailure, Response
 from llm_health.http_client import Target as _Target
 

@@ -37,6 +37,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from llm_health.config import ConfigError, _check_url
 from llm_health.exporter.backend import (
     HttpFailure,
     Target,
@@ -57,8 +58,6 @@ from llm_health.exporter.probe import Prober
 from llm_health.exporter.reading import Reading, rate_text, rates
 from llm_health.exporter.steptime import required_span
 from llm_health.exporter.verdict import Verdict, may_probe_engine, other_process, progressed
-
-from llm_health.config import ConfigError, _check_url
 from llm_health.redact import redact
 
 DEFAULT_CEILING = 900.0   # exporter.stall_ceiling's default

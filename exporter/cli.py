@@ -19,11 +19,6 @@ import threading
 from dataclasses import replace
 from types import FrameType
 
-from llm_health.exporter.app import ExporterServer
-from llm_health.exporter.backend import load_api_key
-from llm_health.exporter.reload import Reloader
-from llm_health.exporter.scheduler import ReadScheduler
-
 from llm_health import logs
 from llm_health.config import (
     Backend,
@@ -35,6 +30,10 @@ from llm_health.config import (
     parse_named_url,
 )
 from llm_health.discovery import Discovery, LiveBackends
+from llm_health.exporter.app import ExporterServer
+from llm_health.exporter.backend import load_api_key
+from llm_health.exporter.reload import Reloader
+from llm_health.exporter.scheduler import ReadScheduler
 from llm_health.reload import ReloadCollector
 
 log = logging.getLogger("llm_health.exporter")

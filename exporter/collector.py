@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
 from llm_health.exporter.observation import ProbeOutcome, ReadResult
 from llm_health.exporter.scheduler import Snapshot
 from llm_health.exporter.verdict import CODES, Verdict
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 
 class ExporterCollector(Collector):

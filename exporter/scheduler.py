@@ -50,6 +50,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from llm_health.config import Backend, ExporterSettings, Proxy
 from llm_health.exporter.backend import MODELS, Target, answers, observe
 from llm_health.exporter.observation import Observation, ProbeOutcome, ProbeResult, ReadResult
 from llm_health.exporter.pool import Lane
@@ -63,8 +64,6 @@ from llm_health.exporter.verdict import (
     may_probe_engine,
     page_is_work_queue,
 )
-
-from llm_health.config import Backend, ExporterSettings, Proxy
 
 READ_WORKERS = 256       # reads, /health checks and proxy checks in flight at once, per lane
 PROBE_WORKERS = 64       # probes in flight at once, whole fleet

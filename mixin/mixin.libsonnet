@@ -8,6 +8,7 @@
 //   preemption-rate-threshold: 0.0
 //   error-rate-threshold: 0.05
 //   exporter: on
+//   webhook-window: 5m
 //   watchdog: off
 //   group-labels: (none)
 //   keep-firing-for: 5m
@@ -44,7 +45,6 @@
     remediatorDownFor: "2m",  // --remediator-down-for
     needsAckFor: "5m",  // --needs-ack-for
     restartFailuresThreshold: 3,  // --restart-failures-threshold
-    webhookWindow: "5m",  // --webhook-window
     webhookFailingFor: "10m",  // --webhook-failing-for
     notJudgedIntervals: 4,  // --not-judged-intervals
     notJudgedFor: "1m",  // --not-judged-for
@@ -429,15 +429,41 @@
           },
           {
             "alert": "LLMHealthWebhookDeliveryFailing",
-            "expr": "sum by (instance, integration) (increase(alertmanager_notifications_failed_total{" + $._config.webhookSelector + "}[" + $._config.webhookWindow + "])) > 0\n",
+            "expr": "(\n  sum by (instance, integration) (increase(alertmanager_notifications_failed_total{" + $._config.webhookSelector + "}[5m])) > 0\n)\nunless on ()\n(\n  time() - max by () (llm_health_remediator_last_webhook_timestamp_seconds{" + $._config.remediatorSelector + "}) < 300\n)\n",
             "for": $._config.webhookFailingFor,
             "labels": {
               "severity": "critical",
             },
             "annotations": {
               "summary": "Alertmanager {{ $labels.instance }} cannot deliver to the llm-health webhook",
-              "description": "Notifications through the {{ $labels.integration }} integration have failed in every " + $._config.webhookWindow + " window for " + $._config.webhookFailingFor + ": the remediator does not hear about stalls (wrong token, URL, TLS, or the remediator refuses them).",
+              "description": "Notifications through the {{ $labels.integration }} integration have failed in every 5m window for " + $._config.webhookFailingFor + ", and the remediator has heard nothing from Alertmanager meanwhile: it does not hear about stalls (wrong token, URL, TLS, or the remediator refuses them).",
               "runbook_url": $._config.runbookBaseUrl + "#llmhealthwebhookdeliveryfailing",
+            },
+          },
+          {
+            "alert": "LLMHealthRemediatorNotHearingAlertmanager",
+            "expr": "(\n  time() - max by (job) (llm_health_remediator_last_watchdog_timestamp_seconds{" + $._config.remediatorSelector + "})\n) > 900\nand on (job)\nmax by (job) (llm_health_remediator_last_watchdog_timestamp_seconds{" + $._config.remediatorSelector + "}) > 0\n",
+            "for": "1m",
+            "labels": {
+              "severity": "critical",
+            },
+            "annotations": {
+              "summary": "The llm-health remediator has received no Watchdog from Alertmanager for 15 minutes",
+              "description": "The last Watchdog reached the remediator ({{ $labels.job }}) {{ $value | printf `%.0f` }} s ago: the route, the webhook URL or token, the network or Alertmanager itself is broken, and restart alerts do not arrive either.",
+              "runbook_url": $._config.runbookBaseUrl + "#llmhealthremediatornothearingalertmanager",
+            },
+          },
+          {
+            "alert": "LLMHealthRemediatorConfigReloadFailed",
+            "expr": "max by (job, instance) (llm_health_remediator_config_last_reload_successful{" + $._config.remediatorSelector + "}) == 0\n",
+            "for": "10m",
+            "labels": {
+              "severity": "warning",
+            },
+            "annotations": {
+              "summary": "The llm-health remediator {{ $labels.instance }} could not reload its configuration",
+              "description": "The last reload of the remediator's config file failed 10 minutes ago or more; it runs the previous configuration (its log says why: YAML, a bad value, an unreadable token, a moved state file).",
+              "runbook_url": $._config.runbookBaseUrl + "#llmhealthremediatorconfigreloadfailed",
             },
           },
           {
@@ -451,6 +477,19 @@
               "summary": "The llm-health exporter {{ $labels.instance }} has not judged backend {{ $labels.backend }} for {{ $value | printf `%.0f` }} s",
               "description": "The exporter's last reading of {{ $labels.backend }} is older than " + std.toString($._config.notJudgedIntervals) + " reading intervals: its verdict is stale (principle 3: treat it as unknown). The exporter is short of readers or CPU; see its llm_health_schedule_lag_seconds.",
               "runbook_url": $._config.runbookBaseUrl + "#llmhealthbackendnotjudged",
+            },
+          },
+          {
+            "alert": "LLMHealthExporterConfigReloadFailed",
+            "expr": "max by (job, instance) (llm_health_exporter_config_last_reload_successful{" + $._config.exporterSelector + "}) == 0\n",
+            "for": "10m",
+            "labels": {
+              "severity": "warning",
+            },
+            "annotations": {
+              "summary": "The llm-health exporter {{ $labels.instance }} could not reload its configuration",
+              "description": "The last reload of the exporter's config file failed 10 minutes ago or more; it watches the backends of the previous configuration (its log says why: YAML, a bad value, or a setting only a restart applies).",
+              "runbook_url": $._config.runbookBaseUrl + "#llmhealthexporterconfigreloadfailed",
             },
           },
           {
@@ -590,7 +629,7 @@
             "enable": true,
             "hide": false,
             "iconColor": "red",
-            "expr": "ALERTS{alertname=~\"LLMBackendStalled|LLMBackendDown|LLMBackendRestarted|LLMBackendRestartLoop|LLMKVCachePressure|LLMPreemptions|LLMBackendErrorRate|LLMMetricsBehindProxy|LLMBackendNoMetrics|LLMBackendVerdictUnknown|LLMBackendTargetMissing|LLMTooFewBackendsUp|LLMProxyDown|LLMHealthExporterDown|LLMHealthProbeSentToBusyBackend|LLMHealthRemediatorDown|LLMHealthRemediatorUnhealthy|LLMHealthBreakerOpen|LLMHealthBackendNeedsAck|LLMHealthRestartsFailing|LLMHealthWebhookDeliveryFailing|LLMHealthDiscoveryStale|LLMHealthDiscoveryDuplicateNames|LLMHealthBackendNotJudged\", alertstate=\"firing\", backend=~\"$backend|\"}",
+            "expr": "ALERTS{alertname=~\"LLMBackendStalled|LLMBackendDown|LLMBackendRestarted|LLMBackendRestartLoop|LLMKVCachePressure|LLMPreemptions|LLMBackendErrorRate|LLMMetricsBehindProxy|LLMBackendNoMetrics|LLMBackendVerdictUnknown|LLMBackendTargetMissing|LLMTooFewBackendsUp|LLMProxyDown|LLMHealthExporterDown|LLMHealthProbeSentToBusyBackend|LLMHealthRemediatorDown|LLMHealthRemediatorUnhealthy|LLMHealthBreakerOpen|LLMHealthBackendNeedsAck|LLMHealthRestartsFailing|LLMHealthWebhookDeliveryFailing|LLMHealthRemediatorNotHearingAlertmanager|LLMHealthRemediatorConfigReloadFailed|LLMHealthExporterConfigReloadFailed|LLMHealthDiscoveryStale|LLMHealthDiscoveryDuplicateNames|LLMHealthBackendNotJudged\", alertstate=\"firing\", backend=~\"$backend|\"}",
             "titleFormat": "{{alertname}} {{backend}}",
             "textFormat": "severity {{severity}}; runbook: " + $._config.runbookBaseUrl + " (section {{alertname}})",
             "tagKeys": "alertname,backend,severity",
@@ -2527,7 +2566,7 @@
             "enable": true,
             "hide": false,
             "iconColor": "red",
-            "expr": "ALERTS{alertname=~\"LLMBackendStalled|LLMBackendDown|LLMBackendRestarted|LLMBackendRestartLoop|LLMKVCachePressure|LLMPreemptions|LLMBackendErrorRate|LLMMetricsBehindProxy|LLMBackendNoMetrics|LLMBackendVerdictUnknown|LLMBackendTargetMissing|LLMTooFewBackendsUp|LLMProxyDown|LLMHealthExporterDown|LLMHealthProbeSentToBusyBackend|LLMHealthRemediatorDown|LLMHealthRemediatorUnhealthy|LLMHealthBreakerOpen|LLMHealthBackendNeedsAck|LLMHealthRestartsFailing|LLMHealthWebhookDeliveryFailing|LLMHealthDiscoveryStale|LLMHealthDiscoveryDuplicateNames|LLMHealthBackendNotJudged\", alertstate=\"firing\", backend=~\"$backend|\"}",
+            "expr": "ALERTS{alertname=~\"LLMBackendStalled|LLMBackendDown|LLMBackendRestarted|LLMBackendRestartLoop|LLMKVCachePressure|LLMPreemptions|LLMBackendErrorRate|LLMMetricsBehindProxy|LLMBackendNoMetrics|LLMBackendVerdictUnknown|LLMBackendTargetMissing|LLMTooFewBackendsUp|LLMProxyDown|LLMHealthExporterDown|LLMHealthProbeSentToBusyBackend|LLMHealthRemediatorDown|LLMHealthRemediatorUnhealthy|LLMHealthBreakerOpen|LLMHealthBackendNeedsAck|LLMHealthRestartsFailing|LLMHealthWebhookDeliveryFailing|LLMHealthRemediatorNotHearingAlertmanager|LLMHealthRemediatorConfigReloadFailed|LLMHealthExporterConfigReloadFailed|LLMHealthDiscoveryStale|LLMHealthDiscoveryDuplicateNames|LLMHealthBackendNotJudged\", alertstate=\"firing\", backend=~\"$backend|\"}",
             "titleFormat": "{{alertname}} {{backend}}",
             "textFormat": "severity {{severity}}; runbook: " + $._config.runbookBaseUrl + " (section {{alertname}})",
             "tagKeys": "alertname,backend,severity",

@@ -30,13 +30,12 @@ import threading
 import time
 from collections.abc import Callable
 
+from llm_health.config import Config
 from llm_health.remediator.agent_check import AgentCheckServer, AgentStatus, parse_listen
 from llm_health.remediator.inflight import kv_usage, read_backend
 from llm_health.remediator.lifecycle import UNSEEN, LifecycleState
 from llm_health.remediator.policy import OUT_OF_SERVICE_OUTCOMES
 from llm_health.remediator.store import NO_RESTART_UNDER_WAY, Incident, LifecycleRow, StateStore
-
-from llm_health.config import Config
 
 log = logging.getLogger("llm_health.remediator")
 

@@ -33,9 +33,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llm_health.remediator.lifecycle import LifecycleState
-
 from llm_health.config import NAME_RE, ConfigError
+from llm_health.remediator.lifecycle import LifecycleState
 
 log = logging.getLogger(__name__)
 

@@ -13,6 +13,10 @@ from collections.abc import Callable
 from typing import Any
 
 from flask import Flask
+from werkzeug.exceptions import HTTPException
+
+from llm_health.config import Config
+from llm_health.reload import ReloadStatus
 from llm_health.remediator import discovered
 from llm_health.remediator.agent import AgentAnswers, AgentListener
 from llm_health.remediator.authority import Authority
@@ -27,10 +31,6 @@ from llm_health.remediator.web.guard import error
 from llm_health.remediator.web.status import status
 from llm_health.remediator.web.tokens import check_exposure, read_token
 from llm_health.remediator.web.webhook import webhook
-from werkzeug.exceptions import HTTPException
-
-from llm_health.config import Config
-from llm_health.reload import ReloadStatus
 
 log = logging.getLogger(__name__)
 

@@ -28,6 +28,7 @@ import time
 import uuid
 from collections.abc import Callable
 
+from llm_health.config import Config
 from llm_health.remediator import clock as clocks_mod
 from llm_health.remediator.backend_io import (
     InFlightReader,
@@ -46,8 +47,6 @@ from llm_health.remediator.restart.result import seconds_until
 from llm_health.remediator.restart.silences import SILENCE_TIMEOUT
 from llm_health.remediator.scheduler import Scheduler
 from llm_health.remediator.store import StateStore
-
-from llm_health.config import Config
 
 LOOK_SLACK = 60.0              # seconds a look may need beyond its I/O deadlines (SQLite busy, a loaded CPU)
 

@@ -17,14 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llm_health.config import Backend, Config, ConfigError
 from llm_health.exporter.backend import HttpFailure, Target, load_api_key
 from llm_health.exporter.observation import Verification, VerifyOutcome
 from llm_health.remediator import action as act
 from llm_health.remediator import inflight, policy
 from llm_health.remediator.inflight import InFlight
 from llm_health.remediator.store import StateStore, state_path
-
-from llm_health.config import Backend, Config, ConfigError
 
 log = logging.getLogger("llm_health.remediator")
 

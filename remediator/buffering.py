@@ -22,6 +22,7 @@ from functools import partial
 from typing import Any
 
 from gunicorn.workers.gthread import TConn, ThreadWorker
+
 from llm_health.remediator.framing import Limits, RequestFraming, Step
 from llm_health.remediator.lingering import Lingering, recv_now
 

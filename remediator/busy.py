@@ -37,10 +37,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Protocol
 
-from llm_health.remediator.marker import write_marker_file
-
 from llm_health.config import NAME_RE, ConfigError, load_config
 from llm_health.http_client import FailureKind, HttpFailure, fetch
+from llm_health.remediator.marker import write_marker_file
 
 LOST_EXIT = 3
 PR_SET_PDEATHSIG = 1          # <linux/prctl.h>

@@ -21,6 +21,11 @@ from collections.abc import Callable
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
+
+from llm_health import logs
+from llm_health.config import Config, ConfigError, load_config
+from llm_health.logs import LogLevel
+from llm_health.reload import ReloadStatus, fleet_change
 from llm_health.remediator.app import create_app
 from llm_health.remediator.buffering import ServingLimits
 from llm_health.remediator.gunicorn_log import RootLogger
@@ -28,11 +33,6 @@ from llm_health.remediator.reload import reloaded
 from llm_health.remediator.serving import CONNECTIONS_BEYOND_PENDING, GuardedThreadWorker
 from llm_health.remediator.store import StateError, store_for
 from llm_health.remediator.web.tokens import check_exposure, read_token, token_file_warning
-
-from llm_health import logs
-from llm_health.config import Config, ConfigError, load_config
-from llm_health.logs import LogLevel
-from llm_health.reload import ReloadStatus, fleet_change
 
 log = logging.getLogger("llm_health.remediator")
 #: --log-format text: as before, with the process id (gunicorn's master and each worker log)

@@ -23,10 +23,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from llm_health.remediator.store import StateStore
-
 from llm_health.config import Backend, Config
 from llm_health.discovery import Discovery, LiveBackends, Refusal, RefusalKind
+from llm_health.remediator.store import StateStore
 
 log = logging.getLogger("llm_health.remediator")
 

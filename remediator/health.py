@@ -19,10 +19,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from llm_health.config import Config
 from llm_health.remediator.authority import Authority
 from llm_health.remediator.store import StateError, StateStore
-
-from llm_health.config import Config
 
 INTEGRITY_EVERY = 30.0
 

@@ -18,11 +18,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from llm_health.remediator.alert import Alert, Notification
-from llm_health.remediator.store import NO_RESTART_UNDER_WAY, Incident, IncidentState, StateStore, Transaction
-
 from llm_health import groups
 from llm_health.config import NAME_RE, Backend, Config
+from llm_health.remediator.alert import Alert, Notification
+from llm_health.remediator.store import NO_RESTART_UNDER_WAY, Incident, IncidentState, StateStore, Transaction
 
 
 def route(alert: Alert, config: Config) -> Backend | None:

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llm_health.config import Backend
 from llm_health.exporter.backend import Target, observe
 from llm_health.exporter.observation import ReadResult
 from llm_health.exporter.reading import Reading
 from llm_health.exporter.verdict import other_process, progressed
 from llm_health.remediator.drain import StatsError, show_stat
-
-from llm_health.config import Backend
 
 
 @dataclass(frozen=True)

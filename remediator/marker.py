@@ -20,9 +20,8 @@ import re
 import stat
 from pathlib import Path
 
-from llm_health.remediator.policy import Marker
-
 from llm_health.config import NAME_RE
+from llm_health.remediator.policy import Marker
 
 TTL_RE = re.compile(r"^\s*(?:ttl\s*[=:]\s*)?(\d+(?:\.\d+)?)\s*$", re.IGNORECASE | re.MULTILINE)
 TAG_SEP = "@"

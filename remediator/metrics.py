@@ -11,9 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from llm_health.remediator.backend_io import VERIFY, WARMUP
-from llm_health.remediator.lifecycle import UNSEEN, LifecycleState
-from llm_health.remediator.store import IncidentState, StateStore
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.gc_collector import GCCollector
@@ -23,6 +20,9 @@ from prometheus_client.registry import Collector
 
 from llm_health.buildinfo import BuildInfoCollector
 from llm_health.config import Config
+from llm_health.remediator.backend_io import VERIFY, WARMUP
+from llm_health.remediator.lifecycle import UNSEEN, LifecycleState
+from llm_health.remediator.store import IncidentState, StateStore
 
 
 class StateCollector(Collector):

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llm_health.exporter.observation import Verification, VerifyOutcome
-
 from llm_health.config import Backoff, Breaker, Budget
+from llm_health.exporter.observation import Verification, VerifyOutcome
 
 # decision kinds (also the audit event kinds and the `decision` label of the metrics)
 DEFERRED_BREAKER = "deferred_breaker"

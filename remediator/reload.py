@@ -22,10 +22,9 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+from llm_health.config import Config, ConfigError
 from llm_health.remediator.store import state_path
 from llm_health.remediator.web.tokens import check_exposure, read_token
-
-from llm_health.config import Config, ConfigError
 
 
 def reloaded(load: Callable[[], Config], running: Config) -> tuple[Config, str]:

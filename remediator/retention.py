@@ -11,9 +11,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from llm_health.remediator.store import StateError, StateStore
-
 from llm_health.config import Config
+from llm_health.remediator.store import StateError, StateStore
 
 log = logging.getLogger(__name__)
 

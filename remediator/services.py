@@ -16,11 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from llm_health.discovery import Discovery
 from llm_health.remediator.agent import AgentListener
 from llm_health.remediator.authority import Authority
 from llm_health.remediator.retention import Pruner
-
-from llm_health.discovery import Discovery
 
 
 @dataclass

@@ -50,6 +50,7 @@ from typing import Any
 
 from gunicorn.http.body import Body
 from gunicorn.workers.gthread import ThreadWorker
+
 from llm_health.remediator.buffering import Buffering, GuardedConn, Pending, ServingLimits, Throttled, peer_of
 from llm_health.remediator.lingering import LINGER_MAX
 

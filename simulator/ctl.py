@@ -14,6 +14,7 @@ import json
 import sys
 
 import requests
+
 from llm_health.simulator.server import FAULTS
 
 

@@ -27,8 +27,9 @@ import resource
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from llm_health.simulator.engine import Engine, Histogram
 from prometheus_client.utils import floatToGoString
+
+from llm_health.simulator.engine import Engine, Histogram
 
 Labels = dict[str, str]
 

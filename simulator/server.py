@@ -18,10 +18,9 @@ from http.server import ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
+from llm_health.httpserver import QuietHandler
 from llm_health.simulator.engine import Engine, RequestState, SimRequest
 from llm_health.simulator.metrics import ENGINES, Flavour, render
-
-from llm_health.httpserver import QuietHandler
 
 FAULTS = ("none", "stall", "wedge", "hang", "crash", "restart", "slow_metrics", "error")
 ERROR_MESSAGE = "simulated engine error: the request failed"

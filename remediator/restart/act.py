@@ -13,6 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from llm_health.config import Backend
 from llm_health.remediator import action as act
 from llm_health.remediator import policy
 from llm_health.remediator.lifecycle import LifecycleState
@@ -28,8 +29,6 @@ from llm_health.remediator.restart.notes import escalate
 from llm_health.remediator.restart.result import DONE, LookAgain, StepResult
 from llm_health.remediator.restart.silences import silence, unsilence_safely
 from llm_health.remediator.store import ActionResultKind, Incident, IncidentState, Transaction
-
-from llm_health.config import Backend
 
 log = logging.getLogger("llm_health.remediator")
 

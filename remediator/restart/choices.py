@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import enum
 
+from llm_health.config import RemediatorSettings
 from llm_health.exporter.observation import VerifyOutcome
 from llm_health.remediator import action as act
 from llm_health.remediator import policy
 from llm_health.remediator.lifecycle import LifecycleState, warmup_expired
-
-from llm_health.config import RemediatorSettings
 
 S = LifecycleState
 STALLED = (VerifyOutcome.NO_PROGRESS, VerifyOutcome.UNRESPONSIVE)

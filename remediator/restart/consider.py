@@ -9,6 +9,7 @@ floor and the lease and begins: a drain of a serving backend, or the claim at on
 
 from __future__ import annotations
 
+from llm_health.config import Backend
 from llm_health.exporter.observation import Verification, VerifyOutcome
 from llm_health.remediator import policy
 from llm_health.remediator.inflight import InFlight
@@ -28,8 +29,6 @@ from llm_health.remediator.restart.notes import note
 from llm_health.remediator.restart.result import DONE, StepResult
 from llm_health.remediator.restart.silences import silence_safely
 from llm_health.remediator.store import Incident, IncidentState, Transaction
-
-from llm_health.config import Backend
 
 S = LifecycleState
 IS = IncidentState

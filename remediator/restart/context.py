@@ -13,12 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llm_health.config import Config, RemediatorSettings
 from llm_health.remediator import policy
 from llm_health.remediator.backend_io import BackendIO
 from llm_health.remediator.clock import Clocks
 from llm_health.remediator.store import StateStore, Transaction
-
-from llm_health.config import Config, RemediatorSettings
 
 
 class RunningActions:

@@ -9,6 +9,7 @@ and the lifecycle, checks the gates again (a marker may have appeared) and write
 
 from __future__ import annotations
 
+from llm_health.config import Backend
 from llm_health.exporter.observation import Verification
 from llm_health.remediator import inflight, policy
 from llm_health.remediator.inflight import InFlight
@@ -28,8 +29,6 @@ from llm_health.remediator.restart.notes import note
 from llm_health.remediator.restart.result import DONE, LookAgain, StepResult
 from llm_health.remediator.restart.silences import unsilence_safely
 from llm_health.remediator.store import Incident, IncidentState, Reads, Transaction
-
-from llm_health.config import Backend
 
 S = LifecycleState
 IS = IncidentState

@@ -3,6 +3,7 @@ min_ready floor, each read from the store view it is given (a transaction when i
 
 from __future__ import annotations
 
+from llm_health.config import Backend
 from llm_health.exporter.observation import Verification, VerifyOutcome
 from llm_health.remediator import lifecycle, policy
 from llm_health.remediator.lifecycle import LifecycleState
@@ -10,8 +11,6 @@ from llm_health.remediator.marker import file_markers
 from llm_health.remediator.restart.choices import unresponsive_run
 from llm_health.remediator.restart.context import Context
 from llm_health.remediator.store import Incident, Reads, Transaction
-
-from llm_health.config import Backend
 
 S = LifecycleState
 

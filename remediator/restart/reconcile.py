@@ -26,6 +26,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from llm_health import groups
+from llm_health.config import Backend
 from llm_health.remediator.restart.act import watch_action
 from llm_health.remediator.restart.consider import consider
 from llm_health.remediator.restart.context import Context
@@ -35,9 +37,6 @@ from llm_health.remediator.restart.replacement import watch_replacement
 from llm_health.remediator.restart.result import DONE, LookAgain, StepResult
 from llm_health.remediator.restart.warmup import watch_recovery, watch_warmup
 from llm_health.remediator.store import Incident, IncidentState
-
-from llm_health import groups
-from llm_health.config import Backend
 
 IS = IncidentState
 Step = Callable[[Context, Incident, Backend], StepResult]

@@ -13,14 +13,13 @@ A StatefulSet pod (and a LeaderWorkerSet leader) comes back under its own name: 
 
 from __future__ import annotations
 
+from llm_health.config import Backend
 from llm_health.remediator.restart.choices import Warmup, warmup_after_check
 from llm_health.remediator.restart.context import Context
 from llm_health.remediator.restart.result import DONE, LookAgain, StepResult
 from llm_health.remediator.restart.silences import unsilence_safely
 from llm_health.remediator.restart.warmup import check, settle, warmup_timed_out
 from llm_health.remediator.store import Incident, IncidentState
-
-from llm_health.config import Backend
 
 IS = IncidentState
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import logging
 
+from llm_health.config import Backend
 from llm_health.remediator.restart.context import Context
 from llm_health.remediator.silence import SilenceError, create_silence, expire_silence
 from llm_health.remediator.store import Silence
-
-from llm_health.config import Backend
 
 log = logging.getLogger("llm_health.remediator")
 

@@ -8,6 +8,7 @@ backend answers again, or stays for a person. Both close the incident as `recove
 
 from __future__ import annotations
 
+from llm_health.config import Backend
 from llm_health.remediator.lifecycle import LifecycleState
 from llm_health.remediator.restart.choices import Warmup, moves_when_warm, warmup_after_check
 from llm_health.remediator.restart.context import Context
@@ -15,8 +16,6 @@ from llm_health.remediator.restart.notes import escalate
 from llm_health.remediator.restart.result import DONE, LookAgain, StepResult
 from llm_health.remediator.restart.silences import unsilence_safely
 from llm_health.remediator.store import Incident, IncidentState, Transaction
-
-from llm_health.config import Backend
 
 S = LifecycleState
 IS = IncidentState

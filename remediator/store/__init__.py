@@ -10,6 +10,7 @@ Everything else in the remediator imports from here, never from a driver.
 
 from pathlib import Path
 
+from llm_health.config import Config
 from llm_health.remediator.store.base import Reads, StateError, StateStore, Transaction
 from llm_health.remediator.store.rows import (
     ACKNOWLEDGEABLE,
@@ -29,8 +30,6 @@ from llm_health.remediator.store.rows import (
     Silence,
 )
 from llm_health.remediator.store.sqlite import SqliteStore
-
-from llm_health.config import Config
 
 __all__ = [
     "ACKNOWLEDGEABLE", "ACTIVE_STATES", "NO_RESTART_UNDER_WAY", "RESTART_UNDER_WAY", "Action", "ActionResultKind",

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from llm_health.exporter.observation import VerifyOutcome
 from llm_health.exporter.reading import Reading
+from llm_health.groups import Labels
 from llm_health.remediator.lifecycle import LifecycleState
 from llm_health.remediator.policy import Marker
 from llm_health.remediator.store.rows import (
@@ -40,8 +41,6 @@ from llm_health.remediator.store.rows import (
     LifecycleRow,
     Silence,
 )
-
-from llm_health.groups import Labels
 
 
 class StateError(RuntimeError):

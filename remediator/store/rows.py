@@ -14,9 +14,8 @@ from typing import Any
 
 from llm_health.exporter.observation import VerifyOutcome
 from llm_health.exporter.reading import Reading
-from llm_health.remediator.lifecycle import LifecycleState
-
 from llm_health.groups import Labels
+from llm_health.remediator.lifecycle import LifecycleState
 
 
 class IncidentState(enum.StrEnum):

@@ -8,13 +8,13 @@ import secrets
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
+
+from llm_health.discovery import status_document
 from llm_health.remediator.policy import Marker
 from llm_health.remediator.store import ACKNOWLEDGEABLE, IncidentState
 from llm_health.remediator.web.context import ctx
 from llm_health.remediator.web.guard import MUTATING, BodyError, error, guard_mutation, json_body
 from llm_health.remediator.web.views import backends_view, public_event
-
-from llm_health.discovery import status_document
 
 api = Blueprint("api", __name__, url_prefix="/api")
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from flask import current_app
+
+from llm_health.config import Config
+from llm_health.discovery.collector import DiscoveryCollector
+from llm_health.reload import ReloadCollector, ReloadStatus
 from llm_health.remediator import metrics
 from llm_health.remediator.health import Health
 from llm_health.remediator.services import Services
 from llm_health.remediator.store import StateStore
 from llm_health.remediator.web.guard import token_given
-
-from llm_health.config import Config
-from llm_health.discovery.collector import DiscoveryCollector
-from llm_health.reload import ReloadCollector, ReloadStatus
 
 
 class WebContext:

@@ -7,12 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, render_template, request
-from llm_health.remediator.web.context import ctx
-from llm_health.remediator.web.views import backends_view, fmt_time, public_event
 
 from llm_health import groups
 from llm_health.exposition import metrics_answer
 from llm_health.redact import redact
+from llm_health.remediator.web.context import ctx
+from llm_health.remediator.web.views import backends_view, fmt_time, public_event
 
 status = Blueprint("status", __name__)
 

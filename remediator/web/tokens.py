@@ -6,9 +6,8 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-from llm_health.remediator.web.guard import loopback_host
-
 from llm_health.config import Config, ConfigError
+from llm_health.remediator.web.guard import loopback_host
 
 
 def token_path(config: Config) -> Path | None:

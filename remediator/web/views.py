@@ -5,14 +5,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from llm_health.redact import redact
 from llm_health.remediator import policy
 from llm_health.remediator.clock import Clocks, injected
 from llm_health.remediator.lifecycle import UNSEEN
 from llm_health.remediator.marker import file_markers
 from llm_health.remediator.store import Event, LifecycleRow
 from llm_health.remediator.web.context import WebContext
-
-from llm_health.redact import redact
 
 HIDDEN_OUTPUT = "[hidden: send the bearer token to see action output]"
 # Incident and lifecycle columns that hold monotonic deadlines (remediator/clock.py): shown as wall time.

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from flask import Blueprint, jsonify
+
 from llm_health.remediator import heartbeat
 from llm_health.remediator.alert import PayloadError, parse_notification
 from llm_health.remediator.incident import ingest

@@ -31,9 +31,9 @@ from typing import Any
 import pytest
 import requests
 import yaml
-from llm_health.simulator.server import SimConfig, Simulator
 
 from llm_health.drill.procs import ManagedProcess, WaitTimeout, free_port, llm_health, wait_until
+from llm_health.simulator.server import SimConfig, Simulator
 from tests.support.alerts import alert, payload
 
 pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")

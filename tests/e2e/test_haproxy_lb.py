@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 import pytest
 import requests
+
+from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
 from llm_health.remediator.agent_check import AgentCheckServer, AgentStatus
 from llm_health.remediator.drain import ServerStat, parse_show_stat, show_stat
 from llm_health.remediator.lifecycle import LifecycleState
-
-from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
 from tests.support.haproxy import DEPLOY_CFG, Sim, backend_directives, render_config
 
 S = LifecycleState

@@ -24,11 +24,11 @@ from typing import Any
 import pytest
 import requests
 import yaml
-from llm_health.remediator.drain import ServerStat, show_stat
-from llm_health.simulator.server import SimConfig, Simulator
 from prometheus_client.parser import text_string_to_metric_families
 
 from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
+from llm_health.remediator.drain import ServerStat, show_stat
+from llm_health.simulator.server import SimConfig, Simulator
 from tests.support.haproxy import render_config
 from tests.support.paths import REPO
 

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 import requests
+
+from llm_health.drill.procs import ManagedProcess, free_port, wait_until
 from llm_health.remediator.silence import (
     SilenceError,
     create_silence,
     expire_silence,
     get_silence,
 )
-
-from llm_health.drill.procs import ManagedProcess, free_port, wait_until
 
 AM_CONFIG = """\
 route:

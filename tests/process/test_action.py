@@ -18,9 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from llm_health.remediator import action
 
 from llm_health.drill.procs import wait_until
+from llm_health.remediator import action
 
 NOHUP = """#!/bin/sh
 echo "starting the server in the background"

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 import requests
-from llm_health.exporter.check import verify
 from prometheus_client.parser import text_string_to_metric_families
 
 from llm_health.drill.procs import free_port, llm_health, wait_until
+from llm_health.exporter.check import verify
 from llm_health.httpserver import QuietHandler
 from tests.support.loopback import Loopback
 from tests.support.simrig import INTERVAL, STALL_AFTER, Exporter, Sim  # noqa: F401 - the sim and exporter fixtures: conftest
@@ -444,9 +444,8 @@ def test_exporter_reads_the_shared_config_file(sim, exporter, tmp_path: Path) ->
 
 
 def test_probes_are_spaced_by_probe_every_and_one_at_a_time(sim) -> None:
-    from llm_health.exporter.scheduler import ReadScheduler
-
     from llm_health.config import Backend, ExporterSettings
+    from llm_health.exporter.scheduler import ReadScheduler
 
     s = sim()
     fleet = ReadScheduler([Backend(name="a", url=s.url)], [],
@@ -476,9 +475,8 @@ def test_probes_are_spaced_by_probe_every_and_one_at_a_time(sim) -> None:
 def test_verdict_changes_are_logged_idle_busy_only_at_debug(sim, caplog: pytest.LogCaptureFixture) -> None:
     import logging
 
-    from llm_health.exporter.scheduler import ReadScheduler
-
     from llm_health.config import Backend, ExporterSettings
+    from llm_health.exporter.scheduler import ReadScheduler
 
     s = sim()
     fleet = ReadScheduler([Backend(name="a", url=s.url)], [], ExporterSettings(interval=0.3, read_timeout=1.0))

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import requests
-from llm_health.exporter.check import verify
 
 from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
+from llm_health.exporter.check import verify
 from tests.support.fakevllm import KEY, KW
 
 

@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 import requests
-from llm_health.exporter.scheduler import ReadScheduler, phase_of
 
 from llm_health.config import Backend, ExporterSettings
 from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
+from llm_health.exporter.scheduler import ReadScheduler, phase_of
 from llm_health.httpserver import QuietHandler
 
 INTERVAL = 1.0

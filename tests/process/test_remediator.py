@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 import requests
 import yaml
-from llm_health.simulator.server import SimConfig, Simulator
 
 from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
+from llm_health.simulator.server import SimConfig, Simulator
 from tests.support.alerts import alert, payload
 from tests.support.fakes import has_sample
 from tests.support.paths import REPO

@@ -16,14 +16,14 @@ from typing import Any
 
 import requests
 import yaml
+
+from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
 from llm_health.exporter.check import verify
 from llm_health.exporter.observation import Observation
 from llm_health.exporter.reading import Sleep, read_text
 from llm_health.exporter.verdict import Thresholds, Verdict, judge, may_probe_engine
 from llm_health.simulator.engine import Engine
 from llm_health.simulator.metrics import render
-
-from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
 from tests.support.paths import PAGES
 from tests.support.simrig import Exporter, Sim
 

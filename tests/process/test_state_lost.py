@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 import requests
-from llm_health.remediator import state_traces
 
 from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
+from llm_health.remediator import state_traces
 from tests.support.alerts import alert, payload
 from tests.support.remediator_process import AUTH, running, write_config
 

@@ -14,15 +14,14 @@ import sys
 import threading
 from pathlib import Path
 
+from llm_health.config import parse_config
+from llm_health.drill.procs import wait_until
 from llm_health.exporter.observation import Verification
+from llm_health.httpserver import QuietHandler
 from llm_health.remediator.app import create_app
 from llm_health.remediator.authority import Authority
 from llm_health.remediator.inflight import InFlight
 from llm_health.remediator.store import SqliteStore
-
-from llm_health.config import parse_config
-from llm_health.drill.procs import wait_until
-from llm_health.httpserver import QuietHandler
 from tests.support.alerts import alert, one_pass, payload
 from tests.support.fakes import FakeClock
 from tests.support.loopback import Loopback

@@ -20,9 +20,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from llm_health.exporter.reading import read_text
 
 from llm_health.drill.procs import free_port
+from llm_health.exporter.reading import read_text
 from tests.support.real_engines import (
     CountingProxy,
     Load,

@@ -18,9 +18,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from llm_health.exporter.reading import read_text
 
 from llm_health.drill.procs import free_port
+from llm_health.exporter.reading import read_text
 from tests.support.real_engines import (
     Load,
     Rig,

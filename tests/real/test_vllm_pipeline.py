@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
-from llm_health.exporter.reading import read_text
 
 from llm_health.drill.procs import free_port
 from llm_health.drill.stack import ExternalBackend, Stack, Timings
+from llm_health.exporter.reading import read_text
 from tests.support.paths import TESTS
 from tests.support.real_engines import (
     MODEL_NAME,

@@ -11,11 +11,11 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from llm_health.remediator.app import create_app
-from llm_health.remediator.runbooks import slug
 
 from llm_health.cli import main
 from llm_health.config import parse_config
+from llm_health.remediator.app import create_app
+from llm_health.remediator.runbooks import slug
 from llm_health.render import dashboards, prometheusrule
 from llm_health.render.rules import DEFAULT_RUNBOOK_BASE_URL, RuleSettings, render, runbook_warning
 from tests.support.paths import REPO

@@ -27,17 +27,17 @@ from typing import Any
 
 from flask import Flask
 from flask.testing import FlaskClient
+
+from llm_health.config import Config, parse_config
+from llm_health.drill.procs import wait_until
 from llm_health.exporter.observation import Verification
 from llm_health.exporter.reading import EngineReading, Reading
+from llm_health.httpserver import QuietHandler
 from llm_health.remediator import action
 from llm_health.remediator.app import create_app
 from llm_health.remediator.authority import Authority
 from llm_health.remediator.inflight import InFlight
 from llm_health.remediator.store import Event, Incident, SqliteStore
-
-from llm_health.config import Config, parse_config
-from llm_health.drill.procs import wait_until
-from llm_health.httpserver import QuietHandler
 from tests.support.alerts import one_pass
 from tests.support.discovery import K8S
 from tests.support.fakes import FakeClock

@@ -23,10 +23,10 @@ from typing import Any
 
 import requests
 import yaml
-from llm_health.remediator.drain import ServerStat, show_stat
-from llm_health.simulator.server import Simulator
 
 from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
+from llm_health.remediator.drain import ServerStat, show_stat
+from llm_health.simulator.server import Simulator
 
 TOKEN = "remediator-process-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

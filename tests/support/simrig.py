@@ -9,9 +9,9 @@ from collections.abc import Callable
 from typing import Any
 
 import requests
-from llm_health.exporter.reading import read_text
 
 from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
+from llm_health.exporter.reading import read_text
 
 INTERVAL = 0.3
 STALL_AFTER = 2.0

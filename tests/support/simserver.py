@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import requests
+
 from llm_health.simulator.server import Simulator
 
 

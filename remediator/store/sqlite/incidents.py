@@ -10,10 +10,9 @@ import sqlite3
 from typing import Any
 
 from llm_health.exporter.observation import VerifyOutcome
+from llm_health.groups import Labels
 from llm_health.remediator.store.rows import Incident, IncidentState
 from llm_health.remediator.store.sqlite.connected import Connected
-
-from llm_health.groups import Labels
 
 IS = IncidentState
 CLOSED = IS.CLOSED.value

@@ -8,13 +8,13 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
-from llm_health.exporter.backend import Target, observe
-from llm_health.exporter.observation import ReadResult
-from llm_health.simulator.engine import Engine
-from llm_health.simulator.metrics import render
 
 from llm_health.drill.procs import free_port
+from llm_health.exporter.backend import Target, observe
+from llm_health.exporter.observation import ReadResult
 from llm_health.httpserver import QuietHandler
+from llm_health.simulator.engine import Engine
+from llm_health.simulator.metrics import render
 from tests.support.loopback import Loopback
 
 

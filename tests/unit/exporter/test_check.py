@@ -7,11 +7,10 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from llm_health.exporter.check import verify
-from llm_health.exporter.scheduler import ReadScheduler
-
 from llm_health.config import Backend, ExporterSettings
 from llm_health.drill.procs import llm_health, wait_until
+from llm_health.exporter.check import verify
+from llm_health.exporter.scheduler import ReadScheduler
 from tests.support.fakevllm import KEY, KW
 
 
@@ -79,9 +78,10 @@ def test_verify_judges_every_engine_like_the_exporter(fake) -> None:
 
 
 def test_probes_are_counted_when_sent(fake) -> None:
-    from llm_health.exporter.collector import ExporterCollector
     from prometheus_client import CollectorRegistry
     from prometheus_client.exposition import generate_latest
+
+    from llm_health.exporter.collector import ExporterCollector
 
     f = fake()
     f.hold_completions.set()  # the probe is sent but not answered yet

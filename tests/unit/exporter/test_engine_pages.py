@@ -7,6 +7,8 @@ import re
 import threading
 
 import requests
+
+from llm_health.drill.procs import free_port, wait_until
 from llm_health.exporter.backend import Target
 from llm_health.exporter.backend import observe as observe_http
 from llm_health.exporter.check import verify
@@ -16,8 +18,6 @@ from llm_health.exporter.verdict import BackendState, Thresholds, Verdict, judge
 from llm_health.simulator.engine import Engine
 from llm_health.simulator.metrics import Flavour, render
 from llm_health.simulator.server import SimConfig, Simulator
-
-from llm_health.drill.procs import free_port, wait_until
 from tests.support.paths import PAGES
 
 FIXTURES = PAGES

@@ -10,14 +10,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from bench.pages import page_variants
 from llm_health.exporter import fastparse
 from llm_health.exporter.fastparse import Names, parse_fast
 from llm_health.exporter.parser import Page, parse
 from llm_health.exporter.reading import VLLM_RUNNING, from_page, read_text, wanted
 from llm_health.simulator.engine import Engine
 from llm_health.simulator.metrics import Flavour, render
-
-from bench.pages import page_variants
 from tests.support.paths import PAGES
 
 CAPTURES = sorted(PAGES.glob("*.txt"))

@@ -6,12 +6,12 @@ import math
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
 from llm_health.exporter.parser import parse
 from llm_health.exporter.reading import read_text, wanted
 from llm_health.simulator.engine import Engine
 from llm_health.simulator.metrics import Flavour, render
-from prometheus_client.parser import text_string_to_metric_families
-
 from tests.support.paths import PAGES
 
 # Real /metrics pages from public sources, kept verbatim in the repository (each file's header names its source).

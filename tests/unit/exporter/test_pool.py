@@ -6,9 +6,9 @@ import threading
 from concurrent.futures import CancelledError, Future
 
 import pytest
-from llm_health.exporter.pool import Lane
 
 from llm_health.drill.procs import wait_until
+from llm_health.exporter.pool import Lane
 
 
 class Gate:

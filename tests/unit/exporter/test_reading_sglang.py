@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 
 import pytest
+
 from llm_health.exporter.observation import Observation, ProbeOutcome, ProbeResult, ReadResult
 from llm_health.exporter.reading import rates, read_text
 from llm_health.exporter.verdict import (
@@ -25,7 +26,6 @@ from llm_health.exporter.verdict import (
     page_is_work_queue,
     progressed,
 )
-
 from tests.support.paths import PAGES
 
 FIXTURES = PAGES

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from llm_health.config import Backend, Config, ConfigError, DiscoverySettings, ExporterSettings, Proxy
 from llm_health.exporter.reload import Reloader, restart_only_changes
 from llm_health.exporter.scheduler import ReadScheduler
-
-from llm_health.config import Backend, Config, ConfigError, DiscoverySettings, ExporterSettings, Proxy
 from llm_health.reload import fleet_change
 
 A, B = Backend("a", "http://127.0.0.1:1"), Backend("b", "http://127.0.0.1:2")

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from llm_health.exporter.scheduler import ReadScheduler
-from llm_health.exporter.verdict import Verdict
-
 from llm_health.config import Backend, ExporterSettings
 from llm_health.drill.procs import wait_until
+from llm_health.exporter.scheduler import ReadScheduler
+from llm_health.exporter.verdict import Verdict
 
 
 def test_a_read_finishing_after_the_cycle_gave_up_is_never_used_later(fake) -> None:

@@ -9,7 +9,6 @@ from llm_health.exporter.observation import Observation, VerifyOutcome
 from llm_health.exporter.reading import EngineProps, read_text
 from llm_health.exporter.steptime import STEP_SAFETY, quiet_bound, required_span, step_estimate
 from llm_health.exporter.verdict import Thresholds, Verdict, judge
-
 from tests.support.paths import PAGES
 
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
+
+from llm_health.config import ExporterSettings
 from llm_health.exporter.observation import Observation, ProbeResult, ReadResult
 from llm_health.exporter.reading import EngineReading, Reading, read_text
 from llm_health.exporter.verdict import CODES, BackendState, Thresholds, Verdict, judge
 from llm_health.simulator.engine import Engine
 from llm_health.simulator.metrics import Flavour, render
-
-from llm_health.config import ExporterSettings
 from tests.support.fakevllm import vllm_page
 
 T = Thresholds(stall_after=120.0, down_after=2)

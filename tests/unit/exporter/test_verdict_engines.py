@@ -10,11 +10,11 @@ under load too, unless /health fails with it (nothing answers: stalled after sta
 from __future__ import annotations
 
 import pytest
+
 from llm_health.exporter.check import EXIT_CODES
 from llm_health.exporter.observation import Observation, ReadResult
 from llm_health.exporter.reading import read_text
 from llm_health.exporter.verdict import BackendState, Thresholds, Verdict, judge, page_is_work_queue
-
 from tests.support.paths import PAGES
 
 FIXTURES = PAGES

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from llm_health.remediator import action
 from llm_health.remediator.restart import act as restart_act
-
 from tests.support.alerts import alert, one_pass, payload
 from tests.support.remediator import World, fleet, four_backends
 

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 import requests
+
+from llm_health.config import parse_config
+from llm_health.drill.procs import free_port, wait_until
 from llm_health.remediator.agent import AgentAnswers
 from llm_health.remediator.agent_check import AgentCheckServer, agent_reply
 from llm_health.remediator.store import SqliteStore
 from llm_health.simulator.server import SimConfig, Simulator
-
-from llm_health.config import parse_config
-from llm_health.drill.procs import free_port, wait_until
 from tests.support.alerts import alert, payload
 from tests.support.remediator import World, fleet
 

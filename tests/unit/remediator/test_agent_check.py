@@ -5,6 +5,8 @@ from __future__ import annotations
 import socket
 
 import pytest
+
+from llm_health.config import ConfigError
 from llm_health.remediator.agent_check import (
     AgentCheckServer,
     AgentStatus,
@@ -14,8 +16,6 @@ from llm_health.remediator.agent_check import (
     weight_percent,
 )
 from llm_health.remediator.lifecycle import LifecycleState
-
-from llm_health.config import ConfigError
 
 S = LifecycleState
 

@@ -5,8 +5,8 @@ refused with a reason, fingerprints derived when missing.
 from __future__ import annotations
 
 import pytest
-from llm_health.remediator.alert import PayloadError, parse_notification
 
+from llm_health.remediator.alert import PayloadError, parse_notification
 from tests.support.alerts import alert, payload
 
 # a real Alertmanager 0.25 payload (docs: reference facts §1.1)

@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from flask.testing import FlaskClient
+
+from llm_health.config import RemediatorSettings, parse_config
+from llm_health.drill.procs import wait_until
 from llm_health.exporter.observation import Verification
 from llm_health.remediator import action
 from llm_health.remediator.app import create_app
@@ -26,9 +29,6 @@ from llm_health.remediator.authority import Authority
 from llm_health.remediator.inflight import InFlight
 from llm_health.remediator.lifecycle import OUT_OF_SERVICE
 from llm_health.remediator.store import SqliteStore
-
-from llm_health.config import RemediatorSettings, parse_config
-from llm_health.drill.procs import wait_until
 from tests.support.alerts import alert, payload
 
 TOKEN = "concurrency-token"

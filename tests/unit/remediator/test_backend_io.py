@@ -9,6 +9,9 @@ from typing import Any
 
 import pytest
 import requests
+
+from llm_health.config import parse_config
+from llm_health.drill.procs import free_port, wait_until
 from llm_health.exporter import check, probe
 from llm_health.exporter.observation import Observation, ProbeOutcome, ProbeResult, ReadResult, Verification
 from llm_health.exporter.reading import EngineReading, Reading
@@ -17,9 +20,6 @@ from llm_health.remediator.app import create_app
 from llm_health.remediator.authority import Authority
 from llm_health.remediator.store import SqliteStore
 from llm_health.simulator.server import SimConfig, Simulator
-
-from llm_health.config import parse_config
-from llm_health.drill.procs import free_port, wait_until
 from tests.support.fakes import has_sample
 
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
+
+from llm_health.config import RemediatorSettings
 from llm_health.exporter.observation import VerifyOutcome
 from llm_health.remediator import action as act
 from llm_health.remediator import policy
 from llm_health.remediator.lifecycle import LifecycleState
 from llm_health.remediator.restart import choices as ch
-
-from llm_health.config import RemediatorSettings
 
 S = LifecycleState
 V = VerifyOutcome

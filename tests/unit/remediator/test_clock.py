@@ -7,13 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from llm_health.config import parse_config
 from llm_health.exporter.observation import Verification
 from llm_health.remediator import action
 from llm_health.remediator.app import create_app
 from llm_health.remediator.authority import Authority
 from llm_health.remediator.inflight import InFlight
-
-from llm_health.config import parse_config
 from tests.support.alerts import alert, one_pass, payload
 from tests.support.fakes import FakeClock
 from tests.support.remediator import AUTH, World, build

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from llm_health.remediator import action
 
+from llm_health.remediator import action
 from tests.support.alerts import alert, payload
 from tests.support.fakes import has_sample
 from tests.support.remediator import AUTH, World, fleet, four_backends

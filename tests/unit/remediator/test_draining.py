@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from llm_health.exporter.observation import Verification
 from llm_health.remediator.inflight import InFlight
-
 from tests.support.alerts import alert, payload
 from tests.support.fakes import has_sample
 from tests.support.remediator import World, fleet

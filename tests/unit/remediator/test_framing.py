@@ -13,6 +13,7 @@ import pytest
 from gunicorn.config import Config
 from gunicorn.http.message import Request
 from gunicorn.http.unreader import IterUnreader
+
 from llm_health.remediator.framing import CHUNK_FRAMING_ALLOWANCE, Limits, RequestFraming, Step
 
 CFG = Config()

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from llm_health.remediator.app import create_app
 
 from llm_health.config import ConfigError, parse_config
+from llm_health.remediator.app import create_app
 from tests.support.alerts import alert, payload
 from tests.support.remediator import AUTH, World, four_backends
 

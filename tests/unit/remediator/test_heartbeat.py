@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from flask.testing import FlaskClient
+
+from llm_health.config import parse_config
 from llm_health.remediator.app import create_app
 from llm_health.remediator.store import Heard, LastHeard, SqliteStore
 from llm_health.remediator.store.sqlite.schema import SCHEMA_VERSION
-
-from llm_health.config import parse_config
 from tests.support.alerts import alert, payload
 from tests.support.fakes import FakeClock, has_sample
 

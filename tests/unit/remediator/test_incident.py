@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from llm_health.config import Config, parse_config
 from llm_health.remediator.alert import parse_notification
 from llm_health.remediator.incident import ingest
 from llm_health.remediator.store import IncidentState, SqliteStore
-
-from llm_health.config import Config, parse_config
 from tests.support.alerts import alert, payload
 from tests.support.remediator import AUTH, World, four_backends
 

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from llm_health.remediator.authority import Authority
 
+from llm_health.remediator.authority import Authority
 from tests.support.remediator import World, four_backends
 
 

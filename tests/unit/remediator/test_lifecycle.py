@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from llm_health.remediator.lifecycle import (
     LEGAL,
     IllegalTransition,
@@ -19,7 +20,6 @@ from llm_health.remediator.lifecycle import (
     transition,
     warmup_expired,
 )
-
 from tests.support.fakes import FakeClock
 from tests.support.remediator import World, fleet
 

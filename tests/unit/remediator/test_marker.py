@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from llm_health.remediator.marker import file_markers, write_marker_file
 
 from llm_health.config import ConfigError, parse_config
+from llm_health.remediator.marker import file_markers, write_marker_file
 from tests.support.alerts import alert, payload
 from tests.support.remediator import AUTH, World, four_backends
 

@@ -8,11 +8,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from llm_health.remediator.metrics import registry_for
-from llm_health.remediator.store import SqliteStore
 from prometheus_client import generate_latest
 
 from llm_health.config import parse_config
+from llm_health.remediator.metrics import registry_for
+from llm_health.remediator.store import SqliteStore
 
 PROMTOOL = shutil.which("promtool")
 

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from llm_health.remediator.store import IncidentState
 
+from llm_health.remediator.store import IncidentState
 from tests.support.fakes import has_sample
 from tests.support.remediator import World, four_backends
 

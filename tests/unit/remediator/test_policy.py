@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
+
+from llm_health.config import Backoff, Breaker, Budget
 from llm_health.exporter.observation import Verification
 from llm_health.remediator import policy
 from llm_health.remediator.policy import (
@@ -17,8 +19,6 @@ from llm_health.remediator.policy import (
     decide,
     next_allowed,
 )
-
-from llm_health.config import Backoff, Breaker, Budget
 
 S = Settings(
     backoff=Backoff(initial=100.0, factor=2.0, cap=350.0, stable_after=1000.0),

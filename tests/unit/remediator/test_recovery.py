@@ -8,12 +8,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from llm_health.remediator.agent import AgentAnswers
 from llm_health.remediator.app import create_app
 from llm_health.remediator.authority import Authority
 from llm_health.remediator.lifecycle import LifecycleState
 from llm_health.remediator.store import IncidentState, SqliteStore
-
 from tests.support.alerts import alert, one_pass, payload
 from tests.support.remediator import World, fleet, four_backends
 

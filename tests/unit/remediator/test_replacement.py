@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from llm_health.remediator.restart.replacement import candidates
-from llm_health.remediator.store import Incident, IncidentState, SqliteStore
 
 from llm_health.config import Backend
+from llm_health.remediator.restart.replacement import candidates
+from llm_health.remediator.store import Incident, IncidentState, SqliteStore
 from tests.support.alerts import alert, payload
 from tests.support.discovery import pod as pod_target
 from tests.support.remediator import World, discovered

@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from llm_health.remediator import retention
-
 from tests.support.fakes import has_sample
 from tests.support.remediator import four_backends
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
-from llm_health.remediator.scheduler import KeyedQueue, Scheduler
-
 from llm_health.drill.procs import wait_until
+from llm_health.remediator.scheduler import KeyedQueue, Scheduler
 from tests.support.fakes import FakeClock
 
 

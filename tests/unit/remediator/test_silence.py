@@ -7,14 +7,14 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+
+from llm_health.drill.procs import free_port
 from llm_health.remediator.silence import (
     SilenceError,
     create_silence,
     expire_silence,
     silence_body,
 )
-
-from llm_health.drill.procs import free_port
 
 
 def test_silence_body_is_exact_match_on_backend() -> None:

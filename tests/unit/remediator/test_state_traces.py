@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from llm_health.remediator import state_traces
 from llm_health.remediator.store import SqliteStore, StateError
 

@@ -12,11 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from llm_health.exporter.reading import EngineReading, Reading, Sleep
 from llm_health.remediator.lifecycle import LifecycleState
 from llm_health.remediator.store import IncidentState, SqliteStore, StateError
 from llm_health.remediator.store.sqlite.schema import SCHEMA_VERSION, _baseline
-
 from tests.support.alerts import alert, payload
 from tests.support.remediator import World, four_backends
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from llm_health.simulator.engine import Engine, RequestState
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from llm_health.simulator.engine import ITERATION_TOKENS_BUCKETS, Engine
 from llm_health.simulator.metrics import Flavour, render
-from prometheus_client.parser import text_string_to_metric_families
 
 START = 1_700_000_000.25
 

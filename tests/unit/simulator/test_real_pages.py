@@ -12,10 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from llm_health.exporter.reading import WANTED, read_text
 from llm_health.simulator.engine import Engine
 from llm_health.simulator.metrics import Flavour, render
-
 from tests.support.paths import PAGES
 from tests.support.real_engines import page_structure, structure_diff
 

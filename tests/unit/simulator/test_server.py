@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 import requests
-from llm_health.simulator.server import SimConfig, Simulator
 from prometheus_client.parser import text_string_to_metric_families
 
 from llm_health.drill.procs import free_port, wait_until
+from llm_health.simulator.server import SimConfig, Simulator
 from tests.support.simserver import Background, completion, fault, stats
 
 PROBE = {"X-LLM-Health-Probe": "1"}

@@ -420,6 +420,7 @@ def test_busy_marker_file_for_a_discovered_backend(tmp_path: Any) -> None:
     import argparse
 
     import yaml
+
     from llm_health.remediator.busy import open_marker
 
     cfg = tmp_path / "c.yml"

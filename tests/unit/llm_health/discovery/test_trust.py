@@ -319,6 +319,7 @@ def test_the_exporter_flags_keep_the_file_settings(tmp_path: Any) -> None:
     import argparse
 
     import yaml
+
     from llm_health.exporter.cli import build_config, configure
 
     cfg = tmp_path / "c.yml"
