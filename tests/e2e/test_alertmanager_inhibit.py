@@ -7,7 +7,6 @@ POST /api/v2/alerts; GET /api/v2/alerts shows which are suppressed and by whom (
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,11 +15,11 @@ import pytest
 import requests
 import yaml
 
-from llm_health.drill.procs import ManagedProcess, free_port, wait_until
+from llm_health.drill.procs import free_port, wait_until
+from tests.support.alertmanager import AM_BINARY, running_alertmanager
 from tests.support.paths import REPO
 
 AM_CONFIG = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
-AM_BINARY = shutil.which("prometheus-alertmanager")
 
 pytestmark = [
     pytest.mark.e2e,
@@ -44,19 +43,8 @@ def harmless_config(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def alertmanager(tmp_path: Path) -> Iterator[str]:
-    assert AM_BINARY is not None
-    port = free_port()
-    proc = ManagedProcess(
-        [AM_BINARY, f"--config.file={harmless_config(tmp_path)}", f"--storage.path={tmp_path / 'am-data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
-        name="alertmanager", log_dir=tmp_path,
-    )
-    try:
-        url = f"http://127.0.0.1:{port}"
-        proc.wait_http(url + "/-/ready", timeout=15)
+    with running_alertmanager(harmless_config(tmp_path), tmp_path) as url:
         yield url
-    finally:
-        proc.stop()
 
 
 def post_alerts(url: str, *label_sets: dict[str, str]) -> None:

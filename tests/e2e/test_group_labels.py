@@ -9,7 +9,6 @@ sends to both remediators and the remediator route waits 1 s instead of 10 s bef
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,10 +18,10 @@ import requests
 import yaml
 
 from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
+from tests.support.alertmanager import AM_BINARY, running_alertmanager
 from tests.support.paths import REPO
 
 AM_CONFIG = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
-AM_BINARY = shutil.which("prometheus-alertmanager")
 TOKEN = "group-labels-test-token"
 CLUSTERS = ("eu-1", "us-2")
 
@@ -85,20 +84,8 @@ def shared_alertmanager_config(tmp_path: Path, remediators: dict[str, str]) -> P
 
 @pytest.fixture
 def alertmanager(tmp_path: Path, remediators: dict[str, str]) -> Iterator[str]:
-    assert AM_BINARY is not None
-    port = free_port()
-    proc = ManagedProcess(
-        [AM_BINARY, f"--config.file={shared_alertmanager_config(tmp_path, remediators)}",
-         f"--storage.path={tmp_path / 'am-data'}", f"--web.listen-address=127.0.0.1:{port}",
-         "--cluster.listen-address="],
-        name="alertmanager", log_dir=tmp_path,
-    )
-    try:
-        url = f"http://127.0.0.1:{port}"
-        proc.wait_http(url + "/-/ready", timeout=15)
+    with running_alertmanager(shared_alertmanager_config(tmp_path, remediators), tmp_path) as url:
         yield url
-    finally:
-        proc.stop()
 
 
 def events(url: str, kind: str) -> list[dict[str, Any]]:

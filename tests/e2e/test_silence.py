@@ -4,7 +4,6 @@ one backend's alerts until it is expired; unknown silences and Alertmanager's re
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -12,13 +11,14 @@ from pathlib import Path
 import pytest
 import requests
 
-from llm_health.drill.procs import ManagedProcess, free_port, wait_until
+from llm_health.drill.procs import wait_until
 from llm_health.remediator.silence import (
     SilenceError,
     create_silence,
     expire_silence,
     get_silence,
 )
+from tests.support.alertmanager import AM_BINARY, running_alertmanager
 
 AM_CONFIG = """\
 route:
@@ -31,24 +31,12 @@ receivers:
 
 @pytest.fixture(scope="module")
 def alertmanager(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    binary = shutil.which("prometheus-alertmanager")
-    if binary is None:
+    if AM_BINARY is None:
         pytest.skip("prometheus-alertmanager not installed")
     tmp: Path = tmp_path_factory.mktemp("am")
     (tmp / "am.yml").write_text(AM_CONFIG)
-    port = free_port()
-    proc = ManagedProcess(
-        [binary, f"--config.file={tmp / 'am.yml'}", f"--storage.path={tmp / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=", "--log.level=warn"],
-        name="alertmanager",
-        log_dir=tmp,
-    )
-    try:
-        url = f"http://127.0.0.1:{port}"
-        proc.wait_http(f"{url}/-/ready")
+    with running_alertmanager(tmp / "am.yml", tmp) as url:
         yield url
-    finally:
-        proc.stop()
 
 
 def _alert_state(am: str, backend: str) -> tuple[str, list[str]]:

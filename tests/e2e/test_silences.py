@@ -5,7 +5,6 @@ expires it once the backend is READY again.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -13,30 +12,20 @@ from pathlib import Path
 import pytest
 import requests
 
-from llm_health.drill.procs import ManagedProcess, free_port
+from tests.support.alertmanager import AM_BINARY, running_alertmanager
 from tests.support.alerts import alert, payload
 from tests.support.fakes import has_sample
 from tests.support.remediator import fleet
-
-AM_BINARY = shutil.which("prometheus-alertmanager")
 
 
 @pytest.fixture
 def alertmanager(tmp_path: Path) -> Iterator[str]:
     if AM_BINARY is None:
         pytest.skip("prometheus-alertmanager not installed")
-    port, cluster = free_port(), free_port()
     cfg = tmp_path / "am.yml"
     cfg.write_text("route:\n  receiver: none\nreceivers:\n  - name: none\n")
-    proc = ManagedProcess([AM_BINARY, f"--config.file={cfg}", f"--storage.path={tmp_path / 'am-data'}",
-                           f"--web.listen-address=127.0.0.1:{port}", f"--cluster.listen-address=127.0.0.1:{cluster}"],
-                          name="alertmanager", log_dir=tmp_path)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        proc.wait_http(url + "/-/ready", timeout=20)
+    with running_alertmanager(cfg, tmp_path, cluster=True) as url:
         yield url
-    finally:
-        proc.stop()
 
 
 def test_silence_covers_the_restart_and_is_removed_after(tmp_path: Path, alertmanager: str) -> None:

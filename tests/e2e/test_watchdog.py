@@ -4,7 +4,6 @@ goes to the remediator and the dead man's switch receiver, never to the people's
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -12,11 +11,11 @@ import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from llm_health.drill.procs import ManagedProcess, free_port, wait_until
+from llm_health.drill.procs import free_port, wait_until
+from tests.support.alertmanager import AM_BINARY, running_alertmanager
 from tests.support.paths import REPO
 from tests.support.remediator_process import Remediator
 
-AM_BINARY = shutil.which("prometheus-alertmanager")
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(AM_BINARY is None, reason="prometheus-alertmanager not installed")]
 STAMPS = ("llm_health_remediator_last_webhook_timestamp_seconds",
           "llm_health_remediator_last_watchdog_timestamp_seconds")
@@ -37,28 +36,22 @@ def test_alertmanager_delivers_the_watchdog_to_the_remediator(tmp_path: Path) ->
             hook["url"] = f"{r.url}/webhook"
             hook["http_config"]["authorization"]["credentials_file"] = str(tmp_path / "token")
     (tmp_path / "alertmanager.yml").write_text(yaml.safe_dump(config, sort_keys=False))
-    port = free_port()
-    am = ManagedProcess([AM_BINARY, f"--config.file={tmp_path / 'alertmanager.yml'}",
-                         f"--storage.path={tmp_path / 'am-data'}", f"--web.listen-address=127.0.0.1:{port}",
-                         "--cluster.listen-address="], "alertmanager", tmp_path)
     try:
         r.wait_ready()
-        am_url = f"http://127.0.0.1:{port}"
-        am.wait_http(am_url + "/-/ready", timeout=15)
-        assert stamps(r) == dict.fromkeys(STAMPS, 0.0)
-        posted = requests.post(f"{am_url}/api/v2/alerts", timeout=5, json=[
-            {"labels": {"alertname": "LLMHealthWatchdog", "severity": "none"},
-             "annotations": {"summary": "Always firing"}}])
-        assert posted.status_code == 200, posted.text
-        heard = wait_until(lambda: all((s := stamps(r)).values()) and s, timeout=30,
-                           what="the Watchdog at the remediator")
-        assert heard[STAMPS[0]] == heard[STAMPS[1]]
-        alerts = requests.get(f"{am_url}/api/v2/alerts", timeout=5).json()
-        (watchdog,) = [a for a in alerts if a["labels"]["alertname"] == "LLMHealthWatchdog"]
-        assert sorted(x["name"] for x in watchdog["receivers"]) == ["llm-health-remediator", "watchdog"]
-        kinds = {e["kind"] for e in r.get("/api/events").json()["events"]}   # the authority's own (its lease)
-        assert not kinds & {"received", "ignored", "signal", "incident_opened", "deduplicated"}, kinds
-        assert 'llm_health_remediator_alerts_received_total{status="firing"} 1.0' in r.get("/metrics").text
+        with running_alertmanager(tmp_path / "alertmanager.yml", tmp_path) as am_url:
+            assert stamps(r) == dict.fromkeys(STAMPS, 0.0)
+            posted = requests.post(f"{am_url}/api/v2/alerts", timeout=5, json=[
+                {"labels": {"alertname": "LLMHealthWatchdog", "severity": "none"},
+                 "annotations": {"summary": "Always firing"}}])
+            assert posted.status_code == 200, posted.text
+            heard = wait_until(lambda: all((s := stamps(r)).values()) and s, timeout=30,
+                               what="the Watchdog at the remediator")
+            assert heard[STAMPS[0]] == heard[STAMPS[1]]
+            alerts = requests.get(f"{am_url}/api/v2/alerts", timeout=5).json()
+            (watchdog,) = [a for a in alerts if a["labels"]["alertname"] == "LLMHealthWatchdog"]
+            assert sorted(x["name"] for x in watchdog["receivers"]) == ["llm-health-remediator", "watchdog"]
+            kinds = {e["kind"] for e in r.get("/api/events").json()["events"]}   # the authority's own (its lease)
+            assert not kinds & {"received", "ignored", "signal", "incident_opened", "deduplicated"}, kinds
+            assert 'llm_health_remediator_alerts_received_total{status="firing"} 1.0' in r.get("/metrics").text
     finally:
-        am.stop()
         r.stop()
