@@ -365,6 +365,6 @@ def test_hung_server_is_restarted_once_after_unresponsive_after(dedup_rig: Rig) 
     assert deferred, dedup_rig.events("hung")
     assert len(restarting) == 1 and len(dedup_rig.calls_for("hung")) == 1
     assert restarting[0]["at"] - deferred[0]["at"] >= UNRESPONSIVE_AFTER    # not before the window
-    assert len(draining) == 1 and "no answer to /metrics for" in draining[0]["reason"]
+    assert len(draining) == 1 and "no answer to /metrics for" in draining[0]["reason"], dedup_rig.events("hung")
     assert requests.get(sim.control_url + "/sim/stats", timeout=5).json()["restarts"] == 1
     assert requests.get(sim.url + "/health", timeout=5).ok
