@@ -142,7 +142,8 @@ def parse_lines(lines: Iterable[str], wanted: Callable[[str], bool], helps: Cont
     exact: Container[str] = getattr(wanted, "exact", ())    # Names: its exact names need no call
     first_keys, next_keys = _first_keys, _next_keys
     count = skipped = 0
-    head, head_name, head_kept = "\0", "", False          # the last labelled line's `name{` ("\0": none)
+    head, head_name, head_kept = "\n", "", False          # the last labelled line's `name{` ("\n": none yet,
+    # as no line holds a newline)
     known_keys: list[str] = []
     known_names: list[str] | None = None
     for line in lines:

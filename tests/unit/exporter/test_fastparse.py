@@ -178,12 +178,17 @@ def test_escaped_label_values_and_label_oddities(block_bytes: int) -> None:
         f'{VLLM_RUNNING}{{engine="7"}} 10 1700000000000',
         f'{VLLM_RUNNING}{{engine="8"}} not-a-number',
         f'{VLLM_RUNNING}{{engine="9"}}',
+        "\0vllm:nul_first{a=\"b\"} 1",
+        "\0nul",
     ]
     skipped = histogram("vllm:request_queue_time_seconds", labels='engine="0",model_name="x \\" } y"')
     got = same(page(RUNNING, skipped, *odd))
     assert [s.value for s in got.samples if s.name == VLLM_RUNNING] == [3, 1, 2, 3, 4, 5, 6, 10]
     assert got.samples[2].labels["model_name"] == 'a "quoted" \\ back\nslash, {brace} = x'
-    assert got.skipped == 5
+    assert got.skipped == 6
+    assert "\0vllm" in got.prefixes
+    first = same('\0vllm:nul_first{a="b"} 1\n\0nul\n')           # nothing read before them
+    assert first.prefixes == {"\0vllm"} and first.skipped == 1
     assert 'model_name="x \\" } y"' in skipped and "vllm:request_queue_time_seconds_created" in names(got)
 
 
