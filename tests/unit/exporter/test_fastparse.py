@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from llm_health.exporter import fastparse
 from llm_health.exporter.fastparse import Names, parse_fast
-from llm_health.exporter.parser import Page, parse
+from llm_health.exporter.parser import Page, parse, parse_lines
 from llm_health.exporter.reading import VLLM_RUNNING, from_page, read_text, wanted
 from llm_health.simulator.engine import Engine
 from llm_health.simulator.metrics import Flavour, render
@@ -37,9 +37,21 @@ def _samples(page: Page) -> list[tuple[str, list[tuple[str, str]], str]]:
     return [(s.name, list(s.labels.items()), repr(s.value)) for s in page.samples]
 
 
+def one_by_one(text: str, keep: Names, helps: tuple[str, ...]) -> Page:
+    """parse(), each line read on its own: nothing the line reader remembers from the line before helps."""
+    page = Page()
+    counts = [parse_lines([line], keep, helps, page) for line in text.split("\n")]
+    page._counts = (sum(c[0] for c in counts), sum(c[1] for c in counts))
+    return page
+
+
 def same(text: str, keep: Names = wanted, helps: tuple[str, ...] = HELPS) -> Page:
-    """The fast page, after checking it is the full parse's in every part."""
-    full, fast = parse(text, keep, helps), parse_fast(text, keep, helps)
+    """The fast page, after checking it is the full parse's in every part (and the full parse is what its
+    lines give one by one)."""
+    full, fast, alone = parse(text, keep, helps), parse_fast(text, keep, helps), one_by_one(text, keep, helps)
+    assert _samples(full) == _samples(alone)
+    assert (full.helps, full.prefixes, full.lines, full.skipped) == (alone.helps, alone.prefixes, alone.lines,
+                                                                   alone.skipped)
     assert _samples(fast) == _samples(full)
     assert fast.helps == full.helps
     assert fast.prefixes == full.prefixes
