@@ -94,8 +94,10 @@ def headline(results: Path) -> list[str]:
         if fl:
             lines.append(
                 f"- **Exporter scale**: {fl['backends']} backends on the real {fl['interval_s']:g} s schedule took "
-                f"{fl['core_fraction']:.2f} of one core ({fl['cpu_ms_per_reading']:.3f} ms CPU per reading), reading "
-                f"gap p99 {fl['gap_p99']:.2f} intervals; a {big['backends']}-backend cycle takes "
+                f"{fl['core_fraction']:.2f} of one core ({fl['cpu_ms_per_reading']:.3f} ms CPU per reading"
+                + (f", {s['before']['fleet']['cpu_ms_per_reading']:.3f} ms before the parser's fast path"
+                   if s.get("before") else "")
+                + f"), reading gap p99 {fl['gap_p99']:.2f} intervals; a {big['backends']}-backend cycle takes "
                 f"{big['cycle_s_median']:.2f} s; our parser is "
                 f"{s['parsers']['full']['prometheus_client_us'] / s['parsers']['full']['ours_keep_us']:.0f}x faster "
                 "than prometheus_client's on a realistic vLLM page.")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import io
 import json
 import os
@@ -39,6 +40,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.pages import page_variants
+from bench.scale_report import markdown, plot
 from llm_health.config import Backend, ExporterSettings
 from llm_health.drill.procs import ManagedProcess, free_port, python_module
 from llm_health.exporter.backend import Target, observe
@@ -49,6 +51,11 @@ from llm_health.exporter.reading import VLLM_RUNNING, from_page, read_text, want
 from llm_health.exporter.scheduler import ReadScheduler
 from llm_health.exporter.verdict import Thresholds, judge
 from llm_health.http_client import fetch
+
+try:
+    from llm_health.exporter.fastparse import parse_fast
+except ImportError:                          # the code before the fast path: how its BEFORE figures are measured
+    parse_fast = None  # type: ignore[assignment]
 
 INTERVAL = 15.0
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,27 +146,32 @@ def measure_schedule(ports: list[int], size: int, interval: float, intervals: in
     server0 = _stats(ports[0])
     t0, c0 = time.monotonic(), _cpu()
     marks = [(t0, c0)]
-    lags: list[float] = []
-    for k in range(1, intervals + 1):
+    for k in range(1, intervals + 1):      # nothing here waits for the scheduler (its lock): marks on time
         time.sleep(max(0.0, t0 + k * interval - time.monotonic()))
         marks.append((time.monotonic(), _cpu()))
-        lags.append(sched.snapshot().lag_seconds)
     t1, c1 = marks[-1]
     server1 = _stats(ports[0])
+    snap = sched.snapshot()                 # as Prometheus would see it at the end of the window
     stop.set()
     loop.join(timeout=30)
-    snap = sched.snapshot()
     sched.close()
     for slot in sched.backends:
         slot.target.close()
     arrivals = _stats(ports[0], "/stats")["arrivals"]
-    gaps: list[float] = []
-    reads = 0
+    gaps: list[float] = []      # between two readings; and a backend waiting at the end: its wait so far
+    reads = waiting = 0
     for i in range(size):
-        ts = [t for t in arrivals.get(f"f{size}-{i}", []) if t0 <= t <= t1]
+        seen = arrivals.get(f"f{size}-{i}", [])
+        ts = [t for t in seen if t0 <= t <= t1]
         reads += len(ts)
-        gaps += [(b - a) / interval for a, b in zip(ts, ts[1:], strict=False)]
+        seq = [t for t in seen if t < t0][-1:] + ts
+        gaps += [(b - a) / interval for a, b in zip(seq, seq[1:], strict=False)]
+        wait = (t1 - (seq[-1] if seq else started)) / interval
+        if wait > 1:
+            gaps.append(wait)
+            waiting += 1
     per_interval = [(cb - ca) for (_ta, ca), (_tb, cb) in zip(marks, marks[1:], strict=False)]
+    durations = [(tb - ta) for (ta, _ca), (tb, _cb) in zip(marks, marks[1:], strict=False)]
     cpu = c1 - c0
     verdicts: dict[str, int] = {}
     for b in snap.backends:
@@ -173,6 +185,7 @@ def measure_schedule(ports: list[int], size: int, interval: float, intervals: in
         "warm_cpu_s": warm_cpu,
         "cpu_s": cpu,
         "cpu_s_per_interval": per_interval,
+        "interval_durations_s": durations,
         "core_fraction": cpu / (t1 - t0),
         "readings": reads,
         "readings_expected": size * intervals,
@@ -182,7 +195,8 @@ def measure_schedule(ports: list[int], size: int, interval: float, intervals: in
         "gap_p99": _pct(gaps, 0.99),
         "gap_max": max(gaps, default=float("nan")),
         "gaps": len(gaps),
-        "lag_s_max": max(lags, default=0.0),
+        "waiting_at_end": waiting,      # backends not read for more than an interval when the window closed
+        "lag_s_max": snap.lag_seconds,
         "reads_skipped": sum(b.reads_skipped for b in snap.backends),
         "probes_sent": sum(b.probes_sent for b in snap.backends),
         "verdicts": verdicts,
@@ -194,11 +208,18 @@ def measure_schedule(ports: list[int], size: int, interval: float, intervals: in
     }
 
 
+def exporter_parse(page: str) -> Any:
+    """The parse the exporter makes of a page at every reading: the fast path, or on the code before it
+    (the BEFORE figures) the full parse of the kept names."""
+    if parse_fast is not None:
+        return parse_fast(page, wanted, (VLLM_RUNNING,))
+    return parse(page, keep=wanted, helps=(VLLM_RUNNING,))
+
+
 def pure_cpu(pages: list[str], min_seconds: float) -> dict[str, float]:
     thresholds = Thresholds()
-    keep_helps = (VLLM_RUNNING,)
     page = pages[1]
-    parsed = parse(page, keep=wanted, helps=keep_helps)
+    parsed = exporter_parse(page)
     r0, r1 = read_text(pages[0]), read_text(pages[1])
     prev = judge(None, Observation(ReadResult.OK, reading=r0), 0.0, thresholds)
 
@@ -206,7 +227,7 @@ def pure_cpu(pages: list[str], min_seconds: float) -> dict[str, float]:
         judge(prev, Observation(ReadResult.OK, reading=read_text(p)), 15.0, thresholds)
 
     return {
-        "parse_keep_us": _per_call(lambda p: parse(p, keep=wanted, helps=keep_helps), page, min_seconds) * 1e6,
+        "parse_keep_us": _per_call(exporter_parse, page, min_seconds) * 1e6,
         "reading_us": _per_call(from_page, parsed, min_seconds) * 1e6,
         "judge_us": _per_call(lambda r: judge(prev, Observation(ReadResult.OK, reading=r), 15.0, thresholds), r1,
                               min_seconds) * 1e6,
@@ -219,10 +240,51 @@ def parser_compare(page: str, min_seconds: float) -> dict[str, float]:
         "lines": len(page.splitlines()),
         "bytes": len(page.encode()),
         "ours_all_us": _per_call(parse, page, min_seconds) * 1e6,
-        "ours_keep_us": _per_call(lambda p: parse(p, keep=wanted, helps=(VLLM_RUNNING,)), page, min_seconds) * 1e6,
+        "ours_full_keep_us": _per_call(lambda p: parse(p, keep=wanted, helps=(VLLM_RUNNING,)), page,
+                                       min_seconds) * 1e6,
+        "ours_keep_us": _per_call(exporter_parse, page, min_seconds) * 1e6,
         "prometheus_client_us": _per_call(lambda p: [s for f in text_string_to_metric_families(p) for s in f.samples],
                                           page, min_seconds) * 1e6,
     }
+
+
+def cpu_split(port: int, size: int, cycles: int) -> dict[str, float]:
+    """Where a reading's CPU goes, by the reading threads' own CPU clock (`time.thread_time`): the HTTP
+    exchange (`Target.get`), the page into a Reading (`read_text`), and the rest of the reading
+    (scheduling, the pool, judging, publishing), over `cycles` cycles of `size` backends."""
+    from llm_health.exporter import backend
+
+    spent = {"http": 0.0, "read_text": 0.0}
+    calls = {"http": 0, "read_text": 0}
+    lock = threading.Lock()
+
+    def timed(key: str, fn: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            started = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                with lock:
+                    spent[key] += time.thread_time() - started
+                    calls[key] += 1
+        return call
+
+    get, read, own = backend.Target.get, backend.read_text, "get" in vars(backend.Target)
+    backend.Target.get = timed("http", get)  # type: ignore[method-assign]
+    backend.read_text = timed("read_text", read)
+    try:
+        row = measure_cycles(port, size, cycles)
+    finally:
+        if own:
+            backend.Target.get = get  # type: ignore[method-assign]
+        else:
+            del backend.Target.get
+        backend.read_text = read
+    total = row["cpu_ms_per_backend"]
+    http = spent["http"] / max(calls["http"], 1) * 1000
+    text = spent["read_text"] / max(calls["read_text"], 1) * 1000
+    return {"backends": size, "total_ms": total, "http_ms": http, "read_text_ms": text,
+            "rest_ms": max(total - http - text, 0.0)}
 
 
 def profile_sequential(port: int, size: int) -> str:
@@ -254,29 +316,34 @@ FLEET_INTERVALS = 3  # measured intervals of that run, after one that opens the 
 PORTS = 100          # host:port endpoints of the page server in that run (100 backends each)
 
 
-def measure(quick: bool) -> dict[str, Any]:
-    """Every figure of this benchmark for the code checked out now."""
+def measure(quick: bool, fleet_run: bool = True) -> dict[str, Any]:
+    """Every figure of this benchmark for the code checked out now (`fleet_run=False`: all but the
+    10 000-backend run)."""
     sizes = (10, 50) if quick else (10, 100, 500, 1000)
     cycles = 2 if quick else 5
     min_s = 0.05 if quick else 0.5
     fleet_size, interval, intervals, nports = (100, 1.0, 2, 4) if quick else (FLEET, INTERVAL, FLEET_INTERVALS, PORTS)
     ports = [free_port() for _ in range(nports)]
+    full = page_variants(3)                 # the no-I/O figures first, before the fleet's objects exist
+    simple = page_variants(2, full=False)
+    cpu = pure_cpu(full, min_s)
+    parsers = {"full": parser_compare(full[1], min_s), "simulator": parser_compare(simple[1], min_s)}
     with tempfile.TemporaryDirectory() as logs:
         server = ManagedProcess(python_module("bench.pageserver", *[a for p in ports for a in ("--port", p)],
                                               "--variants", 16, "--record"), "pageserver", logs, cwd=ROOT)
         try:
             server.wait_http(f"http://127.0.0.1:{ports[0]}/b/ready/health", timeout=60)
             rows = [measure_cycles(ports[0], n, cycles) for n in sizes]
+            gc.collect()
+            split = cpu_split(ports[0], sizes[-1] // 2, cycles)
+            gc.collect()
             profile = profile_sequential(ports[0], sizes[-1])
-            fleet = measure_schedule(ports, fleet_size, interval, intervals)
+            gc.collect()
+            fleet = measure_schedule(ports, fleet_size, interval, intervals) if fleet_run else None
         finally:
             server.stop()
-    full = page_variants(3)
-    simple = page_variants(2, full=False)
-    cpu = pure_cpu(full, min_s)
-    parsers = {"full": parser_compare(full[1], min_s), "simulator": parser_compare(simple[1], min_s)}
     return {"cycles": rows, "fleet": fleet, "pure_cpu_us": cpu, "parsers": parsers, "profile": profile,
-            "cycles_measured": cycles}
+            "cycles_measured": cycles, "split": split}
 
 
 def run(out_dir: Path, quick: bool) -> tuple[str, dict[str, Any]]:
@@ -304,195 +371,28 @@ def run(out_dir: Path, quick: bool) -> tuple[str, dict[str, Any]]:
     if not quick:      # the goal is for the real size and interval; the quick run is a smoke test
         targets[f"{fleet['backends']} backends within {GOAL_CORE:g} of one core at the {fleet['interval_s']:g} s "
                 "interval"] = fleet["core_fraction"] <= GOAL_CORE
-    plot(rows, m["parsers"], out_dir / "img" / "scale.png")
+    plot(rows, m["parsers"], out_dir / "img" / "scale.png", INTERVAL)
+    m["goal_core"] = GOAL_CORE
     text = markdown(m, before, limit_pure, limit_http, targets)
     m.update(targets=targets, before=before, limit_backends_pure=limit_pure, limit_backends_http=limit_http,
              quick=quick)
     return text, m
 
 
-def plot(rows: list[dict[str, Any]], parsers: dict[str, dict[str, float]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.2))
-    n = [r["backends"] for r in rows]
-    a.plot(n, [r["cycle_s_median"] for r in rows], "o-", label="full cycle over HTTP (median)")
-    a.plot(n, [r["cpu_s_per_cycle"] for r in rows], "s--", label="exporter CPU per cycle")
-    a.axhline(INTERVAL, color="#d62728", lw=1, ls=":", label=f"the {INTERVAL:g} s interval")
-    a.set_xscale("log")
-    a.set_yscale("log")
-    a.set_xlabel("backends")
-    a.set_ylabel("seconds")
-    a.set_title("Exporter cycle vs fleet size (2-core machine)", fontsize=10)
-    a.grid(alpha=0.3, which="both")
-    a.legend(fontsize=8)
-    labels = ["realistic v1 page\n(~780 lines)", "simulator page\n(~260 lines)"]
-    keys = [("ours_keep_us", "ours, as the exporter calls it"), ("ours_all_us", "ours, every sample"),
-            ("prometheus_client_us", "prometheus_client")]
-    width = 0.27
-    for i, (key, label) in enumerate(keys):
-        vals = [parsers["full"][key] / 1000, parsers["simulator"][key] / 1000]
-        b.bar([x + (i - 1) * width for x in range(2)], vals, width, label=label)
-    b.set_xticks(range(2), labels)
-    b.set_ylabel("ms per page")
-    b.set_title("Parsing one page", fontsize=10)
-    b.legend(fontsize=8)
-    b.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def _fleet_row(label: str, f: dict[str, Any]) -> str:
-    per = f["cpu_s_per_interval"]
-    return (f"| {label} | {f['backends']} | {f['cpu_s'] / f['intervals']:.2f} s ({min(per):.2f}-{max(per):.2f}) | "
-            f"**{f['core_fraction']:.3f}** | {f['cpu_ms_per_reading']:.3f} ms | "
-            f"{f['readings']} / {f['readings_expected']} | {f['gap_p50']:.2f} / **{f['gap_p99']:.2f}** / "
-            f"{f['gap_max']:.2f} | {f['lag_s_max'] * 1000:.0f} ms | {f['reads_skipped']} | "
-            + ", ".join(f"{k} {v}" for k, v in sorted(f["verdicts"].items()))
-            + f" | {f['server_core_fraction']:.2f} |")
-
-
-def _cycle_rows(label: str, rows: list[dict[str, Any]]) -> list[str]:
-    return [f"| {label} | {r['backends']} | {r['cycle_s_median'] * 1000:.0f} ms ({r['cycle_s_max'] * 1000:.0f} ms) | "
-            f"{r['first_cycle_s'] * 1000:.0f} ms | {r['cpu_s_per_cycle'] * 1000:.0f} ms | "
-            f"{r['cpu_ms_per_backend']:.3f} ms | "
-            + ", ".join(f"{k} {v}" for k, v in sorted(r["verdicts"].items())) + " |" for r in rows]
-
-
-def _pure(label: str, cpu: dict[str, float]) -> str:
-    return (f"| {label} | {cpu['parse_keep_us']:.0f} us | {cpu['reading_us']:.0f} us | {cpu['judge_us']:.0f} us | "
-            f"**{cpu['total_us']:.0f} us** |")
-
-
-def markdown(m: dict[str, Any], before: dict[str, Any] | None, limit_pure: float, limit_http: float,
-             targets: dict[str, bool]) -> str:
-    rows, f, cpu, parsers = m["cycles"], m["fleet"], m["pure_cpu_us"], m["parsers"]
-    after = "AFTER" if before else "this code"
-    blabel = f"BEFORE: {before.get('label', 'main')}, {before.get('date', '?')}" if before else ""
-    fleet = [
-        "| code | backends | exporter CPU per interval, mean (min-max) | of one core | CPU per reading | "
-        "readings / expected | reading gap p50 / p99 / max (intervals) | max schedule lag | reads skipped | "
-        "verdicts | page server, of one core |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
-    ]
-    if before:
-        fleet.append(_fleet_row(blabel, before["fleet"]))
-    fleet.append(_fleet_row(after, f))
-    cycles = [
-        "| code | backends | full cycle, median (max) | first cycle (connects) | exporter CPU per cycle | "
-        "CPU per backend reading | verdicts |",
-        "|---|---:|---:|---:|---:|---:|---|",
-    ]
-    if before:
-        cycles += _cycle_rows(blabel, before["cycles"])
-    cycles += _cycle_rows(after, rows)
-    pure = ["| code | parse | reading | judge | together |", "|---|---:|---:|---:|---:|"]
-    if before:
-        pure.append(_pure(blabel, before["pure_cpu_us"]))
-    pure.append(_pure(after, cpu))
-    ptable = [
-        "| code | page | lines / bytes | ours, all samples | ours, as the exporter calls it (names kept) | "
-        "prometheus_client | speed-up (exporter's call) |",
-        "|---|---|---:|---:|---:|---:|---:|",
-    ]
-    for code, ps in ([(blabel, before["parsers"])] if before else []) + [(after, parsers)]:
-        for label, key in (("realistic v1, 2 engines, 13 histograms", "full"), ("simulator page as rendered", "simulator")):
-            p = ps[key]
-            ptable.append(
-                f"| {code} | {label} | {p['lines']:.0f} / {p['bytes'] / 1000:.0f} KB | {p['ours_all_us']:.0f} us | "
-                f"{p['ours_keep_us']:.0f} us | {p['prometheus_client_us']:.0f} us | "
-                f"{p['prometheus_client_us'] / p['ours_keep_us']:.1f}x |")
-    big = rows[-1]
-    met = f["core_fraction"] <= GOAL_CORE
-    goal = (f"**Goal ({f['backends']} backends within {GOAL_CORE:g} of one core at a {f['interval_s']:g} s "
-            f"interval): {'met' if met else 'NOT met'}**: {f['core_fraction']:.3f} of one core, "
-            f"{f['cpu_ms_per_reading']:.3f} ms of CPU per reading, every backend read every interval "
-            f"(p99 gap {f['gap_p99']:.2f} intervals)")
-    if before:
-        b = before["fleet"]
-        goal += (f"; before: {b['core_fraction']:.3f} of one core, {b['cpu_ms_per_reading']:.3f} ms per reading "
-                 f"({b['cpu_ms_per_reading'] / f['cpu_ms_per_reading']:.1f}x the CPU per reading)")
-    goal += "."
-    profile_before = []
-    if before and before.get("profile"):
-        profile_before = ["", "<details><summary>The same profile on the BEFORE code</summary>", "", "```",
-                          before["profile"], "```", "", "</details>"]
-    return "\n".join([
-        "## 2. Exporter scale",
-        "",
-        f"**{f['backends']} backends on the real schedule.** `exporter.scheduler.ReadScheduler.run_forever()` at the "
-        f"default settings ({f['interval_s']:g} s interval, {f.get('read_timeout_s', 5.0):g} s read timeout, "
-        f"{f.get('per_endpoint', 16)} reads per host:port), every backend "
-        "on its own phase of the interval; one interval to open the connections, then "
-        f"{f['intervals']} measured intervals ({f['window_s']:.0f} s). The backends are one `bench.pageserver` "
-        f"process (asyncio, HTTP/1.1 keep-alive, {f['ports']} ports, a distinct URL path per backend, pre-rendered "
-        "~80 KB busy vLLM v1 pages that change at every reading, so the verdicts are `busy`) on the other core; "
-        "the exporter is this process (its scheduler thread, worker lanes, `http.client` connections, parser, "
-        "reading and `judge`). 'CPU' is this process' user + sys time (`os.times()`, all threads); 'of one core' "
-        "is that CPU over the wall time of the window. The reading gap is the time between two `/metrics` "
-        "requests of one backend as the page server saw them, in intervals. The page server's own CPU shows it "
-        "kept up (it answers each request from a pre-built buffer). Both processes ran at nice "
-        f"{f.get('nice', 0)} (the page server is this process' child), on the machine named above.",
-        "",
-        *fleet,
-        "",
-        goal,
-        "",
-        f"**Cycles** (`read_all()`: every backend read at once, each judged as its read completes), "
-        f"{m['cycles_measured']} measured cycles per size after one that opens the connections, all backends on one "
-        "host:port of the same page server:",
-        "",
-        *cycles,
-        "",
-        "![exporter scale](img/scale.png)",
-        "",
-        "Pure CPU per backend, no I/O (the realistic page; 'together' is parse + reading + judge measured as one call):",
-        "",
-        *pure,
-        "",
-        "Parser, per page (same pages):",
-        "",
-        *ptable,
-        "",
-        f"**Limit.** At {f['cpu_ms_per_reading']:.3f} ms of exporter CPU per reading on the schedule, one core reads "
-        f"about **{f['interval_s'] / (f['cpu_ms_per_reading'] / 1000):.0f} backends per {f['interval_s']:g} s** "
-        f"(the {big['backends']}-backend cycle: {big['cpu_ms_per_backend']:.3f} ms per backend, ~{limit_http:.0f}; "
-        f"parse + reading + judge alone, {cpu['total_us'] / 1000:.3f} ms: ~{limit_pure:.0f}). The GIL keeps the "
-        "exporter on one core: past that, or to keep its core mostly free, run one exporter per shard of the "
-        "fleet (each backend is judged independently).",
-        "",
-        f"Where the time goes: cProfile of reading + judging {big['backends']} backends one after another "
-        "(the pool's work serialised in one thread so the profiler sees it), top entries by own time:",
-        "",
-        "```",
-        m["profile"],
-        "```",
-        *profile_before,
-        "",
-        "Targets:",
-        *[f"- {'PASS' if ok else 'FAIL'}: {name}" for name, ok in targets.items()],
-        "",
-        "The BEFORE figures were measured by `python -m bench.scale --before-label TEXT` on that code (stored in "
-        "`bench/results/scale_before.json`; `make bench` re-measures only the AFTER ones)." if before else "",
-        "",
-    ])
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.splitlines()[0])
     p.add_argument("--before-label", required=True, help="how the BEFORE figures name the code checked out now")
     p.add_argument("--out", help="write the figures here instead of bench/results/scale_before.json")
+    p.add_argument("--keep-fleet", action="store_true",
+                   help="measure all but the 10 000-backend run; keep that run's figures from --out")
     args = p.parse_args(argv)
     from bench.run import machine
 
-    m = measure(quick=False)
-    m.update(label=args.before_label, date=machine()["date"], machine=machine())
     out = Path(args.out) if args.out else BEFORE_JSON
+    m = measure(quick=False, fleet_run=not args.keep_fleet)
+    if args.keep_fleet:
+        m["fleet"] = json.loads(out.read_text())["fleet"]
+    m.update(label=args.before_label, date=machine()["date"], machine=machine())
     out.write_text(json.dumps(m, indent=1))
     f = m["fleet"]
     print(f"wrote {out}: {f['backends']} backends, {f['core_fraction']:.3f} of one core, "

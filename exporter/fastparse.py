@@ -5,8 +5,9 @@ in the same order, the same HELP texts and name prefixes (the line counts are co
 itself, if anyone asks). An ~80 KB vLLM page is mostly the buckets of histograms the exporter never
 reads, and `parse()` still splits every line of them. Here:
 
-* The page is cut at its `# HELP` lines: one family each (its HELP, TYPE and sample lines). A family
-  shorter than `BLOCK_BYTES` is read line by line by `parser.parse_lines`, the one line reader.
+* The page is cut at its `# HELP` lines: one family each (its HELP, TYPE and sample lines). The comment
+  lines at its head are passed over (they hold nothing but HELP texts, read apart). Sample lines shorter
+  than `BLOCK_BYTES` in all are read line by line by `parser.parse_lines`, the one line reader.
 * A longer family's sample lines are a block. Its family name F is the first line's name without a
   histogram or counter suffix (`_bucket`, `_total`, ...), and the block is F's when every line starts
   with F (checked at C speed: no newline is left once every `\\nF` is taken out). Then only the lines
@@ -25,7 +26,7 @@ from collections.abc import Iterable
 
 from llm_health.exporter.parser import Page, help_line, parse_lines
 
-BLOCK_BYTES = 768            # a family at least this long is taken as a block (shorter: line by line is cheaper)
+BLOCK_BYTES = 768            # a family's lines this long or longer are a block (shorter: line by line is cheaper)
 SUFFIXES = ("_bucket", "_total", "_created", "_count", "_sum", "_gcount", "_gsum", "_info")
 NEXT_FAMILY = "\n# HELP "
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
@@ -103,25 +104,20 @@ def parse_fast(text: str, keep: Names, helps: tuple[str, ...] = ()) -> Page:
     if n and text[n - 1] == "\n":
         n -= 1                              # the empty line after the last newline: parse() skips it too
     read: list[str] = []                    # the lines parse_lines() reads, in page order
-    todo = 0                                # lines from here on, up to a block, are read line by line
     pos = 0
-    while pos < n:
+    while pos < n:                          # a family at a time: [pos, stop)
         stop = text.find(NEXT_FAMILY, pos, n)
         if stop < 0:
             stop = n
-        if stop - pos >= BLOCK_BYTES:
-            start = pos                     # its sample lines start after its comment lines
-            if text[start] == "#":
-                m = _NEXT_SAMPLE_LINE.search(text, start, stop)
-                start = stop if m is None else m.start() + 1
-            if stop - start >= BLOCK_BYTES:
-                if todo < start:
-                    read += text[todo:start].split("\n")
-                _block(text, start, stop, keep, page, read)
-                todo = stop + 1
+        start = pos                         # its sample lines: after its comment lines (nothing in them)
+        if text[start] == "#":
+            m = _NEXT_SAMPLE_LINE.search(text, start, stop)
+            start = stop if m is None else m.start() + 1
+        if stop - start >= BLOCK_BYTES:
+            _block(text, start, stop, keep, page, read)
+        elif start < stop:
+            read += text[start:stop].split("\n")
         pos = stop + 1
-    if todo < n:
-        read += text[todo:n].split("\n")
     parse_lines(read, keep, (), page)
     return page
 

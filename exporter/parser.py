@@ -132,12 +132,20 @@ def parse(text: str, keep: Keep = None, helps: Container[str] = ()) -> Page:
 def parse_lines(lines: Iterable[str], wanted: Callable[[str], bool], helps: Container[str], page: Page) -> tuple[
         int, int]:
     """Every line into `page` (samples of wanted names, prefixes, helps); returns (lines, malformed lines).
-    The one place that reads a line: `parse()` gives it all of them, the fast path those it must read."""
+    The one place that reads a line: `parse()` gives it all of them, the fast path those it must read.
+
+    Two things are remembered from line to line, as what they decide is the same: the last labelled
+    line's `name{` (a line starting with it has that name, so the same prefix and the same keep/skip:
+    a histogram's buckets), and the last label keys checked (`engine=`, `,le=`, ...: the same names)."""
     samples = page.samples
     prefixes = page.prefixes
     exact: Container[str] = getattr(wanted, "exact", ())    # Names: its exact names need no call
     first_keys, next_keys = _first_keys, _next_keys
     count = skipped = 0
+    head, head_name, head_kept = "\n", "", False          # the last labelled line's `name{` ("\n": none yet,
+    # as no line holds a newline)
+    known_keys: list[str] = []
+    known_names: list[str] | None = None
     for line in lines:
         if not line:
             continue
@@ -150,57 +158,76 @@ def parse_lines(lines: Iterable[str], wanted: Callable[[str], bool], helps: Cont
             if helps and line.startswith("# HELP "):
                 _record_help(line, helps, page)
             continue
-        brace = line.find("{")
-        space = line.find(" ")
-        if brace != -1 and (space == -1 or brace < space):
-            name = line[:brace]
-            colon = name.find(":")
-            if colon > 0:
-                prefixes.add(name[:colon])
-            if name not in exact and not wanted(name):
+        if line.startswith(head):
+            # `name{` as the last labelled line (name: no blank, no brace): the same name, prefix and choice
+            if not head_kept:
                 continue
-            # labels in the form every engine writes, {a="x",b="y"} (no blank, no backslash), split at the
-            # quotes here; anything else goes to _parse_labels (which reads that form the same way)
-            labels: Labels | None = None
-            if "\\" not in line:
-                parts = line[brace + 1:].split('"')     # key, value, key, value, ..., after the last quote
-                last = len(parts) - 1
-                if not last & 1:
-                    labels = {}
-                    for i in range(0, last, 2):
-                        key = parts[i]
-                        label = (next_keys if i else first_keys).get(key) or _label_name(key, not i)
-                        if label is None:
-                            labels = None
-                            break
-                        labels[label] = parts[i + 1]
-                    if labels is not None:
-                        tail = parts[last]
-                        if tail[:1] == "}":
-                            rest = tail[1:].split()
-                        elif last and tail[:2] == ",}":
-                            rest = tail[2:].split()
-                        else:
-                            labels = None
-            if labels is None:
-                parsed = _parse_labels(line, brace)
-                if parsed is None:
+            name = head_name
+            brace = len(name)
+        else:
+            brace = line.find("{")
+            space = line.find(" ")
+            if brace != -1 and (space == -1 or brace < space):
+                name = line[:brace]
+                colon = name.find(":")
+                if colon > 0:
+                    prefixes.add(name[:colon])
+                head, head_name = name + "{", name
+                head_kept = name in exact or wanted(name)
+                if not head_kept:
+                    continue
+            elif space != -1:
+                name = line[:space]
+                colon = name.find(":")
+                if colon > 0:
+                    prefixes.add(name[:colon])
+                if name not in exact and not wanted(name):
+                    continue
+                rest = line[space:].split()
+                if not rest:
                     skipped += 1
                     continue
-                labels, end = parsed
-                rest = line[end:].split()
-        elif space != -1:
-            name = line[:space]
-            colon = name.find(":")
-            if colon > 0:
-                prefixes.add(name[:colon])
-            if name not in exact and not wanted(name):
+                try:
+                    value = float(rest[0])
+                except ValueError:
+                    skipped += 1
+                    continue
+                samples.append(_new_sample(Sample, (name, {}, value)))
                 continue
-            labels = {}
-            rest = line[space:].split()
-        else:
-            skipped += 1
-            continue
+            else:
+                skipped += 1
+                continue
+        # labels in the form every engine writes, {a="x",b="y"} (no blank, no backslash), split at the quotes
+        # here; anything else goes to _parse_labels (which reads that form the same way)
+        labels: Labels | None = None
+        if "\\" not in line:
+            parts = line[brace + 1:].split('"')     # key, value, key, value, ..., after the last quote
+            last = len(parts) - 1
+            if not last & 1:
+                keys = parts[0:last:2]
+                if keys != known_keys or known_names is None:
+                    known_keys, known_names = keys, []
+                    for i, key in enumerate(keys):
+                        label = (next_keys if i else first_keys).get(key) or _label_name(key, not i)
+                        if label is None:
+                            known_names = None
+                            break
+                        known_names.append(label)
+                if known_names is not None:
+                    tail = parts[last]
+                    if tail[:1] == "}":
+                        rest = tail[1:].split()
+                        labels = dict(zip(known_names, parts[1:last:2], strict=True))
+                    elif last and tail[:2] == ",}":
+                        rest = tail[2:].split()
+                        labels = dict(zip(known_names, parts[1:last:2], strict=True))
+        if labels is None:
+            parsed = _parse_labels(line, brace)
+            if parsed is None:
+                skipped += 1
+                continue
+            labels, end = parsed
+            rest = line[end:].split()
         if not rest:
             skipped += 1
             continue

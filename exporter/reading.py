@@ -245,7 +245,7 @@ def rate_text(reading: Reading, tps: float, sps: float) -> str:
 
 
 def _series_key(s: Sample) -> str:
-    return s.name + "{" + ",".join([k + "=" + v for k, v in sorted(s.labels.items())]) + "}"
+    return s.name + "{" + ",".join(map("=".join, sorted(s.labels.items()))) + "}"
 
 
 # the names from_page() reads apart from the per-engine series (a dict: one lookup per sample)
@@ -322,7 +322,7 @@ def from_page(page: Page, start_header: float | None = None) -> Reading:
                 rest = labels.copy()
                 del rest["le"]
                 if series is None or name != series_name or rest != series_rest:
-                    key = name + "{" + ",".join([k + "=" + v for k, v in sorted(rest.items())])
+                    key = name + "{" + ",".join(map("=".join, sorted(rest.items())))
                     series, series_name, series_rest = buckets.setdefault(key, []), name, rest
                 series.append((bound, s.value))
             elif special == _PROCESS_START:

@@ -14,7 +14,7 @@ import pytest
 from bench.pages import page_variants
 from llm_health.exporter import fastparse
 from llm_health.exporter.fastparse import Names, parse_fast
-from llm_health.exporter.parser import Page, parse
+from llm_health.exporter.parser import Page, parse, parse_lines
 from llm_health.exporter.reading import VLLM_RUNNING, from_page, read_text, wanted
 from llm_health.simulator.engine import Engine
 from llm_health.simulator.metrics import Flavour, render
@@ -37,9 +37,21 @@ def _samples(page: Page) -> list[tuple[str, list[tuple[str, str]], str]]:
     return [(s.name, list(s.labels.items()), repr(s.value)) for s in page.samples]
 
 
+def one_by_one(text: str, keep: Names, helps: tuple[str, ...]) -> Page:
+    """parse(), each line read on its own: nothing the line reader remembers from the line before helps."""
+    page = Page()
+    counts = [parse_lines([line], keep, helps, page) for line in text.split("\n")]
+    page._counts = (sum(c[0] for c in counts), sum(c[1] for c in counts))
+    return page
+
+
 def same(text: str, keep: Names = wanted, helps: tuple[str, ...] = HELPS) -> Page:
-    """The fast page, after checking it is the full parse's in every part."""
-    full, fast = parse(text, keep, helps), parse_fast(text, keep, helps)
+    """The fast page, after checking it is the full parse's in every part (and the full parse is what its
+    lines give one by one)."""
+    full, fast, alone = parse(text, keep, helps), parse_fast(text, keep, helps), one_by_one(text, keep, helps)
+    assert _samples(full) == _samples(alone)
+    assert (full.helps, full.prefixes, full.lines, full.skipped) == (alone.helps, alone.prefixes, alone.lines,
+                                                                   alone.skipped)
     assert _samples(fast) == _samples(full)
     assert fast.helps == full.helps
     assert fast.prefixes == full.prefixes
@@ -178,12 +190,17 @@ def test_escaped_label_values_and_label_oddities(block_bytes: int) -> None:
         f'{VLLM_RUNNING}{{engine="7"}} 10 1700000000000',
         f'{VLLM_RUNNING}{{engine="8"}} not-a-number',
         f'{VLLM_RUNNING}{{engine="9"}}',
+        "\0vllm:nul_first{a=\"b\"} 1",
+        "\0nul",
     ]
     skipped = histogram("vllm:request_queue_time_seconds", labels='engine="0",model_name="x \\" } y"')
     got = same(page(RUNNING, skipped, *odd))
     assert [s.value for s in got.samples if s.name == VLLM_RUNNING] == [3, 1, 2, 3, 4, 5, 6, 10]
     assert got.samples[2].labels["model_name"] == 'a "quoted" \\ back\nslash, {brace} = x'
-    assert got.skipped == 5
+    assert got.skipped == 6
+    assert "\0vllm" in got.prefixes
+    first = same('\0vllm:nul_first{a="b"} 1\n\0nul\n')           # nothing read before them
+    assert first.prefixes == {"\0vllm"} and first.skipped == 1
     assert 'model_name="x \\" } y"' in skipped and "vllm:request_queue_time_seconds_created" in names(got)
 
 
