@@ -63,8 +63,8 @@ dist: $(DIST_STAMP)
 bench: debs $(STAMP)
 	$(PY) -m bench.run $(ARGS)
 
-# The exporter's scale benchmark alone (10 000 backends on the real 15 s schedule for 3 intervals, the
-# 10-1000 cycles, the parser; about 3 minutes), at a lower priority on a shared machine.
+# The exporter's scale benchmark alone (1 000 and 10 000 backends on the real 15 s schedule for 2 and 3
+# intervals, the 10-1000 cycles, the parser; about 4 minutes), at a lower priority on a shared machine.
 bench-scale: $(STAMP)
 	nice -n 10 $(PY) -m bench.run --only scale $(ARGS)
 

@@ -6,13 +6,14 @@ changes between readings). The exporter side is the project's `exporter.schedule
 this process, i.e. its scheduler thread, worker lanes, `exporter.backend` HTTP client, parser, reading
 and verdict code.
 
-* **The fleet on its schedule**: 10 000 backends, `run_forever()` at the default settings (15 s
-  interval), over several intervals after one that opens the connections. Figures: this process' CPU
+* **The fleet on its schedule**: 1 000, then 10 000 backends, `run_forever()` at the default settings
+  (15 s interval), over 2 and 3 intervals after one that opens the connections. Figures: this process' CPU
   (`os.times()`, user + sys, all threads) per interval, per backend reading and as a fraction of one
   core; the reading gap (time between two `/metrics` requests of one backend, as the page server saw
   them) p50 / p99 / max in intervals; the page server's own CPU (it must keep up for the figures to be
   the exporter's).
-* **Cycles**: `read_all()` of 10-1000 backends (every backend at once), wall time and CPU.
+* **Cycles**: `read_all()` of 10-1000 backends (every backend at once), wall time and CPU; for 500 of
+  them, where a reading's CPU goes (HTTP, page -> Reading, the rest).
 * **Pure CPU**: parse + reading + judge of one page, no I/O; the parser against prometheus_client.
 * **Profile**: cProfile of reading + judging 1000 backends one after another in one thread.
 
@@ -311,7 +312,9 @@ def profile_sequential(port: int, size: int) -> str:
     return "\n".join(head + lines[start:]).replace(root, "")
 
 
-FLEET = 10_000       # backends in the run on the real schedule
+SMALL = 1_000        # backends in the first run on the real schedule
+SMALL_INTERVALS = 2  # its measured intervals
+FLEET = 10_000       # backends in the second run on the real schedule
 FLEET_INTERVALS = 3  # measured intervals of that run, after one that opens the connections
 PORTS = 100          # host:port endpoints of the page server in that run (100 backends each)
 
@@ -339,10 +342,12 @@ def measure(quick: bool, fleet_run: bool = True) -> dict[str, Any]:
             gc.collect()
             profile = profile_sequential(ports[0], sizes[-1])
             gc.collect()
+            small = None if quick else measure_schedule(ports[:SMALL // 100], SMALL, INTERVAL, SMALL_INTERVALS)
+            gc.collect()
             fleet = measure_schedule(ports, fleet_size, interval, intervals) if fleet_run else None
         finally:
             server.stop()
-    return {"cycles": rows, "fleet": fleet, "pure_cpu_us": cpu, "parsers": parsers, "profile": profile,
+    return {"cycles": rows, "fleet": fleet, "fleet_small": small, "pure_cpu_us": cpu, "parsers": parsers, "profile": profile,
             "cycles_measured": cycles, "split": split}
 
 

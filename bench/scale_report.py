@@ -84,16 +84,18 @@ def markdown(m: dict[str, Any], before: dict[str, Any] | None, limit_pure: float
              targets: dict[str, bool]) -> str:
     rows, f, cpu, parsers = m["cycles"], m["fleet"], m["pure_cpu_us"], m["parsers"]
     after = "AFTER" if before else "this code"
-    blabel = f"BEFORE: {before.get('label', 'main')}" if before else ""
+    blabel = f"BEFORE ({before.get('label', 'main')})" if before else ""
     fleet = [
         "| code | backends | exporter CPU per interval, mean (min-max) | of one core | CPU per reading | "
         "readings / expected | reading gap p50 / p99 / max (intervals) | schedule lag at the end | reads skipped | "
         "verdicts | page server, of one core |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
-    if before:
-        fleet.append(_fleet_row(blabel, before["fleet"]))
-    fleet.append(_fleet_row(after, f))
+    for key in ("fleet_small", "fleet"):
+        if before and before.get(key):
+            fleet.append(_fleet_row(blabel, before[key]))
+        if m.get(key):
+            fleet.append(_fleet_row(after, m[key]))
     cycles = [
         "| code | backends | full cycle, median (max) | first cycle (connects) | exporter CPU per cycle | "
         "CPU per backend reading | verdicts |",
@@ -137,15 +139,20 @@ def markdown(m: dict[str, Any], before: dict[str, Any] | None, limit_pure: float
     if before and before.get("profile"):
         profile_before = ["", "<details><summary>The same profile on the BEFORE code</summary>", "", "```",
                           before["profile"], "```", "", "</details>"]
+    sm = m.get("fleet_small")
+    small_text = f"{sm['backends']} and " if sm else ""
+    small_intervals = f"{sm['intervals']} (the {sm['backends']}) or " if sm else ""
     return "\n".join([
         "## 2. Exporter scale",
         "",
-        f"**{f['backends']} backends on the real schedule.** `exporter.scheduler.ReadScheduler.run_forever()` at the "
+        f"**{small_text}{f['backends']} backends on the real schedule.** "
+        "`exporter.scheduler.ReadScheduler.run_forever()` at the "
         f"default settings ({f['interval_s']:g} s interval, {f.get('read_timeout_s', 5.0):g} s read timeout, "
         f"{f.get('per_endpoint', 16)} reads per host:port), every backend "
         "on its own phase of the interval; one interval to open the connections, then "
-        f"{f['intervals']} measured intervals ({f['window_s']:.0f} s). The backends are one `bench.pageserver` "
-        f"process (asyncio, HTTP/1.1 keep-alive, {f['ports']} ports, a distinct URL path per backend, pre-rendered "
+        f"{small_intervals}{f['intervals']} measured intervals ({f['window_s']:.0f} s). The backends are one "
+        f"`bench.pageserver` process (asyncio, HTTP/1.1 keep-alive, {f['backends'] // f['ports']} backends per port, a distinct URL path "
+        "per backend, pre-rendered "
         "~80 KB busy vLLM v1 pages that change at every reading, so the verdicts are `busy`) on the other core; "
         "the exporter is this process (its scheduler thread, worker lanes, `http.client` connections, parser, "
         "reading and `judge`). 'CPU' is this process' user + sys time (`os.times()`, all threads); 'of one core' "
@@ -221,17 +228,17 @@ def _how(m: dict[str, Any], before: dict[str, Any] | None) -> list[str]:
         f"How it was run: `make bench-scale` (`nice -n 10 python -m bench.run --only scale`; `make bench` runs it "
         "with the others): two processes, this one (the exporter's code) and its child `bench.pageserver`, both "
         f"at nice {f.get('nice', 0)}, on the 2-CPU machine named at the top of this section, shared with other "
-        f"work; the {f['backends']}-backend run reads for one {f['interval_s']:g} s interval to connect, then "
-        f"{f['intervals']} measured ones ({f['window_s']:.0f} s), then the cycles, the split and the profile; "
-        "the whole benchmark takes about 3 minutes. On this shared VM the same figures vary by up to about a "
-        "third between runs minutes apart.",
+        "work. In this order: the no-I/O figures, the cycles, the split, the profile, then the runs on the "
+        f"schedule (each: one {f['interval_s']:g} s interval to connect, then the measured ones); the whole "
+        "benchmark takes about 4 minutes. On this shared VM the same figures vary by up to about a third "
+        "between runs minutes apart.",
         "",
     ]
     if before:
         out += [
-            f"The BEFORE rows are the same benchmark on the exporter of {before.get('label', '?')} (its "
-            "`exporter/` first on `PYTHONPATH`, `python -m bench.scale --before-label TEXT`; "
-            "`--keep-fleet` re-measures all but the fleet run), on this machine, the same hour "
+            f"The BEFORE rows are the same benchmark on the exporter of {before.get('label', '?')}, before the "
+            "fast path (that commit's `exporter/` first on `PYTHONPATH`, `python -m bench.scale --before-label TEXT`; "
+            "`--keep-fleet` re-measures all but the 10 000-backend run), on this machine, the same hour "
             f"({before.get('date', '?')}); stored in `bench/results/scale_before.json`, `make bench` re-measures "
             "only the AFTER rows. The 1 000-backend figures published before (1.16 s per cycle, 1.14 ms of CPU "
             "per backend, 2026-12-01 08:06) came from another, faster host and from before the step-time "
