@@ -5,11 +5,14 @@ Waiting is always polling with a deadline, never a fixed sleep.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -27,24 +30,124 @@ class WaitTimeout(AssertionError):
 
 _handed_out: set[int] = set()
 _handed_out_lock = threading.Lock()
+_rng = random.Random()
+LEDGER_HOLD = 600.0          # a port stays promised to its taker this long (seconds, wall clock)
+_LEDGER_NAME = "llm-health-ports"
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999      # Linux's default
+
+
+def port_band() -> tuple[int, int] | None:
+    """Where free_port picks from: loopback ports the kernel never hands out on its own.
+
+    The kernel takes the source port of every outgoing connection (and every `bind(("", 0))`)
+    from the ephemeral range, so a port picked there and released can be taken by a connection
+    before its server binds it: Alertmanager then fails with "address already in use". Below
+    (or above) that range only an explicit bind takes a port. None: no band wide enough.
+    """
+    low, high = _ephemeral_range()
+    if low - 10000 >= 2000:
+        return 10000, low
+    if 65536 - (high + 1) >= 2000:
+        return high + 1, 65536
+    return None
+
+
+def _can_bind(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _kernel_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port that is free now and was never handed out before by this process.
+    """A port that is free now and no process on this machine was promised in the last ten minutes.
 
-    The port is released before the caller binds it, so the operating system may offer it again
-    to the next call; two components of one stack would then race for it (one fails to bind, and a
-    readiness check may be answered by the other). Remembering what was handed out rules that out.
+    The port is released before the caller binds it. In that gap three things could take it: the
+    next call in this process, another process picking ports at the same time (two test workers,
+    a test and a benchmark), and the kernel for an outgoing connection. The first two are ruled out
+    by a ledger of promised ports shared through a locked file in the temporary folder, the third
+    by picking outside the ephemeral range (port_band()).
     """
-    with _handed_out_lock:
-        for _ in range(1000):
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                s.bind((host, 0))
-                port = int(s.getsockname()[1])
-            if port not in _handed_out:
-                _handed_out.add(port)
-                return port
-    raise RuntimeError("no free loopback port that was not handed out already")
+    band = port_band()
+    with _handed_out_lock, _Ledger() as ledger:
+        for _ in range(2000):
+            port = _rng.randrange(*band) if band else _kernel_port(host)
+            if port in _handed_out or port in ledger or not _can_bind(host, port):
+                continue
+            _handed_out.add(port)
+            ledger.promise(port)
+            return port
+    raise RuntimeError("no free loopback port that was not promised already")
+
+
+class _Ledger:
+    """Ports promised by free_port in any process of this user, with when; under an exclusive lock.
+
+    Entries older than LEDGER_HOLD are dropped, so the file stays small and a crashed taker's
+    ports come free again. If the file cannot be used, the ledger is empty (this process's own
+    record and the port band still hold)."""
+
+    def __init__(self) -> None:
+        self.path = Path(tempfile.gettempdir()) / f"{_LEDGER_NAME}-{os.getuid()}"
+        self.entries: dict[int, float] = {}
+        self._fd: int | None = None
+        self._changed = False
+
+    def __enter__(self) -> _Ledger:
+        try:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            raw = os.read(self._fd, 1 << 20).decode("ascii", "replace")
+        except OSError:
+            self._close()
+            return self
+        now = time.time()
+        for line in raw.splitlines():
+            port, _, when = line.partition(" ")
+            try:
+                if now - float(when) < LEDGER_HOLD:
+                    self.entries[int(port)] = float(when)
+            except ValueError:
+                continue
+        return self
+
+    def __contains__(self, port: int) -> bool:
+        return port in self.entries
+
+    def promise(self, port: int) -> None:
+        self.entries[port] = time.time()
+        self._changed = True
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None and self._changed:
+            body = "".join(f"{port} {when:.3f}\n" for port, when in self.entries.items()).encode()
+            try:
+                os.lseek(self._fd, 0, os.SEEK_SET)
+                os.ftruncate(self._fd, 0)
+                os.write(self._fd, body)
+            except OSError:
+                pass
+        self._close()
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)    # closing drops the lock
+            self._fd = None
 
 
 def wait_until(
