@@ -13,10 +13,14 @@ incidents (so every process gives the same answer), plus a fresh KV-cache readin
     outage of our own making;
   - lifecycle STOPPED, INITIALIZING or ERROR.
 * never `down` in dry_run: a dry run changes nothing anywhere, the load balancer included (`ready up W%`);
-* never `down` when that would leave fewer than `min_ready` *other* backends READY and up (READY with no
-  reason to take them out): the answer is then `ready up W%` and `status_for` carries the true state and
+* a READY backend is never taken `down` when that would leave fewer than `min_ready` *other* backends
+  READY, up and in service: the answer is then `ready up W%` and `status_for` carries the true state and
   why it was kept up. HAProxy's own health check still takes out a server that does not answer at all.
-  When every backend has a reason, each one sees no other up, so with min_ready >= 1 all stay up.
+  When every READY backend has a reason, each one sees no other up, so with min_ready >= 1 all stay up.
+  The floor only keeps READY backends in: it never lets a STOPPED, INITIALIZING or ERROR one in (the
+  lifecycle design's rule: only READY instances take traffic);
+* an operator's hold wins over all of this, in a dry run too: drained -> `up drain` / `down drain`,
+  retired -> `maint` (remediator/commands.py).
 
 `AgentListener` binds `remediator.agent_listen` in a background thread. Under several gunicorn workers
 each tries; the port takes one listener (SO_REUSEPORT is not set), the others fail quietly and retry every
@@ -73,10 +77,15 @@ class AgentAnswers:
         with self.store.reader() as rd:
             rows = rd.lifecycles()
             incidents = {i.backend: i for i in rd.active_incidents()}
+            held = rd.admins()
         states = {b.name: rows[b.name].state if b.name in rows else UNSEEN for b in self.config.backends}
         out = {b.name: out_of_service(states[b.name], rows.get(b.name), incidents.get(b.name))
                for b in self.config.backends}
         state, why = states[name], out[name]
+        hold = held.get(name)
+        if hold is not None:   # an operator's word wins, in a dry run too (it is not ours to keep up)
+            return AgentStatus(state, None, f"{hold.state.value} by {hold.by or 'unknown'}: {hold.reason}",
+                               healthy=why is None, admin=hold.state)
         r = self.config.remediator
         if r.dry_run:
             return AgentStatus(state, self.kv(name, backend.url), f"dry run: kept up ({why or state.value})",
@@ -85,12 +94,13 @@ class AgentAnswers:
             return AgentStatus(S.DRAINING, None, "draining")
         if why is None:
             return AgentStatus(S.READY, self.kv(name, backend.url))
-        others_up = sum(1 for b in self.config.backends
-                        if b.name != name and states[b.name] == S.READY and out[b.name] is None)
-        if others_up < r.min_ready:
-            return AgentStatus(state, self.kv(name, backend.url),
-                               f"{why}; kept up: only {others_up} other backend(s) ready and up, min_ready "
-                               f"{r.min_ready}", keep_up=True)
+        if state == S.READY:   # the floor keeps a READY backend in; it never lets a non-READY one in
+            others_up = sum(1 for b in self.config.backends if b.name != name and b.name not in held
+                            and states[b.name] == S.READY and out[b.name] is None)
+            if others_up < r.min_ready:
+                return AgentStatus(state, self.kv(name, backend.url),
+                                   f"{why}; kept up: only {others_up} other backend(s) ready and up, min_ready "
+                                   f"{r.min_ready}", keep_up=True)
         return AgentStatus(state, None, why, healthy=state != S.READY)
 
 

@@ -8,6 +8,8 @@ one line, look the name up through the injected `status_for(name)` and answer on
 |-----------------------------------------------|---------------------|
 | READY and healthy; or kept up (`keep_up`)     | `ready up W%`       |
 | DRAINING                                      | `drain`             |
+| drained by an operator (READY / not READY)    | `up drain #<why>` / `down drain #<why>` |
+| retired by an operator                        | `maint #<why>`      |
 | READY but unhealthy (stalled/down verdict)    | `down #<reason>`    |
 | INITIALIZING, STOPPED, ERROR                  | `down #<reason>`    |
 | name unknown / not a valid name               | `down #unknown backend` |
@@ -35,6 +37,7 @@ from dataclasses import dataclass
 
 from llm_health.config import NAME_RE, ConfigError
 from llm_health.remediator.lifecycle import LifecycleState
+from llm_health.remediator.store.rows import AdminState
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +56,8 @@ class AgentStatus:
     kv_usage: float | None = None   # 0..1, None = unknown
     reason: str = ""
     healthy: bool = True            # False when the exporter's verdict is stalled or down
-    keep_up: bool = False           # answer `ready up W%` whatever the state (dry run, min_ready floor)
+    keep_up: bool = False           # answer `ready up W%` (dry run; a READY backend kept by the min_ready floor)
+    admin: AdminState = AdminState.IN_SERVICE   # an operator's hold wins over everything else
 
 
 StatusFor = Callable[[str], AgentStatus | None]
@@ -81,6 +85,11 @@ def agent_reply(status: AgentStatus | None) -> str:
     if status is None:
         return "down #unknown backend"
     state = LifecycleState(status.state)
+    if status.admin == AdminState.RETIRED:
+        return f"maint #{sanitize_reason(status.reason or 'retired')}"
+    if status.admin == AdminState.DRAINED:
+        operational = "up" if state == LifecycleState.READY and status.healthy else "down"
+        return f"{operational} drain #{sanitize_reason(status.reason or 'drained')}"
     if status.keep_up or (state == LifecycleState.READY and status.healthy):
         return f"ready up {weight_percent(status.kv_usage)}%"
     if state == LifecycleState.DRAINING:

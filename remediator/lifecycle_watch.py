@@ -10,6 +10,8 @@ its own worker, so one hung or dripping backend never holds its neighbours' chec
   check, which may send a counted probe); looked at most every max(ERROR_LOOK_MIN, warmup_poll x
   ERROR_LOOK_POLLS).
 
+A retired backend (remediator/commands.py) is never looked at: it is out of every decision.
+
 Every check has a total deadline, and what it found is written only if nothing took the backend meanwhile.
 """
 
@@ -21,6 +23,7 @@ from llm_health.remediator.lifecycle import LifecycleState
 from llm_health.remediator.restart.choices import outside_restart
 from llm_health.remediator.restart.context import Context
 from llm_health.remediator.restart.notes import escalate
+from llm_health.remediator.store import AdminState
 
 log = logging.getLogger("llm_health.remediator")
 
@@ -48,10 +51,11 @@ class LifecycleWatch:
                     tx.ensure_lifecycle(name, now)
             rows = ctx.store.lifecycles()
         active = {i.backend: i for i in ctx.store.active_incidents()}
+        retired = {name for name, a in ctx.store.admins().items() if a.state == AdminState.RETIRED}
         due: list[str] = []
         for b in ctx.config.backends:
             r = rows.get(b.name)
-            if r is None or r.owned or r.state not in WATCHED:
+            if r is None or r.owned or r.state not in WATCHED or b.name in retired:
                 continue
             inc = active.get(b.name)
             if inc is not None and (inc.restart_under_way or r.state == S.ERROR):

@@ -22,7 +22,7 @@ from llm_health.buildinfo import BuildInfoCollector
 from llm_health.config import Config
 from llm_health.remediator.backend_io import VERIFY, WARMUP
 from llm_health.remediator.lifecycle import UNSEEN, LifecycleState
-from llm_health.remediator.store import IncidentState, StateStore
+from llm_health.remediator.store import AdminState, IncidentState, StateStore
 
 
 class StateCollector(Collector):
@@ -78,6 +78,16 @@ class StateCollector(Collector):
             since.add_metric([name], r.since if r else 0.0)
         yield state
         yield since
+
+        held = store.admins()
+        admin = GaugeMetricFamily("llm_health_remediator_admin_state",
+                                  "1 for the operator state each backend is in (in_service, drained, retired: "
+                                  "llm-health ctl), 0 for the others.", labels=["backend", "state"])
+        for name in names:
+            current_admin = held[name].state if name in held else AdminState.IN_SERVICE
+            for ast in AdminState:
+                admin.add_metric([name, ast.value], int(ast == current_admin))
+        yield admin
 
         acks = store.backends_in(IncidentState.NEEDS_ACK)
         g = GaugeMetricFamily("llm_health_remediator_needs_ack",

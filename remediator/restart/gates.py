@@ -46,7 +46,11 @@ def record_verification(ctx: Context, tx: Transaction, inc: Incident, verificati
 
 
 def gate_states(ctx: Context, rd: Reads) -> dict[str, LifecycleState]:
-    return lifecycle.gate_states(rd.lifecycles(), [b.name for b in ctx.config.backends])
+    """lifecycle.gate_states, without the backends an operator holds (drained, retired) unless a restart
+    of ours holds them: they serve nothing, so they never count toward min_ready, and hold no mutex."""
+    states = lifecycle.gate_states(rd.lifecycles(), [b.name for b in ctx.config.backends])
+    held = rd.admins()
+    return {name: st for name, st in states.items() if name not in held or st in lifecycle.OUT_OF_SERVICE}
 
 
 def host_gate(ctx: Context, rd: Reads, backend: Backend) -> policy.Decision | None:
@@ -83,7 +87,8 @@ def floor_gate(ctx: Context, rd: Reads, backend: Backend, verification: Verifica
 
 
 def serves_nothing(rd: Reads, backend: Backend, verification: Verification | None) -> bool:
-    """Down (verified), or not READY in our lifecycle: taking it out lowers no capacity."""
+    """Down (verified), not READY in our lifecycle, or held out by an operator (drained, retired): taking it
+    out lowers no capacity."""
     if verification is not None and verification.outcome == VerifyOutcome.DOWN:
         return True
-    return rd.lifecycle_state(backend.name) != S.READY
+    return rd.lifecycle_state(backend.name) != S.READY or rd.admin(backend.name) is not None

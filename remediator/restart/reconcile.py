@@ -16,6 +16,9 @@ step; nothing is remembered between looks except in the store (and the discovery
     needs_ack   watch_recovery (warmup.py)      closes by itself when the backend answers     closed
     observed    (nothing: absorbs alerts until they resolve)
 
+An incident of a backend an operator retired is closed (`retired_ignored`) unless a restart of ours is
+under way: a retired backend is out of every decision (remediator/commands.py).
+
 A backend the incident names that is not in this worker's fleet is looked up in service discovery first
 (`DiscoveryWait`): never closed on a missing answer, closed as "no longer configured" once an answer
 that started after we missed it has come without it.
@@ -36,7 +39,7 @@ from llm_health.remediator.restart.notes import close
 from llm_health.remediator.restart.replacement import watch_replacement
 from llm_health.remediator.restart.result import DONE, LookAgain, StepResult
 from llm_health.remediator.restart.warmup import watch_recovery, watch_warmup
-from llm_health.remediator.store import Incident, IncidentState
+from llm_health.remediator.store import AdminState, Incident, IncidentState
 
 IS = IncidentState
 Step = Callable[[Context, Incident, Backend], StepResult]
@@ -77,6 +80,11 @@ class Reconciler:
                 return close(self.ctx, inc.id, inc.backend, "closed", f"not this backend's alert: {why}")
         else:
             self.discovery.found(inc.id)
+        held = self.ctx.store.admin(backend.name)
+        if held is not None and held.state == AdminState.RETIRED and not inc.restart_under_way:
+            return close(self.ctx, inc.id, inc.backend, "retired_ignored",
+                         f"{backend.name} is retired (by {held.by or 'unknown'}: {held.reason}): out of every "
+                         "decision, no restart; activate it to put it back")
         step = STEPS.get(inc.state)
         return step(self.ctx, inc, backend) if step is not None else DONE
 

@@ -19,6 +19,8 @@ from llm_health.remediator.store.rows import (
     RESTART_UNDER_WAY,
     Action,
     ActionResultKind,
+    AdminRow,
+    AdminState,
     BreakerState,
     Event,
     Heard,
@@ -33,6 +35,7 @@ from llm_health.remediator.store.sqlite import SqliteStore
 
 __all__ = [
     "ACKNOWLEDGEABLE", "ACTIVE_STATES", "NO_RESTART_UNDER_WAY", "RESTART_UNDER_WAY", "Action", "ActionResultKind",
+    "AdminRow", "AdminState",
     "BreakerState", "Event", "Heard", "Incident", "IncidentState", "LastHeard", "Lease", "LifecycleRow", "Reads",
     "Silence", "SqliteStore", "StateError", "StateStore", "Transaction", "state_path", "store_for",
 ]

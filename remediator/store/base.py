@@ -31,6 +31,8 @@ from llm_health.remediator.lifecycle import LifecycleState
 from llm_health.remediator.policy import Marker
 from llm_health.remediator.store.rows import (
     Action,
+    AdminRow,
+    AdminState,
     BreakerState,
     Event,
     Heard,
@@ -95,6 +97,10 @@ class Reads(Protocol):
     def breaker(self) -> BreakerState: ...
     def active_silences(self, backend: str) -> list[Silence]: ...        # not expired yet
     def lease(self, name: str) -> Lease | None: ...
+
+    # -- operators' holds -------------------------------------------------------------------------------
+    def admin(self, backend: str) -> AdminRow | None: ...                # None: in service
+    def admins(self) -> dict[str, AdminRow]: ...                         # every held backend
 
     # -- audit log and counters -------------------------------------------------------------------------
     def events(self, backend: str = "", limit: int = 100, kind: str = "", before: int | None = None) -> list[Event]:
@@ -191,6 +197,9 @@ class Transaction(Reads, Protocol):
     def add_silence(self, silence: Silence) -> None: ...
     def end_silence(self, silence_id: str, at: float, result: str) -> None: ...
     def put_lease(self, lease: Lease) -> None: ...
+
+    def set_admin(self, backend: str, state: AdminState, at: float, by: str, reason: str) -> None:
+        """An operator's hold (IN_SERVICE removes it); the caller records the event."""
 
     # -- retention --------------------------------------------------------------------------------------
     def prune(self, now: float, *, max_age: float, max_events: int, max_actions: int,

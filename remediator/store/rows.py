@@ -152,6 +152,31 @@ class BreakerState:
                 "reset_at": self.reset_at, "reset_after_action": self.reset_after_action}
 
 
+class AdminState(enum.StrEnum):
+    """What an operator decided about a backend (stored in `admin.state`: the values never change).
+
+    IN_SERVICE is the state of every backend without an `admin` row. Only an operator command changes it
+    (remediator/commands.py), never an alert, a verification or a lifecycle step."""
+
+    IN_SERVICE = "in_service"      # the authority's lifecycle decides alone
+    DRAINED = "drained"            # no new requests (the agent answers `drain`) until an operator undrains it
+    RETIRED = "retired"            # out of every decision and every count (the agent answers `maint`)
+
+
+@dataclass(frozen=True)
+class AdminRow:
+    """An operator's hold on a backend, with who asked and why (NVSentinel's cordon-by/-reason/-timestamp)."""
+
+    backend: str
+    state: AdminState
+    since: float                                  # wall time of the command
+    by: str = ""
+    reason: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"state": self.state.value, "since": self.since, "by": self.by, "reason": self.reason}
+
+
 class Heard(enum.StrEnum):
     """What the remediator last heard from Alertmanager (stored in `heard.what`: the values never change)."""
 

@@ -1,5 +1,6 @@
 """/api: what the remediator knows (GET, no token) and what people may change (bearer token): busy
-markers, the breaker, acknowledging an incident. Every view calls store verbs."""
+markers, the breaker, acknowledging an incident, and the operator commands (drain, undrain, retire,
+activate: remediator/commands.py). Every view calls store verbs."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from typing import Any
 from flask import Blueprint, Response, jsonify, request
 
 from llm_health.discovery import status_document
+from llm_health.remediator.commands import Command
+from llm_health.remediator.operate import Request, carry_out
 from llm_health.remediator.policy import Marker
 from llm_health.remediator.store import ACKNOWLEDGEABLE, IncidentState
 from llm_health.remediator.web.context import ctx
@@ -158,3 +161,41 @@ def discovery_view() -> Any:
     false when off). Each gunicorn worker refreshes on its own: `worker` is the answering one's pid."""
     d = ctx().discovery
     return jsonify({**status_document(d.status()), "worker": os.getpid()} if d is not None else {"enabled": False})
+
+
+MAX_REASON = 500
+MAX_BY = 200
+
+
+def command_view(command: Command) -> Any:
+    def view(name: str) -> Any:
+        c = ctx()
+        if c.config.backend(name) is None:
+            return error(404, f"unknown backend {name[:80]!r}")
+        try:
+            data = json_body(c.config.remediator.max_body_bytes)
+        except BodyError as exc:
+            return error(exc.status, exc.message)
+        if not isinstance(data, dict):
+            return error(400, "expected a JSON object {reason, by, force?}")
+        reason, by, force = data.get("reason"), data.get("by"), data.get("force", False)
+        if not isinstance(reason, str) or not reason.strip() or len(reason) > MAX_REASON:
+            return error(400, f"reason must be a non-empty string (at most {MAX_REASON} characters): it goes to "
+                         "the audit log")
+        if not isinstance(by, str) or not by.strip() or len(by) > MAX_BY:
+            return error(400, f"by must be a non-empty string (at most {MAX_BY} characters): who asks")
+        if not isinstance(force, bool):
+            return error(400, "force must be true or false")
+        p, admin = carry_out(c.store, c.config, Request(command, name, by.strip(), reason.strip(), force), c.clock())
+        body = {"backend": name, "command": command.value, "changed": p.changes, "admin": admin.value,
+                "reason": p.reason, "forced": p.forced}
+        if p.refused is not None:
+            return jsonify({**body, "error": p.reason, "refusal": p.refused.value}), 409
+        return jsonify(body)
+
+    view.__name__ = f"command_{command.value}"
+    return view
+
+
+for _command in Command:
+    api.add_url_rule(f"/backends/<name>/{_command.value}", view_func=command_view(_command), methods=["POST"])

@@ -10,7 +10,7 @@ from llm_health.remediator import policy
 from llm_health.remediator.clock import Clocks, injected
 from llm_health.remediator.lifecycle import UNSEEN
 from llm_health.remediator.marker import file_markers
-from llm_health.remediator.store import Event, LifecycleRow
+from llm_health.remediator.store import AdminRow, AdminState, Event, LifecycleRow
 from llm_health.remediator.web.context import WebContext
 
 HIDDEN_OUTPUT = "[hidden: send the bearer token to see action output]"
@@ -41,6 +41,13 @@ def lifecycle_view(r: LifecycleRow | None) -> dict[str, Any]:
             "drain_deadline": r.drain_deadline}
 
 
+def admin_view(a: AdminRow | None) -> dict[str, Any]:
+    """An operator's hold as shown (in service: no hold)."""
+    if a is None:
+        return {"state": AdminState.IN_SERVICE.value, "since": None, "by": "", "reason": ""}
+    return a.as_dict()
+
+
 def backends_view(c: WebContext) -> list[dict[str, Any]]:
     clocks = injected(c.clock)
     store = c.store
@@ -49,6 +56,7 @@ def backends_view(c: WebContext) -> list[dict[str, Any]]:
     out = []
     busy_dir = c.config.resolve_path(r.busy_dir) if r.busy_dir else None
     lifecycles = store.lifecycles()
+    admins = store.admins()
     for b in c.config.backends:
         inc = store.active_incident(b.name)
         last = store.last_event(b.name, skip_kinds=("received",))
@@ -64,6 +72,7 @@ def backends_view(c: WebContext) -> list[dict[str, Any]]:
             "host": b.host,
             "labels": dict(b.labels),
             "lifecycle": shown(clocks, lifecycle_view(lifecycles.get(b.name)), ("drain_deadline",)),
+            "admin": admin_view(admins.get(b.name)),
             "restart_configured": bool(b.restart),
             "incident": shown(clocks, inc.as_dict(), MONOTONIC_INCIDENT_FIELDS) if inc else None,
             "last_decision": redact({"kind": last.kind, "reason": last.reason, "at": last.at}) if last else None,

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from llm_health.remediator.store.base import StateError
 
 #: the schema this remediator writes; bump it with a new step in MIGRATIONS
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS deliveries (key TEXT PRIMARY KEY, first_seen REAL NOT NULL);
@@ -152,11 +152,18 @@ def _heard(c: sqlite3.Connection) -> None:
     c.execute("CREATE TABLE IF NOT EXISTS heard (what TEXT PRIMARY KEY, at REAL NOT NULL)")
 
 
+def _admin(c: sqlite3.Connection) -> None:
+    """Version 4: an operator's hold on a backend (drained, retired), who asked and why."""
+    c.execute("CREATE TABLE IF NOT EXISTS admin (backend TEXT PRIMARY KEY, state TEXT NOT NULL, since REAL NOT NULL, "
+              "by TEXT NOT NULL DEFAULT '', reason TEXT NOT NULL DEFAULT '')")
+
+
 #: (version, step): the step brings a state file of version - 1 to `version`
 MIGRATIONS: tuple[tuple[int, Callable[[sqlite3.Connection], None]], ...] = (
     (1, _baseline),
     (2, _group_labels),
     (3, _heard),
+    (4, _admin),
 )
 
 

@@ -25,6 +25,7 @@ from llm_health.remediator.store.base import StateError
 from llm_health.remediator.store.shared import SharedVerbs
 from llm_health.remediator.store.sqlite import schema
 from llm_health.remediator.store.sqlite.actions import ActionReads, ActionWrites
+from llm_health.remediator.store.sqlite.admin import AdminReads, AdminWrites
 from llm_health.remediator.store.sqlite.breaker import BreakerReads, BreakerWrites
 from llm_health.remediator.store.sqlite.events import EventReads, EventWrites
 from llm_health.remediator.store.sqlite.heard import HeardReads, HeardWrites
@@ -37,7 +38,7 @@ from llm_health.remediator.store.sqlite.silences import SilenceReads, SilenceWri
 
 
 class ReadVerbs(IncidentReads, ActionReads, LifecycleReads, MarkerReads, BreakerReads, SilenceReads, LeaseReads,
-                EventReads, HeardReads):
+                EventReads, HeardReads, AdminReads):
     """Every read verb (store/base.py Reads); the connection comes from the concrete class."""
 
 
@@ -52,7 +53,7 @@ class SqliteReads(ReadVerbs):
 
 
 class SqliteTx(SqliteReads, IncidentWrites, ActionWrites, LifecycleWrites, MarkerWrites, BreakerWrites,
-               SilenceWrites, LeaseWrites, EventWrites, HeardWrites, RetentionWrites, SharedVerbs):
+               SilenceWrites, LeaseWrites, EventWrites, HeardWrites, AdminWrites, RetentionWrites, SharedVerbs):
     """Every verb (store/base.py Transaction) inside one BEGIN IMMEDIATE transaction."""
 
 

@@ -1,0 +1,125 @@
+"""What an operator command does to one backend, decided from facts: pure, no I/O, no clock of its own.
+
+The commands (`llm-health ctl ...`, POST /api/backends/<name>/<command>) and what each does in each
+operator state (AdminState) of the backend:
+
+| command  | in service                          | drained                 | retired                     |
+|----------|-------------------------------------|-------------------------|-----------------------------|
+| drain    | -> drained (floor, unless --force)  | nothing to do           | refused: activate it first  |
+| undrain  | nothing to do                       | -> in service           | refused: use activate       |
+| retire   | -> retired (floor, unless --force)  | -> retired              | nothing to do               |
+| activate | nothing to do                       | -> in service           | -> in service               |
+
+* The floor: taking a *serving* backend out (lifecycle READY and in service) needs at least `min_ready`
+  OTHER backends READY and in service, the same rule an automatic restart follows (lifecycle.may_drain);
+  `--force` overrides it and the event says so. A backend that serves nothing (not READY, or drained)
+  costs no capacity.
+* Retire while a restart of ours is under way is refused (the restart holds the backend's lifecycle and
+  its host's mutex) unless forced: the restart then finishes and the backend stays out. Retiring closes an
+  incident that waits (open, observed, needs_ack): a retired backend is out of every decision.
+* Nothing here changes the lifecycle: a drained or retired backend keeps its state, and the HAProxy agent
+  answers `drain` or `maint` for it (remediator/agent.py) until an operator puts it back.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from llm_health.remediator.lifecycle import LifecycleState
+from llm_health.remediator.store.rows import RESTART_UNDER_WAY, AdminState, IncidentState
+
+A = AdminState
+
+
+class Command(enum.StrEnum):
+    DRAIN = "drain"
+    UNDRAIN = "undrain"
+    RETIRE = "retire"
+    ACTIVATE = "activate"
+
+
+class Refusal(enum.StrEnum):
+    """Why a command was refused (nothing changed): the API answers 409 with it."""
+
+    CONFLICT = "conflict"          # the backend's operator state does not allow it
+    FLOOR = "min_ready"            # it would take out a serving backend below the floor
+    RESTARTING = "restarting"      # a restart of ours holds the backend
+
+
+@dataclass(frozen=True)
+class CommandFacts:
+    admin: AdminState
+    lifecycle: LifecycleState
+    incident: IncidentState | None          # the backend's active incident, if any
+    ready_others: int                       # OTHER backends READY and in service
+    min_ready: int
+    force: bool = False
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The command's outcome: refused (with why), nothing to do, or a new operator state."""
+
+    target: AdminState | None               # None: nothing changes
+    reason: str
+    refused: Refusal | None = None
+    forced: bool = False                    # --force overrode a rule (the event says which)
+    close_incident: bool = False            # the waiting incident ends with the command
+
+    @property
+    def changes(self) -> bool:
+        return self.refused is None and self.target is not None
+
+
+def serving(f: CommandFacts) -> bool:
+    return f.lifecycle == LifecycleState.READY and f.admin == A.IN_SERVICE
+
+
+def _floor(f: CommandFacts, what: str) -> Plan | None:
+    """None when taking the backend out is fine (or forced); else the refusal."""
+    if not serving(f) or f.ready_others >= f.min_ready:
+        return None
+    if f.force:
+        return None
+    return Plan(None, f"{what} would leave only {f.ready_others} other backend(s) READY and in service "
+                f"(remediator.min_ready {f.min_ready}); --force does it anyway", Refusal.FLOOR)
+
+
+def _forced_floor(f: CommandFacts) -> bool:
+    return f.force and serving(f) and f.ready_others < f.min_ready
+
+
+def plan(command: Command, f: CommandFacts) -> Plan:
+    if command == Command.DRAIN:
+        if f.admin == A.RETIRED:
+            return Plan(None, "retired: activate it first", Refusal.CONFLICT)
+        if f.admin == A.DRAINED:
+            return Plan(None, "already drained")
+        return _floor(f, "draining it") or Plan(
+            A.DRAINED, "drained: no new requests until an operator undrains it", forced=_forced_floor(f))
+    if command == Command.UNDRAIN:
+        if f.admin == A.RETIRED:
+            return Plan(None, "retired: use activate to put it back", Refusal.CONFLICT)
+        if f.admin == A.IN_SERVICE:
+            return Plan(None, "not drained")
+        return Plan(A.IN_SERVICE, "undrained: takes requests again while its lifecycle is READY")
+    if command == Command.RETIRE:
+        if f.admin == A.RETIRED:
+            return Plan(None, "already retired")
+        restarting = f.incident in RESTART_UNDER_WAY
+        if restarting and not f.force:
+            return Plan(None, f"a restart of ours is under way (incident {f.incident}); retire it when it is "
+                        "done, drain it now, or --force (the restart finishes, the backend stays out)",
+                        Refusal.RESTARTING)
+        refused = _floor(f, "retiring it")
+        if refused is not None:
+            return refused
+        waiting = f.incident is not None and not restarting
+        return Plan(A.RETIRED, "retired: out of every decision and count until an operator activates it",
+                    forced=_forced_floor(f) or restarting, close_incident=waiting)
+    if command == Command.ACTIVATE:
+        if f.admin == A.IN_SERVICE:
+            return Plan(None, "already in service")
+        return Plan(A.IN_SERVICE, f"activated (was {f.admin.value}): the authority's lifecycle decides again")
+    raise ValueError(f"unknown command {command!r}")

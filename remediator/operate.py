@@ -1,0 +1,77 @@
+"""Carry out an operator command: the facts, the plan (commands.plan) and its record in ONE transaction.
+
+The facts the floor is judged from (every backend's lifecycle and operator state) are read in the same
+write transaction that records the new state, so two commands at once (two operators, two gunicorn workers,
+two remediators on one store) cannot both take the last backends out. Every command is audited, refused
+or not, with who asked and why (`operator_<command>` events; `operator_refused` for a refusal).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llm_health.config import Config
+from llm_health.remediator.commands import Command, CommandFacts, Plan, plan
+from llm_health.remediator.lifecycle import UNSEEN, LifecycleState
+from llm_health.remediator.store import RESTART_UNDER_WAY, AdminState, IncidentState, StateStore, Transaction
+
+S = LifecycleState
+
+
+@dataclass(frozen=True)
+class Request:
+    command: Command
+    backend: str
+    by: str                   # who asked (the CLI sends user@host)
+    reason: str
+    force: bool = False
+
+
+def facts(tx: Transaction, config: Config, req: Request) -> CommandFacts:
+    lifecycles = tx.lifecycles()
+    admins = tx.admins()
+
+    def admin_of(name: str) -> AdminState:
+        row = admins.get(name)
+        return row.state if row is not None else AdminState.IN_SERVICE
+
+    def state_of(name: str) -> LifecycleState:
+        row = lifecycles.get(name)
+        return row.state if row is not None else UNSEEN
+
+    ready_others = sum(1 for b in config.backends if b.name != req.backend and state_of(b.name) == S.READY
+                       and admin_of(b.name) == AdminState.IN_SERVICE)
+    inc = tx.active_incident(req.backend)
+    return CommandFacts(admin=admin_of(req.backend), lifecycle=state_of(req.backend),
+                        incident=inc.state if inc is not None else None, ready_others=ready_others,
+                        min_ready=config.remediator.min_ready, force=req.force)
+
+
+def carry_out(store: StateStore, config: Config, req: Request, now: float) -> tuple[Plan, AdminState]:
+    """Decide and record the command; returns the plan and the backend's operator state afterwards."""
+    with store.tx() as tx:
+        f = facts(tx, config, req)
+        p = plan(req.command, f)
+        who = f"{req.by or 'unknown'}: {req.reason}"
+        detail = {"by": req.by, "asked_reason": req.reason, "force": req.force, "admin_before": f.admin.value,
+                  "lifecycle": f.lifecycle.value}
+        if p.refused is not None:
+            tx.event(now, "operator_refused", req.backend, reason=f"{req.command.value} refused ({p.refused.value}): "
+                     f"{p.reason}; asked by {who}", command=req.command.value, refusal=p.refused.value, **detail)
+            return p, f.admin
+        if p.target is None:
+            tx.event(now, f"operator_{req.command.value}", req.backend, reason=f"{p.reason}; nothing changed; "
+                     f"asked by {who}", changed=False, **detail)
+            return p, f.admin
+        tx.set_admin(req.backend, p.target, now, req.by, req.reason)
+        forced = " (forced past a rule: --force)" if p.forced else ""
+        tx.event(now, f"operator_{req.command.value}", req.backend,
+                 reason=f"{p.reason}{forced}; asked by {who}", changed=True, admin_after=p.target.value,
+                 forced=p.forced, **detail)
+        if p.close_incident:
+            inc = tx.active_incident(req.backend)
+            if inc is not None and inc.state not in RESTART_UNDER_WAY:
+                tx.move_incident(inc.id, now, IncidentState.CLOSED, close_reason="retired")
+                tx.event(now, "closed", req.backend, inc.id,
+                         reason=f"incident {inc.id} ({inc.state}) closed: the backend was retired by {req.by}")
+        return p, p.target
