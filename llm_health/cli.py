@@ -21,6 +21,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "exporter": ("llm_health.exporter.cli", "read backends' /metrics, judge them, probe only idle ones"),
     "check": ("llm_health.exporter.check", "one-shot verdict for one server (exit 0 ok, 1 unknown, 2 stalled/down)"),
     "remediator": ("llm_health.remediator.cli", "Alertmanager webhook receiver: the one restart authority"),
+    "ctl": ("llm_health.remediator.ctl", "operator commands to a running remediator: status, drain, undrain, retire, "
+            "activate"),
     "busy": ("llm_health.remediator.busy", "run a batch job with a busy marker set for a backend"),
     "token": ("llm_health.remediator.token", "write a random bearer token file for the remediator (once)"),
     "rules": ("llm_health.render.rules", "render the Prometheus rules from their templates"),

@@ -1,0 +1,74 @@
+"""Operator commands end to end: `llm-health ctl` against a real remediator (gunicorn, 2 workers), its agent
+answering a real HAProxy 2.6 (agent-inter 200 ms) in front of two simulators."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from llm_health.drill.procs import llm_health
+from tests.support.alerts import alert, payload
+from tests.support.lifecycle_rig import HAPROXY, build_rig
+from tests.support.remediator_process import RemediatorRig, stop_rig
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(HAPROXY is None, reason="haproxy not installed")]
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[RemediatorRig]:
+    rig = build_rig(tmp_path, {"gpu-a": "node-1", "gpu-b": "node-2"}, lb=True, min_ready=1)
+    yield rig
+    stop_rig(rig)
+
+
+def ctl(rig: RemediatorRig, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(llm_health("ctl", "--remediator", rig.url, "--token-file", rig.tmp / "token", *args),
+                          capture_output=True, text=True, timeout=60)
+
+
+def holds(rig: RemediatorRig, check: object, seconds: float) -> None:
+    """`check()` stays true for `seconds` (many agent checks at 200 ms), looked at every 50 ms."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        assert check(), rig.stats()        # type: ignore[operator]
+        time.sleep(0.05)
+
+
+def test_drain_stays_drained_across_agent_checks_until_undrained(rig: RemediatorRig) -> None:
+    done = ctl(rig, "drain", "gpu-a", "--reason", "kernel upgrade", "--by", "ops@node-1")
+    assert done.returncode == 0, done.stderr
+    assert "drain: changed" in done.stdout
+    rig.wait(lambda: rig.stats()["gpu-a"].draining, "HAProxy drains gpu-a")
+    holds(rig, lambda: rig.stats()["gpu-a"].draining, 2.0)          # ten agent checks: never undone
+    assert {rig.served_by() for _ in range(6)} == {"gpu-b"}
+    status = ctl(rig, "status")
+    line = next(ln for ln in status.stdout.splitlines() if ln.startswith("gpu-a"))
+    assert "ready" in line and "drained" in line and "ops@node-1" in line and "kernel upgrade" in line
+    refused = ctl(rig, "drain", "gpu-b", "--reason", "too")
+    assert refused.returncode == 1 and "min_ready" in refused.stderr
+    assert rig.stats()["gpu-b"].up
+    assert ctl(rig, "undrain", "gpu-a", "--reason", "done").returncode == 0
+    rig.wait(lambda: rig.stats()["gpu-a"].up and not rig.stats()["gpu-a"].draining, "gpu-a UP again")
+    events = [e["kind"] for e in rig.events("gpu-a")]
+    assert events.count("operator_drain") == 1 and events.count("operator_undrain") == 1
+    assert [e["kind"] for e in rig.events("gpu-b")].count("operator_refused") == 1
+
+
+def test_a_retired_backend_stays_out_whatever_the_alerts_say(rig: RemediatorRig) -> None:
+    assert ctl(rig, "retire", "gpu-b", "--reason", "bad GPU").returncode == 0
+    rig.wait(lambda: rig.stats()["gpu-b"].status.startswith("MAINT"), "HAProxy puts gpu-b in MAINT")
+    rig.sims["gpu-b"].set_fault("stall")
+    rig.post(payload(alert("gpu-b"), alert("gpu-b", alertname="LLMBackendDown")))
+    rig.wait(lambda: any(e["kind"] == "retired_ignored" for e in rig.events("gpu-b")), "the alert ignored")
+    holds(rig, lambda: rig.stats()["gpu-b"].status.startswith("MAINT"), 1.0)
+    assert rig.actions() == [] and rig.sims["gpu-b"].stats_json()["restarts"] == 0
+    assert rig.lifecycle()["gpu-b"] == "ready"        # its lifecycle is untouched: nothing decided about it
+    rig.sims["gpu-b"].set_fault("none")
+    assert ctl(rig, "activate", "gpu-b", "--reason", "GPU replaced").returncode == 0
+    rig.wait(lambda: rig.stats()["gpu-b"].up, "gpu-b UP again")
+    unknown = ctl(rig, "drain", "nope", "--reason", "x")
+    assert unknown.returncode == 2 and "unknown backend" in unknown.stderr
