@@ -62,7 +62,7 @@ class Authority:
         clock: Callable[[], float] = time.time,
         runner: Runner | None = None,
         holder: str | None = None,
-        answer_check: WarmupCheck | None = None,
+        first_seen_check: WarmupCheck | None = None,
         in_flight: InFlightReader | None = None,
         mono: Callable[[], float] | None = None,
     ) -> None:
@@ -71,7 +71,7 @@ class Authority:
         self.clock = clock
         self.clocks = clocks_mod.injected(clock, mono)
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.io = default_io(store, config, verifier=verifier, warmup_check=warmup_check, answer_check=answer_check,
+        self.io = default_io(store, config, verifier=verifier, warmup_check=warmup_check, first_seen_check=first_seen_check,
                              in_flight=in_flight, runner=runner)
         self.lease = AuthorityLease(store, self.clocks, self.holder, ttl=max(5.0, 10 * r.poll_interval),
                                     warmup_timeout=r.warmup_timeout)

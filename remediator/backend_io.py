@@ -41,22 +41,23 @@ OnProbe = Callable[[Backend], None]
 class BackendIO:
     verifier: Verifier           # may it be restarted? (exporter.check.verify)
     warmup_check: WarmupCheck    # is it back after a restart? (answers, and a healthy verification)
-    answer_check: WarmupCheck    # does a backend seen for the first time answer? (no generation request)
+    first_seen_check: WarmupCheck  # may a backend seen for the first time take traffic? (the warm-up gate)
     in_flight: InFlightReader    # how much work a draining backend still has
     runner: Runner               # runs the restart argv
 
 
 def default_io(store: StateStore, config: Config, *, verifier: Verifier | None = None,
-               warmup_check: WarmupCheck | None = None, answer_check: WarmupCheck | None = None,
+               warmup_check: WarmupCheck | None = None, first_seen_check: WarmupCheck | None = None,
                in_flight: InFlightReader | None = None, runner: Runner | None = None) -> BackendIO:
     """The given checks, and the defaults for the others (their probes counted in `store`)."""
     counter = ProbeCounter(store)
     verify = verifier or default_verifier(config, counter.counting(VERIFY))
     warm_verify = verifier or default_verifier(config, counter.counting(WARMUP))
+    warmup = warmup_check or default_warmup_check(config, warm_verify)
     return BackendIO(
         verifier=verify,
-        warmup_check=warmup_check or default_warmup_check(config, warm_verify),
-        answer_check=answer_check or default_answer_check(config),
+        warmup_check=warmup,
+        first_seen_check=first_seen_check or warmup,    # the lifecycle design: one gate before READY
         in_flight=in_flight or default_in_flight(config),
         runner=runner or ActionRunner(action_dir(config)),
     )
@@ -123,9 +124,9 @@ def default_verifier(config: Config, on_probe: OnProbe | None = None) -> Verifie
 
 
 def default_answer_check(config: Config) -> WarmupCheck:
-    """/health 200 and /v1/models 200 listing the configured model; no generation request. Used for a
-    backend seen for the first time (start-up: INITIALIZING -> READY). Each request has a total
-    deadline (read_timeout): a server that drips its answer costs at most that."""
+    """/health 200 and /v1/models 200 listing the configured model; no generation request: the first
+    half of the warm-up gate. Each request has a total deadline (read_timeout): a server that drips its
+    answer costs at most that."""
     timeout = config.exporter.read_timeout
 
     def check(backend: Backend) -> tuple[bool, str]:

@@ -9,6 +9,7 @@ operator state (AdminState) of the backend:
 | undrain  | nothing to do                       | -> in service           | refused: use activate       |
 | retire   | -> retired (floor, unless --force)  | -> retired              | nothing to do               |
 | activate | nothing to do                       | -> in service           | -> in service               |
+| restart  | a restart asked for by hand         | the same (stays drained)| refused: activate it first  |
 
 * The floor: taking a *serving* backend out (lifecycle READY and in service) needs at least `min_ready`
   OTHER backends READY and in service, the same rule an automatic restart follows (lifecycle.may_drain);
@@ -17,6 +18,10 @@ operator state (AdminState) of the backend:
 * Retire while a restart of ours is under way is refused (the restart holds the backend's lifecycle and
   its host's mutex) unless forced: the restart then finishes and the backend stays out. Retiring closes an
   incident that waits (open, observed, needs_ack): a retired backend is out of every decision.
+* restart asks the authority for a restart (an incident `requested_by` the operator: remediator/restart/
+  requested.py): refused while one is under way or when no restart action is configured; the authority
+  then drains, restarts and warms it up under the per-host mutex, the concurrency bound and, unless
+  forced, the breaker, the budget, busy markers and the floor (deferrals are audited and retried).
 * Nothing here changes the lifecycle: a drained or retired backend keeps its state, and the HAProxy agent
   answers `drain` or `maint` for it (remediator/agent.py) until an operator puts it back.
 """
@@ -37,6 +42,7 @@ class Command(enum.StrEnum):
     UNDRAIN = "undrain"
     RETIRE = "retire"
     ACTIVATE = "activate"
+    RESTART = "restart"
 
 
 class Refusal(enum.StrEnum):
@@ -45,6 +51,7 @@ class Refusal(enum.StrEnum):
     CONFLICT = "conflict"          # the backend's operator state does not allow it
     FLOOR = "min_ready"            # it would take out a serving backend below the floor
     RESTARTING = "restarting"      # a restart of ours holds the backend
+    NOT_CONFIGURED = "not_configured"   # restart: the backend has no restart action
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,7 @@ class CommandFacts:
     ready_others: int                       # OTHER backends READY and in service
     min_ready: int
     force: bool = False
+    restart_configured: bool = True
 
 
 @dataclass(frozen=True)
@@ -66,10 +74,11 @@ class Plan:
     refused: Refusal | None = None
     forced: bool = False                    # --force overrode a rule (the event says which)
     close_incident: bool = False            # the waiting incident ends with the command
+    request_restart: bool = False           # the authority is asked for a restart (an incident requested_by)
 
     @property
     def changes(self) -> bool:
-        return self.refused is None and self.target is not None
+        return self.refused is None and (self.target is not None or self.request_restart)
 
 
 def serving(f: CommandFacts) -> bool:
@@ -122,4 +131,14 @@ def plan(command: Command, f: CommandFacts) -> Plan:
         if f.admin == A.IN_SERVICE:
             return Plan(None, "already in service")
         return Plan(A.IN_SERVICE, f"activated (was {f.admin.value}): the authority's lifecycle decides again")
+    if command == Command.RESTART:
+        if f.admin == A.RETIRED:
+            return Plan(None, "retired: activate it first", Refusal.CONFLICT)
+        if not f.restart_configured:
+            return Plan(None, "no restart action is configured for this backend", Refusal.NOT_CONFIGURED)
+        if f.incident in RESTART_UNDER_WAY:
+            return Plan(None, f"a restart is already under way (incident {f.incident})", Refusal.RESTARTING)
+        forced = " (forced: past the breaker, budget, busy markers and min_ready floor)" if f.force else ""
+        return Plan(None, f"restart asked for{forced}: the authority drains, restarts and warms it up under its "
+                    "rules (see ctl status and the audit log)", request_restart=True, forced=f.force)
     raise ValueError(f"unknown command {command!r}")

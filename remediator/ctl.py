@@ -1,7 +1,7 @@
 """`llm-health ctl`: the operator commands, against a running remediator (the one restart authority).
 
     llm-health ctl (--config FILE | --remediator URL [--token-file F]) status [BACKEND]
-    llm-health ctl ... drain|undrain|retire|activate BACKEND --reason TEXT [--force] [--by WHO]
+    llm-health ctl ... drain|undrain|retire|activate|restart BACKEND --reason TEXT [--force] [--by WHO]
 
 Every command goes through the remediator's API (POST /api/backends/<name>/<command>, bearer token), so
 it follows the same rules as the authority and lands in its audit log with who asked (`--by`, default
@@ -45,14 +45,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     for command, text in ((Command.DRAIN, "no new requests until undrained (the agent answers drain)"),
                           (Command.UNDRAIN, "take requests again"),
                           (Command.RETIRE, "out of every decision and count until activated (agent: maint)"),
-                          (Command.ACTIVATE, "put a drained or retired backend back")):
+                          (Command.ACTIVATE, "put a drained or retired backend back"),
+                          (Command.RESTART, "ask the authority for a restart: drain, restart, warm-up, READY")):
         p = sub.add_parser(command.value, help=text, description=text)
         p.add_argument("backend")
         p.add_argument("--reason", required=True, help="why (goes to the audit log)")
         p.add_argument("--by", default=f"{getpass.getuser()}@{socket.gethostname()}",
                        help="who asks (default user@host)")
         p.add_argument("--force", action="store_true",
-                       help="past the min_ready floor, or retire while a restart is under way (audited)")
+                       help="past the min_ready floor (restart: also the breaker, budget and busy markers), or "
+                       "retire while a restart is under way (audited)")
 
 
 def endpoint(args: argparse.Namespace) -> tuple[str, str]:
@@ -108,8 +110,9 @@ def send(url: str, token: str, command: Command, args: argparse.Namespace) -> in
     if resp.status == 200:
         state = "changed" if body.get("changed") else "nothing to do"
         forced = " (forced)" if body.get("forced") else ""
+        incident = f", incident {body['incident']}" if body.get("incident") else ""
         print(f"{args.backend}: {command.value}: {state}{forced}: {body.get('reason', '')} "
-              f"(now {body.get('admin', '?')})")
+              f"(now {body.get('admin', '?')}{incident})")
         return 0
     if resp.status == 409:
         print(f"{args.backend}: {command.value} refused ({body.get('refusal', '?')}): {body.get('error', '')}",

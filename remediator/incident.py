@@ -154,6 +154,10 @@ def _resolved(tx: Transaction, backend: str, active: Incident | None, alert: Ale
                  reason=f"{alert.name or 'alert'} resolved; {firing} alert(s) of the incident still firing",
                  **_brief(alert))
         return "signal"
+    if active.requested_by and active.state == IncidentState.OPEN:
+        tx.event(now, "signal", backend, incident_id, reason=f"{alert.name or 'alert'} resolved; the restart "
+                 f"{active.requested_by} asked for stays", **_brief(alert))
+        return "signal"
     if active.state in NO_RESTART_UNDER_WAY:
         tx.move_incident(incident_id, now, IncidentState.CLOSED, close_reason="resolved")
         tx.event(now, "resolved", backend, incident_id, reason=f"all alerts of incident {incident_id} resolved; closed",

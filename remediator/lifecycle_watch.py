@@ -3,9 +3,11 @@
 They are keys of the scheduler too (the same key as their incidents: the backend's name), each looked at in
 its own worker, so one hung or dripping backend never holds its neighbours' checks:
 
-* first seen (INITIALIZING, not owned by a restart): READY once it answers /health and /v1/models (the
-  answer check; no generation request), ERROR (escalated) when it has not after warmup_timeout; looked at
-  every `warmup_poll`;
+* first seen (INITIALIZING, not owned by a restart): READY once it passes the same warm-up gate as a
+  restarted backend (/health, /v1/models, and a healthy verification: engine progress, or, idle, one
+  counted one-token request), ERROR (escalated) when it has not after warmup_timeout; looked at every
+  `warmup_poll`. Each backend is its own key, so a first start of the remediator checks the fleet
+  max_concurrent_incidents at a time, never one after another;
 * ERROR without an active incident (acknowledged, or never one): READY again once warm (the full warm-up
   check, which may send a counted probe); looked at most every max(ERROR_LOOK_MIN, warmup_poll x
   ERROR_LOOK_POLLS).
@@ -81,7 +83,7 @@ class LifecycleWatch:
         poll = ctx.r.warmup_poll
         pause = poll if st == S.INITIALIZING else max(ERROR_LOOK_MIN, poll * ERROR_LOOK_POLLS)
         try:
-            ready, why = ctx.io.warmup_check(b) if st == S.ERROR else ctx.io.answer_check(b)
+            ready, why = ctx.io.warmup_check(b) if st == S.ERROR else ctx.io.first_seen_check(b)
         except Exception as exc:  # noqa: BLE001 - one broken backend never starves the others
             log.exception("lifecycle check of %s failed", name)
             ready, why = False, f"check raised {exc.__class__.__name__}: {exc}"[:300]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from llm_health.config import Config
 from llm_health.remediator.commands import Command, CommandFacts, Plan, plan
 from llm_health.remediator.lifecycle import UNSEEN, LifecycleState
+from llm_health.remediator.restart.notes import HELD
 from llm_health.remediator.store import RESTART_UNDER_WAY, AdminState, IncidentState, StateStore, Transaction
 
 S = LifecycleState
@@ -42,13 +43,22 @@ def facts(tx: Transaction, config: Config, req: Request) -> CommandFacts:
     ready_others = sum(1 for b in config.backends if b.name != req.backend and state_of(b.name) == S.READY
                        and admin_of(b.name) == AdminState.IN_SERVICE)
     inc = tx.active_incident(req.backend)
+    backend = config.backend(req.backend)
     return CommandFacts(admin=admin_of(req.backend), lifecycle=state_of(req.backend),
                         incident=inc.state if inc is not None else None, ready_others=ready_others,
-                        min_ready=config.remediator.min_ready, force=req.force)
+                        min_ready=config.remediator.min_ready, force=req.force,
+                        restart_configured=backend is not None and bool(backend.restart))
 
 
-def carry_out(store: StateStore, config: Config, req: Request, now: float) -> tuple[Plan, AdminState]:
-    """Decide and record the command; returns the plan and the backend's operator state afterwards."""
+@dataclass(frozen=True)
+class Outcome:
+    plan: Plan
+    admin: AdminState                   # the backend's operator state afterwards
+    incident_id: int | None = None      # restart: the incident that carries it
+
+
+def carry_out(store: StateStore, config: Config, req: Request, now: float) -> Outcome:
+    """Decide and record the command."""
     with store.tx() as tx:
         f = facts(tx, config, req)
         p = plan(req.command, f)
@@ -58,20 +68,31 @@ def carry_out(store: StateStore, config: Config, req: Request, now: float) -> tu
         if p.refused is not None:
             tx.event(now, "operator_refused", req.backend, reason=f"{req.command.value} refused ({p.refused.value}): "
                      f"{p.reason}; asked by {who}", command=req.command.value, refusal=p.refused.value, **detail)
-            return p, f.admin
+            return Outcome(p, f.admin)
+        if p.request_restart:
+            incident_id = tx.request_restart(req.backend, now, req.by, req.force)
+            tx.event(now, "operator_restart", req.backend, incident_id, reason=f"{p.reason}; incident {incident_id}; "
+                     f"asked by {who}", changed=True, forced=p.forced, **detail)
+            return Outcome(p, f.admin, incident_id)
         if p.target is None:
             tx.event(now, f"operator_{req.command.value}", req.backend, reason=f"{p.reason}; nothing changed; "
                      f"asked by {who}", changed=False, **detail)
-            return p, f.admin
+            return Outcome(p, f.admin)
         tx.set_admin(req.backend, p.target, now, req.by, req.reason)
         forced = " (forced past a rule: --force)" if p.forced else ""
         tx.event(now, f"operator_{req.command.value}", req.backend,
                  reason=f"{p.reason}{forced}; asked by {who}", changed=True, admin_after=p.target.value,
                  forced=p.forced, **detail)
+        if p.target == AdminState.IN_SERVICE:
+            inc = tx.active_incident(req.backend)
+            if inc is not None and inc.state == IncidentState.OBSERVED and inc.last_decision == HELD:
+                tx.move_incident(inc.id, now, IncidentState.OPEN, last_decision="", next_check_at=0.0)
+                tx.event(now, "reopened", req.backend, inc.id, reason=f"incident {inc.id} looked at again: "
+                         f"{req.backend} is back in service ({req.command.value} by {req.by})")
         if p.close_incident:
             inc = tx.active_incident(req.backend)
             if inc is not None and inc.state not in RESTART_UNDER_WAY:
                 tx.move_incident(inc.id, now, IncidentState.CLOSED, close_reason="retired")
                 tx.event(now, "closed", req.backend, inc.id,
                          reason=f"incident {inc.id} ({inc.state}) closed: the backend was retired by {req.by}")
-        return p, p.target
+        return Outcome(p, p.target)

@@ -110,8 +110,9 @@ def _in_window(times: tuple[float, ...], now: float, window: float) -> list[floa
     return sorted(t for t in times if now - t < window)
 
 
-def gates(facts: Facts, s: Settings) -> Decision | None:
-    """The cheap checks, in order; None when none of them holds the restart back."""
+def gates(facts: Facts, s: Settings, backoff: bool = True) -> Decision | None:
+    """The cheap checks, in order; None when none of them holds the restart back. `backoff=False`: a
+    person asked for this restart, the backoff (meant for automatic ones) does not apply."""
     now = facts.now
     if facts.breaker_open:
         return Decision(DEFERRED_BREAKER, "fleet circuit breaker is open (reset via POST /api/breaker/reset)")
@@ -123,7 +124,7 @@ def gates(facts: Facts, s: Settings) -> Decision | None:
             f"restart budget used: {len(recent)} of {s.budget.restarts} in {s.budget.window:g}s",
             retry_at=retry,
         )
-    allowed = next_allowed(facts.restarts, now, s.backoff)
+    allowed = next_allowed(facts.restarts, now, s.backoff) if backoff else None
     if allowed is not None:
         return Decision(DEFERRED_BACKOFF, f"backoff: next restart allowed in {allowed - now:.1f}s", retry_at=allowed)
     fleet = _in_window(facts.fleet_restarts, now, s.breaker.window)
@@ -171,6 +172,20 @@ def decide(facts: Facts, verification: Verification | None, s: Settings) -> Deci
         f"verification {outcome}: cannot tell, not acting (fail closed): {why}",
         retry_at=facts.now + s.unknown_retry,
     )
+
+
+def decide_requested(facts: Facts, s: Settings, by: str, force: bool = False) -> Decision:
+    """A restart an operator asked for (`llm-health ctl restart`): no verification (the operator says why),
+    no backoff (a person decided); the breaker, the budget and busy markers still hold it back unless
+    forced, and a dry run still only says what it would do."""
+    if not facts.has_action:
+        return Decision(NOT_CONFIGURED, "no restart action configured for this backend")
+    blocked = None if force else gates(facts, s, backoff=False)
+    if blocked is not None:
+        return blocked
+    kind = WOULD_RESTART if facts.dry_run else RESTART
+    forced = " (forced past the breaker, budget and busy markers)" if force else ""
+    return Decision(kind, f"requested by {by}{forced}")
 
 
 def _unresponsive(facts: Facts, why: str, s: Settings) -> Decision:

@@ -76,7 +76,7 @@ def concurrency_gate(ctx: Context, rd: Reads, incident_id: int,
                            f"(remediator.max_concurrent_restarts {limit}); waiting for one to finish")
 
 
-def floor_gate(ctx: Context, rd: Reads, backend: Backend, verification: Verification,
+def floor_gate(ctx: Context, rd: Reads, backend: Backend, verification: Verification | None,
                now: float) -> policy.Decision | None:
     ok, why = lifecycle.may_drain(backend.name, gate_states(ctx, rd), ctx.r.min_ready,
                                   serves_nothing(rd, backend, verification))

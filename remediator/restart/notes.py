@@ -60,3 +60,20 @@ def close(ctx: Context, incident_id: int, backend: str, kind: str, reason: str) 
         if r is not None and r.incident_id == incident_id and r.state != S.ERROR:
             tx.move_lifecycle(backend, S.ERROR, now, f"incident {incident_id} closed mid-restart: {reason}")
     return DONE
+
+
+HELD = "held_by_operator"       # the decision that parks an incident of a drained backend (remediator/commands.py)
+
+
+def hold_off(ctx: Context, incident_id: int, backend: str, why: str) -> StepResult:
+    """An OPEN incident of a backend an operator drained: no automatic restart (the operator holds it, and
+    may be collecting evidence from it); OBSERVED until its alerts resolve or an operator puts the backend
+    back (which re-opens it: remediator/operate.py)."""
+    now = ctx.clocks.wall()
+    with ctx.store.tx() as tx:
+        if tx.incident_in(incident_id, IncidentState.OPEN) is None:
+            return DONE
+        tx.move_incident(incident_id, now, IncidentState.OBSERVED, last_decision=HELD)
+        tx.event(now, HELD, backend, incident_id, reason=f"{why}: no automatic restart while an operator holds it; "
+                 "looked at again when it is undrained")
+    return DONE

@@ -14,10 +14,13 @@ step; nothing is remembered between looks except in the store (and the discovery
     warming     watch_replacement               the same, on the new pod of a ReplicaSet      closed, needs_ack
                 (replacement.py)                (its pod comes back under a new name)
     needs_ack   watch_recovery (warmup.py)      closes by itself when the backend answers     closed
+    open, draining of a restart an operator asked for: consider_requested, watch_requested_drain
+                (requested.py): no verification, no call-off on progress
     observed    (nothing: absorbs alerts until they resolve)
 
-An incident of a backend an operator retired is closed (`retired_ignored`) unless a restart of ours is
-under way: a retired backend is out of every decision (remediator/commands.py).
+An incident of a backend an operator holds (remediator/commands.py) never starts a restart: retired, it
+is closed (`retired_ignored`: out of every decision); drained, an open one is parked OBSERVED
+(`held_by_operator`) until the backend is undrained. A restart of ours already under way finishes.
 
 A backend the incident names that is not in this worker's fleet is looked up in service discovery first
 (`DiscoveryWait`): never closed on a missing answer, closed as "no longer configured" once an answer
@@ -35,8 +38,9 @@ from llm_health.remediator.restart.act import watch_action
 from llm_health.remediator.restart.consider import consider
 from llm_health.remediator.restart.context import Context
 from llm_health.remediator.restart.draining import watch_drain
-from llm_health.remediator.restart.notes import close
+from llm_health.remediator.restart.notes import close, hold_off
 from llm_health.remediator.restart.replacement import watch_replacement
+from llm_health.remediator.restart.requested import consider_requested, watch_requested_drain
 from llm_health.remediator.restart.result import DONE, LookAgain, StepResult
 from llm_health.remediator.restart.warmup import watch_recovery, watch_warmup
 from llm_health.remediator.store import AdminState, Incident, IncidentState
@@ -50,6 +54,12 @@ STEPS: dict[IncidentState, Step] = {
     IS.RESTARTING: watch_action,
     IS.WARMING: watch_warmup,
     IS.NEEDS_ACK: watch_recovery,
+}
+
+#: a restart an operator asked for decides and drains its own way (requested.py); the rest is shared
+REQUESTED_STEPS: dict[IncidentState, Step] = {
+    IS.OPEN: consider_requested,
+    IS.DRAINING: watch_requested_drain,
 }
 
 #: incidents whose backend this worker is looking up in service discovery (bounded; the oldest is dropped)
@@ -81,10 +91,15 @@ class Reconciler:
         else:
             self.discovery.found(inc.id)
         held = self.ctx.store.admin(backend.name)
-        if held is not None and held.state == AdminState.RETIRED and not inc.restart_under_way:
-            return close(self.ctx, inc.id, inc.backend, "retired_ignored",
-                         f"{backend.name} is retired (by {held.by or 'unknown'}: {held.reason}): out of every "
-                         "decision, no restart; activate it to put it back")
+        if held is not None and not inc.restart_under_way:
+            who = f"{backend.name} is {held.state.value} (by {held.by or 'unknown'}: {held.reason})"
+            if held.state == AdminState.RETIRED:
+                return close(self.ctx, inc.id, inc.backend, "retired_ignored",
+                             f"{who}: out of every decision, no restart; activate it to put it back")
+            if inc.state == IS.OPEN and not inc.requested_by:    # a restart asked for by hand goes ahead
+                return hold_off(self.ctx, inc.id, inc.backend, who)
+        if inc.requested_by and inc.state in REQUESTED_STEPS:
+            return REQUESTED_STEPS[inc.state](self.ctx, inc, backend)
         step = STEPS.get(inc.state)
         return step(self.ctx, inc, backend) if step is not None else DONE
 

@@ -131,6 +131,8 @@ class Transaction(Reads, Protocol):
     def remember_resolved(self, fingerprint: str, starts_at: str, at: float) -> None: ...
     def open_incident(self, backend: str, at: float, labels: Labels = ()) -> int:
         """A new OPEN incident of `backend`, recording the group labels of the alert that opened it."""
+    def request_restart(self, backend: str, at: float, by: str, force: bool) -> int:
+        """The backend's active incident (a new one if none) becomes a restart `by` asked for, OPEN now."""
     def alert_firing(self, incident_id: int, fingerprint: str, starts_at: str, alertname: str) -> None: ...
     def alert_resolves(self, incident_id: int, fingerprint: str, starts_at: str) -> None:
         """Mark the incident's alert resolved (every firing of it when `starts_at` is '')."""

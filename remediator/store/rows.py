@@ -69,6 +69,8 @@ class Incident:
     workload: str = ""                            # a workload that replaces its pods ("ReplicaSet/ns/name")
     members: tuple[str, ...] = ()                 # its backends when the restart began
     replacement: str = ""                         # the new pod the incident follows (restart/replacement.py)
+    requested_by: str = ""                        # an operator who asked for this restart ('' = an alert did)
+    requested_force: bool = False                 # ... past the breaker, budget, markers and min_ready floor
 
     @property
     def restart_under_way(self) -> bool:

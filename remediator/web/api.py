@@ -186,9 +186,10 @@ def command_view(command: Command) -> Any:
             return error(400, f"by must be a non-empty string (at most {MAX_BY} characters): who asks")
         if not isinstance(force, bool):
             return error(400, "force must be true or false")
-        p, admin = carry_out(c.store, c.config, Request(command, name, by.strip(), reason.strip(), force), c.clock())
-        body = {"backend": name, "command": command.value, "changed": p.changes, "admin": admin.value,
-                "reason": p.reason, "forced": p.forced}
+        done = carry_out(c.store, c.config, Request(command, name, by.strip(), reason.strip(), force), c.clock())
+        p = done.plan
+        body = {"backend": name, "command": command.value, "changed": p.changes, "admin": done.admin.value,
+                "reason": p.reason, "forced": p.forced, "incident": done.incident_id}
         if p.refused is not None:
             return jsonify({**body, "error": p.reason, "refusal": p.refused.value}), 409
         return jsonify(body)

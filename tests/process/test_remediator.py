@@ -143,7 +143,11 @@ def running_rig(tmp: Path, names: tuple[str, ...], name: str,
             config.write_text(yaml.safe_dump(cfg))
         port = free_port()
         proc = start_remediator(tmp, config, port, name)
-        yield Rig(f"http://127.0.0.1:{port}", proc, sims, tmp / "calls.txt", config)
+        url = f"http://127.0.0.1:{port}"
+        # a backend seen for the first time passes the warm-up gate before it is READY (and may be drained)
+        wait_until(lambda: {b["lifecycle"]["state"] for b in requests.get(url + "/api/backends", timeout=5)
+                            .json()["backends"]} == {"ready"}, timeout=60, what="every backend READY")
+        yield Rig(url, proc, sims, tmp / "calls.txt", config)
     finally:
         if proc is not None:
             proc.stop()

@@ -71,7 +71,7 @@ def test_a_deposed_holder_leaves_the_outcome_and_the_silence_to_the_new_holder(t
     def authority(holder: str) -> Authority:
         return Authority(store, config, clock=wall, mono=mono, holder=holder,
                          verifier=lambda b: Verification("down", "scripted"),
-                         warmup_check=lambda b: (False, "still loading"), answer_check=lambda b: (True, "answers"),
+                         warmup_check=lambda b: (False, "still loading"), first_seen_check=lambda b: (True, "answers"),
                          in_flight=lambda b: InFlight(None, None, None, "refused"))
     a, b = authority("a"), authority("b")
     try:

@@ -173,7 +173,7 @@ class World:
 
 def build(tmp_path: Path, document: Mapping[str, Any], *, outcomes: Mapping[str, str] | None = None,
           ready: Mapping[str, bool] | None = None, scripted_serving: bool = False,
-          answer_check: Check | None = None, in_flight: InFlightReader | None = None,
+          first_seen_check: Check | None = None, in_flight: InFlightReader | None = None,
           mono: FakeClock | None = None, holder: str = "test-authority", start_services: bool = False,
           first_look: bool = False, prometheus: FakePrometheus | None = None) -> World:
     """A World over the configuration `document` (relative paths from `tmp_path`, the token in
@@ -181,7 +181,7 @@ def build(tmp_path: Path, document: Mapping[str, Any], *, outcomes: Mapping[str,
 
     Verification finds `outcomes[name]` ("down" for a name not in it), warm-up `ready[name]` (False if
     not in it). `scripted_serving`: the answer check says `ready[name]` too, and the in-flight reading
-    is `work[name]` requests with `tokens[name]` generated (1 and 100 to begin with); `answer_check` and
+    is `work[name]` requests with `tokens[name]` generated (1 and 100 to begin with); `first_seen_check` and
     `in_flight` replace either; otherwise both are the default I/O. `mono`: a monotonic clock of its own
     (else the wall clock serves both). `start_services`: the worker's services start as under gunicorn
     (discovery's first refresh, then its refresher). `first_look`: one pass right away, after which
@@ -219,7 +219,7 @@ def build(tmp_path: Path, document: Mapping[str, Any], *, outcomes: Mapping[str,
 
     authority = Authority(ctx.store, config, verifier=verifier, warmup_check=warmup, clock=clock, mono=mono,
                           runner=runner, holder=holder,
-                          answer_check=answer_check or (answers if scripted_serving else None),
+                          first_seen_check=first_seen_check or (answers if scripted_serving else None),
                           in_flight=in_flight or (work if scripted_serving else None))
     world = World(app.test_client(), app, authority, ctx.store, clock, config, dict(outcomes or {}),
                   dict(ready or {}), dict.fromkeys(names, 1.0), dict.fromkeys(names, 100.0), mono=mono,

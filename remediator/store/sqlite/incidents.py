@@ -31,6 +31,7 @@ def incident_of(r: sqlite3.Row | None) -> Incident | None:
         unresponsive_seen_at=r["unresponsive_seen_at"],
         labels=tuple(sorted(json.loads(r["labels"] or "{}").items())),
         workload=r["workload"], members=tuple(json.loads(r["members"] or "[]")), replacement=r["replacement"],
+        requested_by=r["requested_by"], requested_force=bool(r["requested_force"]),
     )
 
 
@@ -96,6 +97,19 @@ class IncidentWrites(Connected):
                                  "VALUES (?,?,?,?,?)", (backend, IS.OPEN.value, at, at,
                                                         json.dumps(dict(labels), sort_keys=True)))
         return int(cur.lastrowid or 0)
+
+    def request_restart(self, backend: str, at: float, by: str, force: bool) -> int:
+        """The backend's active incident (opened if there is none) becomes a restart asked for by `by`:
+        OPEN, looked at at once. The caller checked that no restart is under way."""
+        r = self._db().execute("SELECT id FROM incidents WHERE backend = ? AND state != ?", (backend, CLOSED)).fetchone()
+        if r is None:
+            incident_id = self.open_incident(backend, at)
+        else:
+            incident_id = int(r[0])
+        self._db().execute("UPDATE incidents SET state = ?, updated_at = ?, requested_by = ?, requested_force = ?, "
+                           "next_check_at = 0, last_note = '' WHERE id = ?",
+                           (IS.OPEN.value, at, by, int(force), incident_id))
+        return incident_id
 
     def alert_firing(self, incident_id: int, fingerprint: str, starts_at: str, alertname: str) -> None:
         self._db().execute(

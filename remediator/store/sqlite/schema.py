@@ -152,10 +152,14 @@ def _heard(c: sqlite3.Connection) -> None:
     c.execute("CREATE TABLE IF NOT EXISTS heard (what TEXT PRIMARY KEY, at REAL NOT NULL)")
 
 
-def _admin(c: sqlite3.Connection) -> None:
-    """Version 4: an operator's hold on a backend (drained, retired), who asked and why."""
+def _operators(c: sqlite3.Connection) -> None:
+    """Version 4: an operator's hold on a backend (drained, retired), who asked and why; and on an
+    incident, the operator who asked for its restart (`llm-health ctl restart`)."""
     c.execute("CREATE TABLE IF NOT EXISTS admin (backend TEXT PRIMARY KEY, state TEXT NOT NULL, since REAL NOT NULL, "
               "by TEXT NOT NULL DEFAULT '', reason TEXT NOT NULL DEFAULT '')")
+    for column, decl in (("requested_by", "TEXT NOT NULL DEFAULT ''"), ("requested_force", "INTEGER NOT NULL DEFAULT 0")):
+        if column not in {r[1] for r in c.execute("PRAGMA table_info(incidents)").fetchall()}:
+            c.execute(f"ALTER TABLE incidents ADD COLUMN {column} {decl}")
 
 
 #: (version, step): the step brings a state file of version - 1 to `version`
@@ -163,7 +167,7 @@ MIGRATIONS: tuple[tuple[int, Callable[[sqlite3.Connection], None]], ...] = (
     (1, _baseline),
     (2, _group_labels),
     (3, _heard),
-    (4, _admin),
+    (4, _operators),
 )
 
 

@@ -109,7 +109,7 @@ def running_fleet(tmp_path: Path, n: int, *, hosts: list[str] | None = None, ver
 
     authority = Authority(store, config, runner=runner, holder="concurrency-test", verifier=verifier,
                           warmup_check=lambda b: (outcomes[b.name] == "progress", "scripted warm-up"),
-                          answer_check=lambda b: (True, "answers"),
+                          first_seen_check=lambda b: (True, "answers"),
                           in_flight=lambda b: InFlight(None, None, None, "not read"))
     world = Fleet(app.test_client(), authority, store, names, outcomes)
     authority.start()

@@ -42,7 +42,7 @@ def test_wall_clock_steps_move_neither_lease_nor_deadlines(tmp_path: Path) -> No
         return Authority(store, config, clock=wall, mono=mono, runner=runner, holder=holder,
                          verifier=lambda b: Verification(outcome[b.name], "scripted"),
                          warmup_check=lambda b: (outcome[b.name] == "progress", "scripted"),
-                         answer_check=lambda b: (True, "answers"),
+                         first_seen_check=lambda b: (True, "answers"),
                          in_flight=lambda b: InFlight(1.0, None, None, "busy, unreadable progress"))
     a, b = authority("a"), authority("b")
 
@@ -95,7 +95,7 @@ def rig(tmp_path: Path, **remediator: Any) -> World:
         "remediator": settings,
     }
     return build(tmp_path, document, outcomes={"gpu-a": "down", "gpu-b": "progress"},
-                 ready={"gpu-a": True, "gpu-b": True}, answer_check=lambda b: (True, "answers"),
+                 ready={"gpu-a": True, "gpu-b": True}, first_seen_check=lambda b: (True, "answers"),
                  in_flight=lambda b: InFlight(0.0, None, None, "idle"), mono=FakeClock(5_000.0), holder="a")
 
 

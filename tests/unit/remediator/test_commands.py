@@ -74,3 +74,15 @@ def test_retire_closes_a_waiting_incident(incident: IncidentState) -> None:
 def test_drain_leaves_an_incident_alone() -> None:
     p = plan(C.DRAIN, facts(incident=IncidentState.OPEN))
     assert p.changes and not p.close_incident
+
+
+def test_restart_is_asked_for_unless_it_cannot_be_carried_out() -> None:
+    asked = plan(C.RESTART, facts())
+    assert asked.request_restart and asked.changes and asked.target is None
+    assert plan(C.RESTART, facts(admin=A.DRAINED)).request_restart          # drain, then restart: the upgrade
+    assert plan(C.RESTART, facts(admin=A.RETIRED)).refused == Refusal.CONFLICT
+    assert plan(C.RESTART, CommandFacts(A.IN_SERVICE, S.READY, None, 2, 1, restart_configured=False)).refused \
+        == Refusal.NOT_CONFIGURED
+    assert plan(C.RESTART, facts(incident=IncidentState.WARMING)).refused == Refusal.RESTARTING
+    assert plan(C.RESTART, facts(incident=IncidentState.NEEDS_ACK)).request_restart   # a person decides: go
+    assert plan(C.RESTART, facts(force=True)).forced

@@ -25,14 +25,14 @@ def test_a_lifecycle_check_that_raises_never_starves_the_other_backends(w: World
     """Backends outside a restart are looked at oldest first; a check raising for the first one ended
     the pass before the others (and it stayed first in line): they were never marked READY."""
     w.store.conn().execute("UPDATE lifecycle SET state = 'initializing', incident_id = NULL")
-    answers = w.authority.io.answer_check
+    answers = w.authority.io.first_seen_check
 
     def check(b: Any) -> tuple[bool, str]:
         if b.name == "gpu-a":
             raise RuntimeError("odd answer")
         return answers(b)
 
-    w.authority.io.answer_check = check
+    w.authority.io.first_seen_check = check
     for _ in range(3):
         w.clock.advance(10)                         # past warmup_poll: both due
         one_pass(w.authority)

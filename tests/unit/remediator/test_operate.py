@@ -107,3 +107,67 @@ def test_the_floor_never_lets_a_backend_that_is_not_ready_in(tmp_path: Path) -> 
     # only one other backend is up, below min_ready 2: a READY backend would be kept up, an ERROR one never
     assert answer(w, "gpu-a") == "down #error: start failed"
     assert answer(w, "gpu-b") == "ready up 100%"
+
+
+def test_a_drained_backend_is_not_restarted_until_undrained(tmp_path: Path) -> None:
+    """The operator holds it (maybe to take a py-spy dump): an alert parks its incident; undrain re-opens it."""
+    w = fleet(tmp_path, ("gpu-a", "gpu-b", "gpu-c"), min_ready=1)
+    w.run()
+    assert command(w, "gpu-a", "drain", reason="collecting a dump").status_code == 200
+    w.deliver(payload(alert("gpu-a")))
+    w.run()
+    assert w.restarted == [] and w.last_incident("gpu-a")["state"] == "observed"
+    assert "collecting a dump" in w.events("gpu-a", "held_by_operator")[0].reason
+    assert command(w, "gpu-a", "undrain", reason="dump taken").status_code == 200
+    assert w.last_incident("gpu-a")["state"] == "open" and w.events("gpu-a", "reopened")
+    w.run_until(lambda: w.restarted == ["gpu-a"], "gpu-a restarted once it is back in service")
+
+
+def test_a_restart_asked_for_drains_restarts_and_warms_up_a_healthy_backend(tmp_path: Path) -> None:
+    w = fleet(tmp_path, ("gpu-a", "gpu-b"), min_ready=1)
+    w.outcomes["gpu-a"] = "progress"                     # healthy: an alert would never restart it
+    before = w.verifications
+    r = command(w, "gpu-a", "restart", reason="vLLM upgrade")
+    assert r.status_code == 200 and r.get_json()["incident"] is not None
+    w.run()
+    assert w.state("gpu-a") == "draining" and w.restarted == []
+    w.tokens["gpu-a"] += 50                              # it makes progress while draining: never a call-off
+    w.run()
+    assert w.state("gpu-a") == "draining"
+    w.work["gpu-a"] = 0                                  # the in-flight request finished
+    w.run_until(lambda: w.restarted == ["gpu-a"] and w.state("gpu-a") == "ready", "restarted and READY")
+    w.run_until(lambda: w.last_incident("gpu-a")["state"] == "closed", "incident closed after warm-up")
+    assert w.verifications == before                     # an operator's word is not re-verified
+    kinds = w.kinds("gpu-a")
+    assert kinds.index("operator_restart") < kinds.index("draining") < kinds.index("restarting")
+    assert "restart_called_off" not in kinds
+
+
+def test_a_restart_asked_for_keeps_the_floor_and_busy_markers_unless_forced(tmp_path: Path) -> None:
+    w = fleet(tmp_path, ("gpu-a", "gpu-b"), min_ready=1)
+    w.run()
+    assert command(w, "gpu-b", "drain").status_code == 200
+    assert command(w, "gpu-a", "restart", reason="upgrade").status_code == 200
+    w.run()
+    assert w.state("gpu-a") == "ready" and w.events("gpu-a", "deferred_min_ready")
+    assert command(w, "gpu-a", "restart", reason="upgrade now", force=True).get_json()["forced"] is True
+    w.work["gpu-a"] = 0
+    w.run_until(lambda: w.restarted == ["gpu-a"], "forced restart")
+    w.run_until(lambda: w.last_incident("gpu-a")["state"] == "closed", "warm")
+    marker = w.client.post("/api/busy", json={"backend": "gpu-b", "owner": "batch", "ttl_seconds": 600}, headers=AUTH)
+    assert marker.status_code == 201
+    assert command(w, "gpu-b", "restart", reason="upgrade").status_code == 200      # drained: costs no capacity
+    w.run()
+    assert w.restarted == ["gpu-a"] and w.events("gpu-b", "deferred_marker")
+
+
+def test_a_restart_is_refused_when_it_cannot_be_carried_out(tmp_path: Path) -> None:
+    w = fleet(tmp_path, ("gpu-a", "gpu-b"))
+    w.run()
+    assert command(w, "gpu-a", "restart").status_code == 200
+    w.run()
+    assert w.state("gpu-a") == "draining"
+    again = command(w, "gpu-a", "restart")
+    assert again.status_code == 409 and again.get_json()["refusal"] == "restarting"
+    assert command(w, "gpu-b", "retire", force=True).status_code == 200
+    assert command(w, "gpu-b", "restart").get_json()["refusal"] == "conflict"

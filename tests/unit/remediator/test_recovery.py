@@ -56,7 +56,7 @@ def test_lifecycle_survives_a_crash_and_every_process_answers_the_same(tmp_path:
     assert {a.status_for("gpu-a").state for a in agents} == {S.DRAINING}
     second = Authority(SqliteStore(w.store.path), w.config, clock=w.clock, holder="second", runner=w.authority.io.runner,
                        verifier=w.authority.io.verifier, warmup_check=w.authority.io.warmup_check,
-                       answer_check=w.authority.io.answer_check, in_flight=w.authority.io.in_flight)
+                       first_seen_check=w.authority.io.first_seen_check, in_flight=w.authority.io.in_flight)
     w.clock.advance(w.authority.lease.ttl + 1)
     assert second.lease.renew()
     w.clock.advance(5)

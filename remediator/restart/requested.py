@@ -1,0 +1,102 @@
+"""A restart an operator asked for (`llm-health ctl restart`): steps `consider` and `drain` for it.
+
+The same authority and the same procedure as an automatic restart (drain -> stop -> start -> warm-up ->
+READY), under the same per-host mutex and concurrency bound, but decided by a person: no verification
+(a healthy server may be restarted on purpose, e.g. for an upgrade), no backoff, and progress during
+the drain is expected, so it never calls the restart off: the drain waits until the in-flight work is
+done or `drain_timeout` runs out. The breaker, the budget, busy markers and the min_ready floor hold it
+back (deferred, retried, audited) unless the operator forced it (policy.decide_requested).
+"""
+
+from __future__ import annotations
+
+from llm_health.config import Backend
+from llm_health.exporter.observation import Verification, VerifyOutcome
+from llm_health.remediator import policy
+from llm_health.remediator.lifecycle import LifecycleState
+from llm_health.remediator.restart.act import carry_out, claim
+from llm_health.remediator.restart.choices import Begin, how_to_begin
+from llm_health.remediator.restart.context import Context
+from llm_health.remediator.restart.draining import in_flight_now
+from llm_health.remediator.restart.gates import concurrency_gate, facts, floor_gate, host_gate
+from llm_health.remediator.restart.notes import note
+from llm_health.remediator.restart.result import DONE, LookAgain, StepResult
+from llm_health.remediator.restart.silences import silence_safely
+from llm_health.remediator.store import Incident, IncidentState, Reads
+
+S = LifecycleState
+IS = IncidentState
+#: what the drain of a requested restart starts from (no verification: the operator's word)
+ASKED = Verification(VerifyOutcome.UNKNOWN, "asked for by an operator")
+
+
+def decision(ctx: Context, rd: Reads, inc: Incident, backend: Backend, now: float) -> policy.Decision:
+    d = policy.decide_requested(facts(ctx, rd, backend, now), ctx.settings, inc.requested_by, inc.requested_force)
+    if d.kind != policy.RESTART:
+        return d
+    floor = None if inc.requested_force else floor_gate(ctx, rd, backend, None, now)
+    return host_gate(ctx, rd, backend) or concurrency_gate(ctx, rd, inc.id) or floor or d
+
+
+def consider_requested(ctx: Context, inc: Incident, backend: Backend) -> StepResult:
+    now, t = ctx.clocks.wall(), ctx.clocks.mono()
+    claimed: int | None = None
+    with ctx.store.tx() as tx:
+        current = tx.incident_in(inc.id, IS.OPEN)
+        if current is None:
+            return DONE
+        d = decision(ctx, tx, current, backend, now)
+        if d.kind != policy.RESTART:
+            return note(ctx, tx, inc.id, backend.name, d, now)
+        if not ctx.holds_lease(tx):
+            return DONE
+        if how_to_begin(tx.lifecycle_state(backend.name), ASKED.outcome) == Begin.DRAIN:
+            timeout = ctx.r.drain_timeout
+            if not tx.move_lifecycle(backend.name, S.DRAINING, now, f"restart {d.reason}; no new requests, waiting "
+                                     f"up to {timeout:g}s for in-flight work", inc.id, drain_deadline=t + timeout,
+                                     drain_baseline=None):
+                return DONE
+            tx.move_incident(inc.id, now, IS.DRAINING, last_decision=policy.RESTART, last_note="", next_check_at=0.0)
+            tx.event(now, "draining", backend.name, inc.id, reason=f"restart {d.reason}; draining for up to "
+                     f"{timeout:g}s (drain_timeout)", requested_by=inc.requested_by)
+            draining = True
+        else:
+            claimed = claim(ctx, tx, inc.id, backend, d, now)
+            draining = False
+    if claimed is not None:
+        return carry_out(ctx, inc.id, claimed, backend, with_silence=True)
+    if draining:
+        silence_safely(ctx, inc.id, backend)
+    return DONE
+
+
+def watch_requested_drain(ctx: Context, inc: Incident, backend: Backend) -> StepResult:
+    seen = in_flight_now(ctx, backend)
+    now, t = ctx.clocks.wall(), ctx.clocks.mono()
+    claimed: int | None = None
+    with ctx.store.tx() as tx:
+        current = tx.incident_in(inc.id, IS.DRAINING)
+        r = tx.lifecycle(backend.name)
+        if current is None:
+            return DONE
+        if r is None or r.state != S.DRAINING:
+            tx.move_incident(inc.id, now, IS.OPEN, last_decision="drain_lost", last_note="")
+            tx.event(now, "lifecycle_refused", backend.name, inc.id, reason=f"incident {inc.id} is draining but "
+                     f"the lifecycle is {r.state if r else 'missing'}; back to open")
+            return DONE
+        if not seen.drained and r.drain_deadline is not None and t < r.drain_deadline:
+            tx.look_again_at(inc.id, t + ctx.r.poll_interval)
+            return LookAgain(t + ctx.r.poll_interval)
+        d = policy.decide_requested(facts(ctx, tx, backend, now), ctx.settings, current.requested_by,
+                                    current.requested_force)
+        if d.kind != policy.RESTART:                       # a gate closed during the drain (a busy marker)
+            tx.move_lifecycle(backend.name, S.READY, now, f"restart called off: {d.reason}")
+            tx.move_incident(inc.id, now, IS.OPEN, last_note="")
+            return note(ctx, tx, inc.id, backend.name, d, now)
+        why = "in-flight work finished" if seen.drained else f"drain timeout, still {seen.describe()}"
+        if ctx.holds_lease(tx) and tx.move_lifecycle(backend.name, S.STOPPED, now, why, inc.id):
+            claimed = claim(ctx, tx, inc.id, backend, policy.Decision(policy.RESTART, f"{d.reason}; drained: {why}"),
+                            now)
+    if claimed is not None:
+        return carry_out(ctx, inc.id, claimed, backend, with_silence=False)
+    return DONE
