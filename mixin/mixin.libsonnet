@@ -56,6 +56,10 @@
         "name": "llm-health.records",
         "rules": [
           {
+            "record": "backend:llm_retired:bool",
+            "expr": "max by (backend) (llm_health_remediator_admin_state{" + $._config.remediatorSelector + ", state=\"retired\"}) == 1\n",
+          },
+          {
             "record": "backend:vllm_requests_in_flight:sum",
             "expr": "sum by (backend) (vllm:num_requests_running{" + $._config.vllmSelector + "})\n+ sum by (backend) (vllm:num_requests_waiting{" + $._config.vllmSelector + "})\n",
           },
@@ -163,7 +167,7 @@
         "rules": [
           {
             "alert": "LLMBackendStalled",
-            "expr": "(\n  max by (backend) (\n    (\n      backend_instance_engine:vllm_requests_in_flight:min_stall_window > 0\n      and on (backend, instance, engine)\n      backend_instance_engine:vllm_engine_progress:rate_stall_window == 0\n      and on (backend, instance, engine)\n      min by (backend, instance, engine) (count_over_time(vllm:num_requests_running{" + $._config.vllmSelector + "}[2m])) >= 2\n    )\n    or\n    (\n      backend_instance_engine:sglang_requests_in_flight:min_stall_window > 0\n      and on (backend, instance, engine)\n      backend_instance_engine:sglang_engine_progress:rate_stall_window == 0\n      and on (backend, instance, engine)\n      min by (backend, instance, engine) (label_replace(count_over_time(sglang:num_running_reqs{" + $._config.sglangSelector + ", tp_rank=~\"|0\", pp_rank=~\"|0\"}[2m]), \"engine\", \"$1\", \"dp_rank\", \"(.+)\")) >= 2\n    )\n    or\n    (\n      backend_instance:llamacpp_requests_in_flight:min_stall_window > 0\n      and on (backend, instance)\n      backend_instance:llamacpp_engine_progress:rate_stall_window == 0\n      and on (backend, instance)\n      min by (backend, instance) (count_over_time(llamacpp:requests_processing{" + $._config.llamacppSelector + "}[2m])) >= 2\n    )\n  )\n  unless on (backend)\n  backend:llm_restarts:count_recent > 0\n  unless on (backend)\n  backend:llm_engine_sleeping:min == 1\n  unless on (backend)\n  max by (backend) (llm_health_stall_threshold_seconds{" + $._config.exporterSelector + "}) > 120\n)\nor on (backend)\n(max by (backend) (llm_health_verdict_code{" + $._config.exporterSelector + "}) == 5)\n",
+            "expr": "(\n  (\n    max by (backend) (\n      (\n        backend_instance_engine:vllm_requests_in_flight:min_stall_window > 0\n        and on (backend, instance, engine)\n        backend_instance_engine:vllm_engine_progress:rate_stall_window == 0\n        and on (backend, instance, engine)\n        min by (backend, instance, engine) (count_over_time(vllm:num_requests_running{" + $._config.vllmSelector + "}[2m])) >= 2\n      )\n      or\n      (\n        backend_instance_engine:sglang_requests_in_flight:min_stall_window > 0\n        and on (backend, instance, engine)\n        backend_instance_engine:sglang_engine_progress:rate_stall_window == 0\n        and on (backend, instance, engine)\n        min by (backend, instance, engine) (label_replace(count_over_time(sglang:num_running_reqs{" + $._config.sglangSelector + ", tp_rank=~\"|0\", pp_rank=~\"|0\"}[2m]), \"engine\", \"$1\", \"dp_rank\", \"(.+)\")) >= 2\n      )\n      or\n      (\n        backend_instance:llamacpp_requests_in_flight:min_stall_window > 0\n        and on (backend, instance)\n        backend_instance:llamacpp_engine_progress:rate_stall_window == 0\n        and on (backend, instance)\n        min by (backend, instance) (count_over_time(llamacpp:requests_processing{" + $._config.llamacppSelector + "}[2m])) >= 2\n      )\n    )\n    unless on (backend)\n    backend:llm_restarts:count_recent > 0\n    unless on (backend)\n    backend:llm_engine_sleeping:min == 1\n    unless on (backend)\n    max by (backend) (llm_health_stall_threshold_seconds{" + $._config.exporterSelector + "}) > 120\n  )\n  or on (backend)\n  (max by (backend) (llm_health_verdict_code{" + $._config.exporterSelector + "}) == 5)\n)\nunless on (backend) backend:llm_retired:bool\n",
             "for": $._config.stallFor,
             "labels": {
               "severity": "critical",
@@ -177,7 +181,7 @@
           },
           {
             "alert": "LLMBackendDown",
-            "expr": "(\n  max by (backend) (up{" + $._config.vllmSelector + "} or up{" + $._config.sglangSelector + "} or up{" + $._config.llamacppSelector + "}) == 0\n  unless on (backend)\n  max_over_time(backend:llm_requests_in_flight:sum[" + $._config.downBusyGrace + "]) > 0\n)\nor on (backend)\n(max by (backend) (llm_health_verdict_code{" + $._config.exporterSelector + "}) == 6)\n",
+            "expr": "(\n  (\n    max by (backend) (up{" + $._config.vllmSelector + "} or up{" + $._config.sglangSelector + "} or up{" + $._config.llamacppSelector + "}) == 0\n    unless on (backend)\n    max_over_time(backend:llm_requests_in_flight:sum[" + $._config.downBusyGrace + "]) > 0\n  )\n  or on (backend)\n  (max by (backend) (llm_health_verdict_code{" + $._config.exporterSelector + "}) == 6)\n)\nunless on (backend) backend:llm_retired:bool\n",
             "for": $._config.downFor,
             "labels": {
               "severity": "critical",
@@ -191,7 +195,7 @@
           },
           {
             "alert": "LLMBackendRestarted",
-            "expr": "(backend:llm_restarts:count_recent > 0)\nor on (backend)\n(max by (backend) (llm_health_verdict_code{" + $._config.exporterSelector + "}) == 3)\n",
+            "expr": "(\n  (backend:llm_restarts:count_recent > 0)\n  or on (backend)\n  (max by (backend) (llm_health_verdict_code{" + $._config.exporterSelector + "}) == 3)\n)\nunless on (backend) backend:llm_retired:bool\n",
             "labels": {
               "severity": "info",
             },
@@ -203,7 +207,7 @@
           },
           {
             "alert": "LLMBackendRestartLoop",
-            "expr": "backend:llm_restarts:count_1h > " + std.toString($._config.restartLoopThreshold) + "\n",
+            "expr": "(\n  backend:llm_restarts:count_1h > " + std.toString($._config.restartLoopThreshold) + "\n)\nunless on (backend) backend:llm_retired:bool\n",
             "labels": {
               "severity": "warning",
             },
@@ -215,7 +219,7 @@
           },
           {
             "alert": "LLMKVCachePressure",
-            "expr": "backend:llm_kv_cache_usage:max > 0.85\n",
+            "expr": "(\n  backend:llm_kv_cache_usage:max > 0.85\n)\nunless on (backend) backend:llm_retired:bool\n",
             "for": $._config.kvFor,
             "keep_firing_for": "5m",
             "labels": {
@@ -229,7 +233,7 @@
           },
           {
             "alert": "LLMPreemptions",
-            "expr": "backend:vllm_num_preemptions:rate > 0.0\n",
+            "expr": "(\n  backend:vllm_num_preemptions:rate > 0.0\n)\nunless on (backend) backend:llm_retired:bool\n",
             "for": $._config.preemptionFor,
             "keep_firing_for": "5m",
             "labels": {
@@ -243,7 +247,7 @@
           },
           {
             "alert": "LLMBackendErrorRate",
-            "expr": "(\n  sum by (backend) (rate(http_requests_total{" + $._config.vllmSelector + ", handler=~\"" + $._config.errorRateHandlers + "\", status=~\"5..\"}[" + $._config.rateWindow + "]))\n  /\n  sum by (backend) (rate(http_requests_total{" + $._config.vllmSelector + ", handler=~\"" + $._config.errorRateHandlers + "\"}[" + $._config.rateWindow + "]))\n) > 0.05\n",
+            "expr": "(\n  (\n    sum by (backend) (rate(http_requests_total{" + $._config.vllmSelector + ", handler=~\"" + $._config.errorRateHandlers + "\", status=~\"5..\"}[" + $._config.rateWindow + "]))\n    /\n    sum by (backend) (rate(http_requests_total{" + $._config.vllmSelector + ", handler=~\"" + $._config.errorRateHandlers + "\"}[" + $._config.rateWindow + "]))\n  ) > 0.05\n)\nunless on (backend) backend:llm_retired:bool\n",
             "for": $._config.errorRateFor,
             "keep_firing_for": "5m",
             "labels": {
@@ -258,7 +262,7 @@
           },
           {
             "alert": "LLMMetricsBehindProxy",
-            "expr": "max by (backend, instance) (resets(process_start_time_seconds{" + $._config.vllmSelector + "}[" + $._config.proxyWindow + "])) > 0\n",
+            "expr": "(\n  max by (backend, instance) (resets(process_start_time_seconds{" + $._config.vllmSelector + "}[" + $._config.proxyWindow + "])) > 0\n)\nunless on (backend) backend:llm_retired:bool\n",
             "labels": {
               "severity": "warning",
             },
@@ -270,7 +274,7 @@
           },
           {
             "alert": "LLMBackendNoMetrics",
-            "expr": "(\n  (\n    max by (backend) (up{" + $._config.vllmSelector + "}) == 1\n    unless on (backend) group by (backend) (vllm:num_requests_running{" + $._config.vllmSelector + "})\n  )\n  or\n  (\n    max by (backend) (up{" + $._config.sglangSelector + "}) == 1\n    unless on (backend) group by (backend) (sglang:num_running_reqs{" + $._config.sglangSelector + "})\n  )\n  or\n  (\n    max by (backend) (up{" + $._config.llamacppSelector + "}) == 1\n    unless on (backend) group by (backend) (llamacpp:requests_processing{" + $._config.llamacppSelector + "})\n  )\n)\nor on (backend)\n(max by (backend) (llm_health_verdict_code{" + $._config.exporterSelector + "}) == 4)\n",
+            "expr": "(\n  (\n    (\n      max by (backend) (up{" + $._config.vllmSelector + "}) == 1\n      unless on (backend) group by (backend) (vllm:num_requests_running{" + $._config.vllmSelector + "})\n    )\n    or\n    (\n      max by (backend) (up{" + $._config.sglangSelector + "}) == 1\n      unless on (backend) group by (backend) (sglang:num_running_reqs{" + $._config.sglangSelector + "})\n    )\n    or\n    (\n      max by (backend) (up{" + $._config.llamacppSelector + "}) == 1\n      unless on (backend) group by (backend) (llamacpp:requests_processing{" + $._config.llamacppSelector + "})\n    )\n  )\n  or on (backend)\n  (max by (backend) (llm_health_verdict_code{" + $._config.exporterSelector + "}) == 4)\n)\nunless on (backend) backend:llm_retired:bool\n",
             "for": $._config.noMetricsFor,
             "labels": {
               "severity": "warning",
@@ -283,7 +287,7 @@
           },
           {
             "alert": "LLMBackendVerdictUnknown",
-            "expr": "max by (backend) (llm_health_verdict_code{" + $._config.exporterSelector + "}) == 0\n",
+            "expr": "(\n  max by (backend) (llm_health_verdict_code{" + $._config.exporterSelector + "}) == 0\n)\nunless on (backend) backend:llm_retired:bool\n",
             "for": $._config.unknownFor,
             "labels": {
               "severity": "warning",
@@ -296,7 +300,7 @@
           },
           {
             "alert": "LLMBackendTargetMissing",
-            "expr": "group by (backend) (max_over_time(up{" + $._config.vllmSelector + "}[" + $._config.missingWindow + "]) or max_over_time(up{" + $._config.sglangSelector + "}[" + $._config.missingWindow + "]) or max_over_time(up{" + $._config.llamacppSelector + "}[" + $._config.missingWindow + "]))\nunless on (backend) group by (backend) (up{" + $._config.vllmSelector + "} or up{" + $._config.sglangSelector + "} or up{" + $._config.llamacppSelector + "})\n",
+            "expr": "(\n  group by (backend) (max_over_time(up{" + $._config.vllmSelector + "}[" + $._config.missingWindow + "]) or max_over_time(up{" + $._config.sglangSelector + "}[" + $._config.missingWindow + "]) or max_over_time(up{" + $._config.llamacppSelector + "}[" + $._config.missingWindow + "]))\n  unless on (backend) group by (backend) (up{" + $._config.vllmSelector + "} or up{" + $._config.sglangSelector + "} or up{" + $._config.llamacppSelector + "})\n)\nunless on (backend) backend:llm_retired:bool\n",
             "for": $._config.missingFor,
             "labels": {
               "severity": "warning",
@@ -309,7 +313,7 @@
           },
           {
             "alert": "LLMTooFewBackendsUp",
-            "expr": "(\n  count by () (max by (backend) (up{" + $._config.vllmSelector + "} or up{" + $._config.sglangSelector + "} or up{" + $._config.llamacppSelector + "}) == 1)\n  or\n  group by () (max_over_time(up{" + $._config.vllmSelector + "}[" + $._config.missingWindow + "]) or max_over_time(up{" + $._config.sglangSelector + "}[" + $._config.missingWindow + "]) or max_over_time(up{" + $._config.llamacppSelector + "}[" + $._config.missingWindow + "])) * 0\n  or\n  vector(0) unless on () count (max_over_time(up{" + $._config.vllmSelector + "}[" + $._config.missingWindow + "]) or max_over_time(up{" + $._config.sglangSelector + "}[" + $._config.missingWindow + "]) or max_over_time(up{" + $._config.llamacppSelector + "}[" + $._config.missingWindow + "]))\n) < " + std.toString($._config.minBackendsUp) + "\n",
+            "expr": "(\n  count by () (max by (backend) (up{" + $._config.vllmSelector + "} or up{" + $._config.sglangSelector + "} or up{" + $._config.llamacppSelector + "}) == 1 unless on (backend) backend:llm_retired:bool)\n  or\n  group by () (max_over_time(up{" + $._config.vllmSelector + "}[" + $._config.missingWindow + "]) or max_over_time(up{" + $._config.sglangSelector + "}[" + $._config.missingWindow + "]) or max_over_time(up{" + $._config.llamacppSelector + "}[" + $._config.missingWindow + "])) * 0\n  or\n  vector(0) unless on () count (max_over_time(up{" + $._config.vllmSelector + "}[" + $._config.missingWindow + "]) or max_over_time(up{" + $._config.sglangSelector + "}[" + $._config.missingWindow + "]) or max_over_time(up{" + $._config.llamacppSelector + "}[" + $._config.missingWindow + "]))\n) < " + std.toString($._config.minBackendsUp) + "\n",
             "for": $._config.downFor,
             "labels": {
               "severity": "critical",

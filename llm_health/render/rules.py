@@ -387,9 +387,22 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+RETIRED_SERIES = "backend:llm_retired:bool"
+
+
+def in_service(expr: str, on: str) -> str:
+    """`<% filter in_service(s.labels("backend")) %>EXPR<% endfilter %>`: the alert's expression without the
+    backends an operator retired (`llm-health ctl retire`; the recording rule backend:llm_retired:bool),
+    indented as EXPR's first line is."""
+    lines = expr.rstrip("\n").splitlines()
+    indent = lines[0][: len(lines[0]) - len(lines[0].lstrip())] if lines else ""
+    body = "\n".join("  " + ln if ln.strip() else ln for ln in lines)
+    return f"{indent}(\n{body}\n{indent})\n{indent}unless on ({on}) {RETIRED_SERIES}\n"
+
+
 def _environment() -> jinja2.Environment:
     root = resources.files(TEMPLATE_PACKAGE).joinpath(TEMPLATE_DIR)
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.FunctionLoader(lambda name: root.joinpath(name).read_text()),
         variable_start_string="<<",
         variable_end_string=">>",
@@ -403,6 +416,8 @@ def _environment() -> jinja2.Environment:
         keep_trailing_newline=True,
         autoescape=False,
     )
+    env.filters["in_service"] = in_service
+    return env
 
 
 def render(settings: RuleSettings | None = None) -> dict[str, str]:

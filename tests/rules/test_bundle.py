@@ -52,7 +52,7 @@ def test_alert_conventions() -> None:
         assert f"\n## {name}\n" in runbooks, f"docs/runbooks.md has no section for {name}"
         if name not in FLEET_ALERTS:
             # per-backend alerts keep the backend label through their aggregations
-            assert "by (backend" in rule["expr"] or re.match(r"\s*backend:", rule["expr"]), name
+            assert "by (backend" in rule["expr"] or re.match(r"[\s(]*backend:", rule["expr"]), name
 
 
 def test_recording_rule_names_follow_level_metric_operations() -> None:

@@ -536,8 +536,32 @@ def sleep_and_long_steps() -> Scenario:
     return s
 
 
+REMEDIATOR = {"job": "llm-health-remediator", "instance": "rem-1:9411"}
+
+
+def retired() -> Scenario:
+    """An operator retired gpu-r (llm-health ctl retire) at 10m: from then on no alert about it fires and
+    it counts toward no "too few backends"; gpu-s, the same story in service, alerts."""
+    s = Scenario("a retired backend: stalled, still up; never alerted, never counted")
+    for b, up in (("gpu-r", f"1x{N}"), ("gpu-s", f"1x80 0x{N}")):
+        # work in flight, progress until 1m, then frozen; from 20m gpu-s fails every scrape, gpu-r answers
+        s.add(vllm_backend(b, running="3x80 stale", waiting="0x80 stale", progress="0+100x4 500x76 stale",
+                           up=up, kv="0.3x80 stale", start_time="1000x80 stale"))
+    s.add(series("llm_health_remediator_admin_state", {**REMEDIATOR, "backend": "gpu-r", "state": "retired"},
+                  f"0x40 1x{N}"))
+    s.add(series("llm_health_remediator_admin_state", {**REMEDIATOR, "backend": "gpu-s", "state": "retired"},
+                  f"0x{N}"))
+    s.expect("6m", "LLMBackendStalled", {"backend": "gpu-r"}, {"backend": "gpu-s"})   # before the retire
+    s.expect("12m", "LLMBackendStalled", {"backend": "gpu-s"})
+    s.silent("12m", "LLMTooFewBackendsUp")           # gpu-s is up: one in service, enough
+    s.expect("25m", "LLMTooFewBackendsUp", {VALUE: 0})   # gpu-s down; the retired gpu-r, up, is not counted
+    s.expect("35m", "LLMBackendDown", {"backend": "gpu-s"})   # after the down-busy grace
+    s.value("12m", "backend:llm_retired:bool", [('backend:llm_retired:bool{backend="gpu-r"}', 1)])
+    return s
+
+
 SCENARIOS = [sleep_and_long_steps, other_engines, sglang_without_rank_labels, busy_and_probes, stalls, traps, restarts_and_proxies, down_and_gone, all_gone, all_down, capacity, exporter_down,
-             busy_timeouts, all_busy_unreachable, probes_sent, error_rates, error_rate_quiet]
+             busy_timeouts, all_busy_unreachable, probes_sent, error_rates, error_rate_quiet, retired]
 
 
 def build_document(rule_files: list[Path] | None = None, written_as: list[str] | None = None) -> dict:
