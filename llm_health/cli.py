@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "remediator": ("llm_health.remediator.cli", "Alertmanager webhook receiver: the one restart authority"),
     "ctl": ("llm_health.remediator.ctl", "operator commands to a running remediator: status, drain, undrain, retire, "
             "activate"),
+    "diagnose": ("llm_health.remediator.diagnose", "what a stuck engine shows (/health, /metrics, py-spy stacks, a "
+                 "log tail): the recipe the remediator runs before a kill"),
     "busy": ("llm_health.remediator.busy", "run a batch job with a busy marker set for a backend"),
     "token": ("llm_health.remediator.token", "write a random bearer token file for the remediator (once)"),
     "rules": ("llm_health.render.rules", "render the Prometheus rules from their templates"),

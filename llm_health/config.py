@@ -52,6 +52,7 @@ class Backend:
     model: str = ""
     restart: tuple[str, ...] = ()
     labels: groups.Labels = ()          # group labels (cluster, namespace, ...) an alert about it must carry
+    diagnostics: tuple[str, ...] | None = None   # capture argv before a restart; None: remediator.diagnostics
     workload: str = ""                  # discovered: the ReplicaSet that replaces this pod under a new name
 
     @property
@@ -151,6 +152,11 @@ class RemediatorSettings:
     max_concurrent_restarts: int = 8     # restarts taking capacity at once (draining, restarting, warming) fleet-wide
     restart_slot_warmup: float = 60.0    # a warm-up holds its restart slot this long at most (not back by then: freed)
     health_stale_after: float = 300.0    # /healthz fails when the authority loop has not finished a pass this long
+    # Diagnostics before a kill (remediator/diagnostics.py): argv run right before the restart of a backend
+    # verified stalled or unresponsive, e.g. [llm-health, diagnose]; a backend's own `diagnostics` wins; empty = off
+    diagnostics: tuple[str, ...] = ()
+    diagnostics_timeout: float = 30.0    # the capture's whole time (then killed; what it wrote is kept)
+    diagnostics_max_bytes: int = 65536   # output kept with the incident
     backoff: Backoff = field(default_factory=Backoff)
     budget: Budget = field(default_factory=Budget)
     breaker: Breaker = field(default_factory=Breaker)
@@ -281,6 +287,10 @@ def _section(cls: type, data: Any, where: str) -> Any:
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                 raise ConfigError(f"{sub}: must be a number >= 0")
             kwargs[key] = float(value)
+        elif isinstance(default, tuple):
+            if not isinstance(value, list) or not all(isinstance(a, str) and a for a in value):
+                raise ConfigError(f"{sub}: must be a list of non-empty strings (argv)")
+            kwargs[key] = tuple(value)
         else:
             if not isinstance(value, str):
                 raise ConfigError(f"{sub}: must be a string")
@@ -301,12 +311,16 @@ def parse_config(data: Any, source: str = "") -> Config:
         where = f"backends[{i}]"
         if not isinstance(raw, dict):
             raise ConfigError(f"{where}: must be a mapping")
-        extra = sorted(set(raw) - {"name", "url", "host", "model", "restart", "labels"})
+        extra = sorted(set(raw) - {"name", "url", "host", "model", "restart", "labels", "diagnostics"})
         if extra:
             raise ConfigError(f"{where}: unknown key(s) {', '.join(extra)}")
         restart = raw.get("restart") or []
         if not isinstance(restart, list) or not all(isinstance(a, str) and a for a in restart):
             raise ConfigError(f"{where}.restart: must be a list of non-empty strings (argv)")
+        diagnostics = raw.get("diagnostics")
+        if diagnostics is not None and (not isinstance(diagnostics, list)
+                                        or not all(isinstance(a, str) and a for a in diagnostics)):
+            raise ConfigError(f"{where}.diagnostics: must be a list of non-empty strings (argv; [] = none)")
         for key in ("host", "model"):
             if not isinstance(raw.get(key, ""), str):
                 raise ConfigError(f"{where}.{key}: must be a string")
@@ -318,6 +332,7 @@ def parse_config(data: Any, source: str = "") -> Config:
                 model=raw.get("model", "") or "",
                 restart=tuple(restart),
                 labels=_group_labels(raw.get("labels"), f"{where}.labels"),
+                diagnostics=None if diagnostics is None else tuple(diagnostics),
             )
         )
     proxies: list[Proxy] = []

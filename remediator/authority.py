@@ -37,6 +37,7 @@ from llm_health.remediator.backend_io import (
     WarmupCheck,
     action_dir,
     default_io,
+    diagnostics_dir,
 )
 from llm_health.remediator.lease import AuthorityLease
 from llm_health.remediator.lifecycle_watch import LifecycleWatch
@@ -75,7 +76,8 @@ class Authority:
                              in_flight=in_flight, runner=runner)
         self.lease = AuthorityLease(store, self.clocks, self.holder, ttl=max(5.0, 10 * r.poll_interval),
                                     warmup_timeout=r.warmup_timeout)
-        self.ctx = Context(store, config, self.io, self.clocks, self.holder, self.lease.holds, action_dir(config))
+        self.ctx = Context(store, config, self.io, self.clocks, self.holder, self.lease.holds, action_dir(config),
+                           diagnostics_dir(config))
         self.recovery = Recovery(self.ctx)
         self.lease.on_new_term = self.recovery.again
         self.ctx.on_abort_unrecorded = self.recovery.again

@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ from llm_health.config import Backend, Config, ConfigError
 from llm_health.exporter.backend import HttpFailure, Target, load_api_key
 from llm_health.exporter.observation import Verification, VerifyOutcome
 from llm_health.remediator import action as act
-from llm_health.remediator import inflight, policy
+from llm_health.remediator import diagnostics, inflight, policy
 from llm_health.remediator.inflight import InFlight
 from llm_health.remediator.store import StateStore, state_path
 
@@ -35,6 +35,7 @@ WarmupCheck = Callable[[Backend], tuple[bool, str]]  # -> (ready, why)
 InFlightReader = Callable[[Backend], InFlight]
 Runner = Callable[[Sequence[str], float, dict[str, str]], act.ActionResult]
 OnProbe = Callable[[Backend], None]
+Capturer = Callable[[Sequence[str], Mapping[str, str], float, int], diagnostics.Capture]
 
 
 @dataclass
@@ -44,6 +45,7 @@ class BackendIO:
     first_seen_check: WarmupCheck  # may a backend seen for the first time take traffic? (the warm-up gate)
     in_flight: InFlightReader    # how much work a draining backend still has
     runner: Runner               # runs the restart argv
+    capturer: Capturer = diagnostics.capture   # runs the diagnostics argv before a kill (bounded)
 
 
 def default_io(store: StateStore, config: Config, *, verifier: Verifier | None = None,
@@ -193,6 +195,12 @@ class ActionRunner:
 
     def __call__(self, argv: Sequence[str], timeout: float, env: dict[str, str]) -> act.ActionResult:
         return act.run_action(argv, timeout, env, folder=self.folder, key=env.get("LLM_HEALTH_ACTION", "action"))
+
+
+def diagnostics_dir(config: Config) -> Path:
+    """Where diagnostics captures keep their files (pages, stacks): one folder per incident, beside the state."""
+    state = state_path(config)
+    return state.with_name(state.name + ".diagnostics")
 
 
 def action_dir(config: Config) -> Path:

@@ -2,6 +2,7 @@
 
     llm-health ctl (--config FILE | --remediator URL [--token-file F]) status [BACKEND]
     llm-health ctl ... drain|undrain|retire|activate|restart BACKEND --reason TEXT [--force] [--by WHO]
+    llm-health ctl ... diagnostics BACKEND      (what was captured before its latest restart)
 
 Every command goes through the remediator's API (POST /api/backends/<name>/<command>, bearer token), so
 it follows the same rules as the authority and lands in its audit log with who asked (`--by`, default
@@ -42,6 +43,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     status = sub.add_parser("status", help="the fleet as a table: lifecycle, since, operator state, incident, "
                             "last action, who")
     status.add_argument("backend", nargs="?", help="only this backend")
+    diag = sub.add_parser("diagnostics", help="the latest diagnostics captured before a restart (needs the token)")
+    diag.add_argument("backend")
     for command, text in ((Command.DRAIN, "no new requests until undrained (the agent answers drain)"),
                           (Command.UNDRAIN, "take requests again"),
                           (Command.RETIRE, "out of every decision and count until activated (agent: maint)"),
@@ -83,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
         if args.ctl == "status":
             print(status_table(get_backends(url, args.timeout), args.backend))
             return 0
+        if args.ctl == "diagnostics":
+            return show_diagnostics(url, token, args)
         return send(url, token, Command(args.ctl), args)
     except HttpFailure as exc:
         print(redact(f"llm-health ctl: the remediator did not answer: {exc.kind.value}: {exc.detail}"), file=sys.stderr)
@@ -123,6 +128,19 @@ def send(url: str, token: str, command: Command, args: argparse.Namespace) -> in
     return ERROR_EXIT
 
 
+def show_diagnostics(url: str, token: str, args: argparse.Namespace) -> int:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    resp = fetch("GET", f"{url}/api/backends/{args.backend}/diagnostics", timeout=args.timeout, headers=headers)
+    if resp.status != 200:
+        print(f"llm-health ctl: diagnostics {args.backend}: {resp.status}: {resp.text[:300]}", file=sys.stderr)
+        return ERROR_EXIT
+    d = resp.json()
+    print(f"diagnostics #{d['id']} of {args.backend}, incident {d['incident_id']}, {_when(d['at'])}: {d['result']} "
+          f"in {d['seconds']}s ({d['bytes']} bytes{', cut' if d['truncated'] else ''}): {d['argv']}")
+    print(d["output"])
+    return 0
+
+
 def _when(t: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(float(t))) if t else "-"
 
@@ -137,7 +155,8 @@ def status_table(backends: list[dict[str, Any]], only: str | None = None) -> str
         reason = admin["reason"] if admin["state"] != "in_service" else (lc.get("reason") or "")
         rows.append((
             b["backend"], lc["state"], _when(lc.get("since")), admin["state"], admin.get("by") or "-",
-            f"{inc['id']} {inc['state']}" if inc else "-",
+            (f"{inc['id']} {inc['state']}" if inc else "-")
+            + (f" diag:{b['diagnostics']['result']}" if b.get("diagnostics") else ""),
             f"{last['kind']} {_when(last.get('at'))}" if last else "-",
             " ".join(str(reason).split())[:60] or "-",
         ))

@@ -17,6 +17,7 @@ from llm_health.config import Backend
 from llm_health.remediator import action as act
 from llm_health.remediator import policy
 from llm_health.remediator.lifecycle import LifecycleState
+from llm_health.remediator.restart.capture import before_kill
 from llm_health.remediator.restart.choices import (
     ActionEnd,
     Claim,
@@ -73,6 +74,7 @@ def carry_out(ctx: Context, incident_id: int, action_id: int, backend: Backend, 
     try:
         if with_silence:
             silence(ctx, incident_id, backend)
+        before_kill(ctx, incident_id, backend)       # bounded; never stops the restart
         env = {"LLM_HEALTH_BACKEND": backend.name, "LLM_HEALTH_INCIDENT": str(incident_id),
                "LLM_HEALTH_ACTION": str(action_id)}
         result = ctx.io.runner(backend.restart, ctx.r.action_timeout, env)

@@ -57,6 +57,7 @@ class Context:
     holder: str
     holds_lease: Callable[[Transaction], bool]     # inside the caller's transaction
     action_dir: Path | None = None                 # where the default runner's files go
+    diagnostics_dir: Path | None = None            # where diagnostics captures may keep files (one folder each)
     running: RunningActions = field(default_factory=RunningActions)
     #: a restart was aborted and its abort could not be recorded: recover() must run again
     on_abort_unrecorded: Callable[[], None] = _no_hook

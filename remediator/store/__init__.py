@@ -22,6 +22,8 @@ from llm_health.remediator.store.rows import (
     AdminRow,
     AdminState,
     BreakerState,
+    CaptureResult,
+    CaptureRow,
     Event,
     Heard,
     Incident,
@@ -35,7 +37,7 @@ from llm_health.remediator.store.sqlite import SqliteStore
 
 __all__ = [
     "ACKNOWLEDGEABLE", "ACTIVE_STATES", "NO_RESTART_UNDER_WAY", "RESTART_UNDER_WAY", "Action", "ActionResultKind",
-    "AdminRow", "AdminState",
+    "AdminRow", "AdminState", "CaptureResult", "CaptureRow",
     "BreakerState", "Event", "Heard", "Incident", "IncidentState", "LastHeard", "Lease", "LifecycleRow", "Reads",
     "Silence", "SqliteStore", "StateError", "StateStore", "Transaction", "state_path", "store_for",
 ]

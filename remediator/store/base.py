@@ -34,6 +34,8 @@ from llm_health.remediator.store.rows import (
     AdminRow,
     AdminState,
     BreakerState,
+    CaptureResult,
+    CaptureRow,
     Event,
     Heard,
     Incident,
@@ -101,6 +103,10 @@ class Reads(Protocol):
     # -- operators' holds -------------------------------------------------------------------------------
     def admin(self, backend: str) -> AdminRow | None: ...                # None: in service
     def admins(self) -> dict[str, AdminRow]: ...                         # every held backend
+
+    # -- diagnostics captured before a restart ----------------------------------------------------------
+    def captures(self, incident_id: int) -> list[CaptureRow]: ...        # oldest first
+    def latest_capture(self, backend: str) -> CaptureRow | None: ...
 
     # -- audit log and counters -------------------------------------------------------------------------
     def events(self, backend: str = "", limit: int = 100, kind: str = "", before: int | None = None) -> list[Event]:
@@ -199,6 +205,9 @@ class Transaction(Reads, Protocol):
     def add_silence(self, silence: Silence) -> None: ...
     def end_silence(self, silence_id: str, at: float, result: str) -> None: ...
     def put_lease(self, lease: Lease) -> None: ...
+
+    def add_capture(self, incident_id: int, backend: str, at: float, argv: str, result: CaptureResult,
+                    exit_code: int | None, seconds: float, output: str, truncated: bool) -> int: ...
 
     def set_admin(self, backend: str, state: AdminState, at: float, by: str, reason: str) -> None:
         """An operator's hold (IN_SERVICE removes it); the caller records the event."""

@@ -154,6 +154,39 @@ class BreakerState:
                 "reset_at": self.reset_at, "reset_after_action": self.reset_after_action}
 
 
+class CaptureResult(enum.StrEnum):
+    """How a diagnostics capture before a restart ended (`captures.result`: the values never change)."""
+
+    OK = "ok"                  # exited 0
+    FAILED = "failed"          # exited non-zero, or could not start
+    TIMEOUT = "timeout"        # killed at diagnostics_timeout: what it wrote so far is kept
+
+
+@dataclass(frozen=True)
+class CaptureRow:
+    """What the diagnostics argv found right before the restart of a stuck backend (remediator/diagnostics.py)."""
+
+    id: int
+    incident_id: int
+    backend: str
+    at: float                                     # wall time it began
+    argv: str
+    result: CaptureResult
+    exit_code: int | None
+    seconds: float
+    output: str = ""
+    truncated: bool = False
+
+    def summary(self) -> dict[str, Any]:
+        """What the fleet view shows of it (the output itself only to requests with the token)."""
+        return {"id": self.id, "at": self.at, "result": self.result.value, "exit_code": self.exit_code,
+                "seconds": round(self.seconds, 3), "bytes": len(self.output.encode()), "truncated": self.truncated}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.summary(), "incident_id": self.incident_id, "backend": self.backend, "argv": self.argv,
+                "output": self.output}
+
+
 class AdminState(enum.StrEnum):
     """What an operator decided about a backend (stored in `admin.state`: the values never change).
 

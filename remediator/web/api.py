@@ -17,7 +17,7 @@ from llm_health.remediator.policy import Marker
 from llm_health.remediator.store import ACKNOWLEDGEABLE, IncidentState
 from llm_health.remediator.web.context import ctx
 from llm_health.remediator.web.guard import MUTATING, BodyError, error, guard_mutation, json_body
-from llm_health.remediator.web.views import backends_view, public_event
+from llm_health.remediator.web.views import HIDDEN_OUTPUT, backends_view, public_event
 
 api = Blueprint("api", __name__, url_prefix="/api")
 
@@ -153,6 +153,22 @@ def ack(name: str) -> Any:
         tx.event(now, "acknowledged", name, inc.id,
                  reason=f"incident {inc.id} ({inc.state}) acknowledged through the API; closed")
     return jsonify({"backend": name, "incident": inc.id, "closed": True})
+
+
+@api.get("/backends/<name>/diagnostics")
+def diagnostics(name: str) -> Any:
+    """The backend's latest diagnostics capture (before a restart); its output only with the token (it
+    may hold stacks, pages and log lines)."""
+    c = ctx()
+    if c.config.backend(name) is None:
+        return error(404, f"unknown backend {name[:80]!r}")
+    got = c.store.latest_capture(name)
+    if got is None:
+        return error(404, f"no diagnostics captured for {name}")
+    out = got.as_dict()
+    if not c.authenticated():
+        out["output"] = HIDDEN_OUTPUT
+    return jsonify(out)
 
 
 @api.get("/discovery")

@@ -73,6 +73,7 @@ def backends_view(c: WebContext) -> list[dict[str, Any]]:
             "labels": dict(b.labels),
             "lifecycle": shown(clocks, lifecycle_view(lifecycles.get(b.name)), ("drain_deadline",)),
             "admin": admin_view(admins.get(b.name)),
+            "diagnostics": diag.summary() if (diag := store.latest_capture(b.name)) is not None else None,
             "restart_configured": bool(b.restart),
             "incident": shown(clocks, inc.as_dict(), MONOTONIC_INCIDENT_FIELDS) if inc else None,
             "last_decision": redact({"kind": last.kind, "reason": last.reason, "at": last.at}) if last else None,

@@ -24,6 +24,7 @@ class RetentionWrites(Connected):
         out["incidents"] = c.execute(
             "DELETE FROM incidents WHERE state = 'closed' AND closed_at < ?", (now - max_age,)).rowcount
         c.execute("DELETE FROM incident_alerts WHERE incident_id NOT IN (SELECT id FROM incidents)")
+        out["captures"] = c.execute("DELETE FROM captures WHERE incident_id NOT IN (SELECT id FROM incidents)").rowcount
         c.execute("DELETE FROM resolved_alerts WHERE resolved_at < ?", (now - max_age,))
         out["markers"] = c.execute("DELETE FROM markers WHERE expires_at < ?", (now - 3600,)).rowcount
         c.execute("DELETE FROM silences WHERE result != 'active' AND created_at < ?", (now - max_age,))

@@ -153,10 +153,14 @@ def _heard(c: sqlite3.Connection) -> None:
 
 
 def _operators(c: sqlite3.Connection) -> None:
-    """Version 4: an operator's hold on a backend (drained, retired), who asked and why; and on an
-    incident, the operator who asked for its restart (`llm-health ctl restart`)."""
+    """Version 4: an operator's hold on a backend (drained, retired), who asked and why; on an incident, the
+    operator who asked for its restart (`llm-health ctl restart`); the diagnostics captured before a restart."""
     c.execute("CREATE TABLE IF NOT EXISTS admin (backend TEXT PRIMARY KEY, state TEXT NOT NULL, since REAL NOT NULL, "
               "by TEXT NOT NULL DEFAULT '', reason TEXT NOT NULL DEFAULT '')")
+    c.execute("CREATE TABLE IF NOT EXISTS captures (id INTEGER PRIMARY KEY AUTOINCREMENT, incident_id INTEGER NOT NULL, "
+              "backend TEXT NOT NULL, at REAL NOT NULL, argv TEXT NOT NULL, result TEXT NOT NULL, exit_code INTEGER, "
+              "seconds REAL NOT NULL, output TEXT NOT NULL DEFAULT '', truncated INTEGER NOT NULL DEFAULT 0)")
+    c.execute("CREATE INDEX IF NOT EXISTS captures_incident ON captures(incident_id, id)")
     for column, decl in (("requested_by", "TEXT NOT NULL DEFAULT ''"), ("requested_force", "INTEGER NOT NULL DEFAULT 0")):
         if column not in {r[1] for r in c.execute("PRAGMA table_info(incidents)").fetchall()}:
             c.execute(f"ALTER TABLE incidents ADD COLUMN {column} {decl}")

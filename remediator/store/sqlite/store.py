@@ -27,6 +27,7 @@ from llm_health.remediator.store.sqlite import schema
 from llm_health.remediator.store.sqlite.actions import ActionReads, ActionWrites
 from llm_health.remediator.store.sqlite.admin import AdminReads, AdminWrites
 from llm_health.remediator.store.sqlite.breaker import BreakerReads, BreakerWrites
+from llm_health.remediator.store.sqlite.captures import CaptureReads, CaptureWrites
 from llm_health.remediator.store.sqlite.events import EventReads, EventWrites
 from llm_health.remediator.store.sqlite.heard import HeardReads, HeardWrites
 from llm_health.remediator.store.sqlite.incidents import IncidentReads, IncidentWrites
@@ -38,7 +39,7 @@ from llm_health.remediator.store.sqlite.silences import SilenceReads, SilenceWri
 
 
 class ReadVerbs(IncidentReads, ActionReads, LifecycleReads, MarkerReads, BreakerReads, SilenceReads, LeaseReads,
-                EventReads, HeardReads, AdminReads):
+                EventReads, HeardReads, AdminReads, CaptureReads):
     """Every read verb (store/base.py Reads); the connection comes from the concrete class."""
 
 
@@ -53,7 +54,8 @@ class SqliteReads(ReadVerbs):
 
 
 class SqliteTx(SqliteReads, IncidentWrites, ActionWrites, LifecycleWrites, MarkerWrites, BreakerWrites,
-               SilenceWrites, LeaseWrites, EventWrites, HeardWrites, AdminWrites, RetentionWrites, SharedVerbs):
+               SilenceWrites, LeaseWrites, EventWrites, HeardWrites, AdminWrites, CaptureWrites, RetentionWrites,
+               SharedVerbs):
     """Every verb (store/base.py Transaction) inside one BEGIN IMMEDIATE transaction."""
 
 
