@@ -53,6 +53,9 @@ class Backend:
     restart: tuple[str, ...] = ()
     labels: groups.Labels = ()          # group labels (cluster, namespace, ...) an alert about it must carry
     diagnostics: tuple[str, ...] | None = None   # capture argv before a restart; None: remediator.diagnostics
+    stop: tuple[str, ...] = ()          # instead of `restart`: stop, wait for `headroom`, start
+    start: tuple[str, ...] = ()         # (remediator/sequence.py)
+    headroom: tuple[str, ...] = ()      # exit 0 = room for a new server (e.g. the GPUs' memory is free)
     workload: str = ""                  # discovered: the ReplicaSet that replaces this pod under a new name
 
     @property
@@ -157,6 +160,10 @@ class RemediatorSettings:
     diagnostics: tuple[str, ...] = ()
     diagnostics_timeout: float = 30.0    # the capture's whole time (then killed; what it wrote is kept)
     diagnostics_max_bytes: int = 65536   # output kept with the incident
+    # Headroom before a start (backends with stop/start/headroom: remediator/sequence.py)
+    headroom_wait: float = 120.0         # how long the headroom check may keep failing before ERROR (host needs attention)
+    headroom_poll: float = 5.0           # between two headroom checks
+    headroom_timeout: float = 10.0       # one headroom check
     backoff: Backoff = field(default_factory=Backoff)
     budget: Budget = field(default_factory=Budget)
     breaker: Breaker = field(default_factory=Breaker)
@@ -311,12 +318,23 @@ def parse_config(data: Any, source: str = "") -> Config:
         where = f"backends[{i}]"
         if not isinstance(raw, dict):
             raise ConfigError(f"{where}: must be a mapping")
-        extra = sorted(set(raw) - {"name", "url", "host", "model", "restart", "labels", "diagnostics"})
+        extra = sorted(set(raw) - {"name", "url", "host", "model", "restart", "labels", "diagnostics", "stop",
+                                   "start", "headroom"})
         if extra:
             raise ConfigError(f"{where}: unknown key(s) {', '.join(extra)}")
         restart = raw.get("restart") or []
         if not isinstance(restart, list) or not all(isinstance(a, str) and a for a in restart):
             raise ConfigError(f"{where}.restart: must be a list of non-empty strings (argv)")
+        steps = {key: raw.get(key) or [] for key in ("stop", "start", "headroom")}
+        for key, argv in steps.items():
+            if not isinstance(argv, list) or not all(isinstance(a, str) and a for a in argv):
+                raise ConfigError(f"{where}.{key}: must be a list of non-empty strings (argv)")
+        if steps["start"] and restart:
+            raise ConfigError(f"{where}: restart, or start (with stop and headroom): not both")
+        if steps["headroom"] and not (steps["start"] and steps["stop"]):
+            raise ConfigError(f"{where}.headroom: needs stop and start (one restart argv cannot wait between them)")
+        if steps["stop"] and not steps["start"]:
+            raise ConfigError(f"{where}.stop: needs start")
         diagnostics = raw.get("diagnostics")
         if diagnostics is not None and (not isinstance(diagnostics, list)
                                         or not all(isinstance(a, str) and a for a in diagnostics)):
@@ -333,6 +351,7 @@ def parse_config(data: Any, source: str = "") -> Config:
                 restart=tuple(restart),
                 labels=_group_labels(raw.get("labels"), f"{where}.labels"),
                 diagnostics=None if diagnostics is None else tuple(diagnostics),
+                stop=tuple(steps["stop"]), start=tuple(steps["start"]), headroom=tuple(steps["headroom"]),
             )
         )
     proxies: list[Proxy] = []

@@ -420,6 +420,18 @@
             },
           },
           {
+            "alert": "LLMHealthHostNeedsAttention",
+            "expr": "max by (backend) (llm_health_remediator_host_needs_attention{" + $._config.remediatorSelector + "}) == 1\n",
+            "labels": {
+              "severity": "critical",
+            },
+            "annotations": {
+              "summary": "The host of backend {{ $labels.backend }} needs attention: its old process did not go away",
+              "description": "The remediator stopped {{ $labels.backend }} to restart it, but its headroom check never passed (the old process, or its GPU memory, is still there), so nothing was started. Restarting again would fail the same way.",
+              "runbook_url": $._config.runbookBaseUrl + "#llmhealthhostneedsattention",
+            },
+          },
+          {
             "alert": "LLMHealthRestartsFailing",
             "expr": "sum by (backend) (increase(llm_health_remediator_restarts_total{" + $._config.remediatorSelector + ", result=~\"failed|timeout|interrupted|aborted\"}[1h]))\n>= " + std.toString($._config.restartFailuresThreshold) + "\n",
             "labels": {

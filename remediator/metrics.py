@@ -98,6 +98,16 @@ class StateCollector(Collector):
             g.add_metric([name], int(name in acks))
         yield g
 
+        held_room = {i.backend for i in store.active_incidents()
+                     if i.state == IncidentState.NEEDS_ACK and i.last_decision == "no_headroom"}
+        g = GaugeMetricFamily("llm_health_remediator_host_needs_attention",
+                              "1 while the backend waits for a person because its old process did not go away: "
+                              "the headroom check never passed after the stop, nothing was started.",
+                              labels=["backend"])
+        for name in names:
+            g.add_metric([name], int(name in held_room))
+        yield g
+
         esc = store.counters("escalations")
         m = CounterMetricFamily("llm_health_remediator_escalations",
                                 "Restarts that need a person (warm-up timeout, action timeout, never ready).",

@@ -14,6 +14,7 @@ from llm_health.config import Config
 from llm_health.remediator.commands import Command, CommandFacts, Plan, plan
 from llm_health.remediator.lifecycle import UNSEEN, LifecycleState
 from llm_health.remediator.restart.notes import HELD
+from llm_health.remediator.sequence import has_restart
 from llm_health.remediator.store import RESTART_UNDER_WAY, AdminState, IncidentState, StateStore, Transaction
 
 S = LifecycleState
@@ -47,7 +48,7 @@ def facts(tx: Transaction, config: Config, req: Request) -> CommandFacts:
     return CommandFacts(admin=admin_of(req.backend), lifecycle=state_of(req.backend),
                         incident=inc.state if inc is not None else None, ready_others=ready_others,
                         min_ready=config.remediator.min_ready, force=req.force,
-                        restart_configured=backend is not None and bool(backend.restart))
+                        restart_configured=backend is not None and has_restart(backend))
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,11 @@ from llm_health.remediator.restart.context import Context
 from llm_health.remediator.restart.notes import escalate
 from llm_health.remediator.restart.result import DONE, LookAgain, StepResult
 from llm_health.remediator.restart.silences import silence, unsilence_safely
+from llm_health.remediator.sequence import restart_argv
 from llm_health.remediator.store import ActionResultKind, Incident, IncidentState, Transaction
 
 log = logging.getLogger("llm_health.remediator")
+NO_HEADROOM = "no_headroom"     # the decision and event of a restart whose headroom check never passed
 
 S = LifecycleState
 IS = IncidentState
@@ -39,7 +41,7 @@ IS = IncidentState
 
 def claim(ctx: Context, tx: Transaction, incident_id: int, backend: Backend, d: policy.Decision, now: float) -> int:
     """Record the intent (and where the action's exit status will go) and move to RESTARTING."""
-    action_id = tx.add_action(incident_id, backend.name, " ".join(backend.restart)[:2000], ctx.holder, now,
+    action_id = tx.add_action(incident_id, backend.name, " ".join(restart_argv(backend, ctx.r))[:2000], ctx.holder, now,
                               ctx.clocks.mono(), ctx.clocks.boot)
     files = action_files(ctx, action_id)
     if files is not None:
@@ -77,7 +79,7 @@ def carry_out(ctx: Context, incident_id: int, action_id: int, backend: Backend, 
         before_kill(ctx, incident_id, backend)       # bounded; never stops the restart
         env = {"LLM_HEALTH_BACKEND": backend.name, "LLM_HEALTH_INCIDENT": str(incident_id),
                "LLM_HEALTH_ACTION": str(action_id)}
-        result = ctx.io.runner(backend.restart, ctx.r.action_timeout, env)
+        result = ctx.io.runner(restart_argv(backend, ctx.r), ctx.r.action_timeout, env)
         record_result(ctx, incident_id, action_id, backend.name, result)
     except Exception as exc:  # noqa: BLE001 - the state machine must always reach a resting state
         log.exception("restart of %s (incident %s, action %s) failed", backend.name, incident_id, action_id)
@@ -134,8 +136,19 @@ def record_result(ctx: Context, incident_id: int, action_id: int, backend: str, 
                      reason=f"action finished ({result.result}); the incident moved on meanwhile "
                      "(acknowledged or closed): recorded only", **detail)
             return
-        end = after_action(result)
-        if end == ActionEnd.WARM_UP:
+        configured = ctx.config.backend(backend)
+        end = after_action(result, headroom=configured is not None and bool(configured.headroom))
+        if end == ActionEnd.NO_HEADROOM:
+            why = (f"the old process did not go away: headroom never passed within {r.headroom_wait:g}s of the "
+                   "stop, nothing was started")
+            tx.move_lifecycle(backend, S.ERROR, now, f"host needs attention: {why}", incident_id)
+            tx.bump("host_needs_attention", backend)
+            escalate(tx, backend, incident_id, now, f"host needs attention: {why}")
+            tx.move_incident(incident_id, now, IS.NEEDS_ACK, last_decision=NO_HEADROOM)
+            tx.event(now, NO_HEADROOM, backend, incident_id,
+                     reason=f"{why}: not retried (a restart loop would only fail the same way); the host needs a "
+                     "person (a reboot frees memory an unkillable process holds)", **detail)
+        elif end == ActionEnd.WARM_UP:
             warming = f"restart action exited 0; warming up (up to {r.warmup_timeout:g}s)"
             if tx.lifecycle_state(backend) == S.STOPPED:
                 tx.move_lifecycle(backend, S.INITIALIZING, now, warming, incident_id)

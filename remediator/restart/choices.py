@@ -14,6 +14,7 @@ from llm_health.exporter.observation import VerifyOutcome
 from llm_health.remediator import action as act
 from llm_health.remediator import policy
 from llm_health.remediator.lifecycle import LifecycleState, warmup_expired
+from llm_health.remediator.sequence import HEADROOM_EXIT
 
 S = LifecycleState
 STALLED = (VerifyOutcome.NO_PROGRESS, VerifyOutcome.UNRESPONSIVE)
@@ -147,11 +148,15 @@ class ActionEnd(enum.Enum):
     WARM_UP = "warm_up"            # exited 0: warming
     UNKNOWN = "unknown"            # timed out or vanished: may have happened, never repeated (needs_ack)
     FAILED = "failed"              # did not happen: ERROR, open again, next attempt after backoff
+    NO_HEADROOM = "no_headroom"    # stopped, but the old process kept its room: ERROR, needs a person, no retry
 
 
-def after_action(result: act.ActionResult) -> ActionEnd:
+def after_action(result: act.ActionResult, headroom: bool = False) -> ActionEnd:
+    """`headroom`: the backend restarts through stop -> headroom -> start (remediator/sequence.py)."""
     if result.result == act.OK:
         return ActionEnd.WARM_UP
+    if headroom and result.exit_code == HEADROOM_EXIT and not result.outcome_unknown:
+        return ActionEnd.NO_HEADROOM
     return ActionEnd.UNKNOWN if result.outcome_unknown else ActionEnd.FAILED
 
 

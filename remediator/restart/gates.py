@@ -10,6 +10,7 @@ from llm_health.remediator.lifecycle import LifecycleState
 from llm_health.remediator.marker import file_markers
 from llm_health.remediator.restart.choices import unresponsive_run
 from llm_health.remediator.restart.context import Context
+from llm_health.remediator.sequence import has_restart
 from llm_health.remediator.store import Incident, Reads, Transaction
 
 S = LifecycleState
@@ -29,7 +30,7 @@ def facts(ctx: Context, rd: Reads, backend: Backend, now: float,
         now=now, backend=backend.name,
         restarts=rd.restart_times(backend.name, include_dry_run=dry, **clock),
         fleet_restarts=rd.restart_times(None, include_dry_run=dry, after_action=br.reset_after_action, **clock),
-        breaker_open=br.open, markers=markers, has_action=bool(backend.restart), dry_run=dry,
+        breaker_open=br.open, markers=markers, has_action=has_restart(backend), dry_run=dry,
         unresponsive_since=unresponsive_since,
     )
 

@@ -10,6 +10,7 @@ from llm_health.remediator import policy
 from llm_health.remediator.clock import Clocks, injected
 from llm_health.remediator.lifecycle import UNSEEN
 from llm_health.remediator.marker import file_markers
+from llm_health.remediator.sequence import has_restart
 from llm_health.remediator.store import AdminRow, AdminState, Event, LifecycleRow
 from llm_health.remediator.web.context import WebContext
 
@@ -74,7 +75,7 @@ def backends_view(c: WebContext) -> list[dict[str, Any]]:
             "lifecycle": shown(clocks, lifecycle_view(lifecycles.get(b.name)), ("drain_deadline",)),
             "admin": admin_view(admins.get(b.name)),
             "diagnostics": diag.summary() if (diag := store.latest_capture(b.name)) is not None else None,
-            "restart_configured": bool(b.restart),
+            "restart_configured": has_restart(b),
             "incident": shown(clocks, inc.as_dict(), MONOTONIC_INCIDENT_FIELDS) if inc else None,
             "last_decision": redact({"kind": last.kind, "reason": last.reason, "at": last.at}) if last else None,
             "restarts": {result: n for (_, result), n in restarts.items()},

@@ -191,3 +191,18 @@ def test_example_config_restart_argv_matches_the_polkit_grant() -> None:
     """docs/install.md's restart argv is what the rule grants (no sudo, no other verb)."""
     text = (ROOT / "docs" / "install.md").read_text()
     assert '["systemctl", "--no-ask-password", "restart", "vllm@gpu-a.service"]' in text
+
+
+VLLM_EXAMPLE = SYSTEMD / "examples" / "vllm@.service"
+
+
+@pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze not installed")
+def test_the_example_vllm_unit_verifies_and_restarts_on_any_exit(tmp_path: Path) -> None:
+    """vLLM's API server can exit 0 after its EngineCore died: on-failure would leave it down for good."""
+    text = VLLM_EXAMPLE.read_text()
+    assert "\nRestart=always\n" in text and "WatchdogSec" not in text.replace("no WatchdogSec=", "")
+    copy = tmp_path / "vllm@.service"
+    copy.write_text(text.replace("/opt/vllm/bin/vllm", "/bin/true"))
+    verify = subprocess.run([ANALYZE, "verify", "--man=no", f"{copy}"], capture_output=True, text=True, timeout=60,
+                            cwd=tmp_path)
+    assert verify.returncode == 0, verify.stderr

@@ -84,6 +84,16 @@ def needs_ack() -> Scenario:
     return s
 
 
+def host_needs_attention() -> Scenario:
+    s = Scenario("gpu-a's headroom never passed after its stop at 10m; a person acknowledges it at 30m")
+    s.add(rem("llm_health_remediator_host_needs_attention", {"backend": "gpu-a"}, f"0x40 1x80 0x{N}"))
+    s.add(rem("llm_health_remediator_host_needs_attention", {"backend": "gpu-b"}, f"0x{N}"))
+    s.silent("9m", "LLMHealthHostNeedsAttention")
+    s.expect("11m", "LLMHealthHostNeedsAttention", {"backend": "gpu-a"})    # at once: no `for`
+    s.silent("31m", "LLMHealthHostNeedsAttention")
+    return s
+
+
 def restarts_failing() -> Scenario:
     s = Scenario("gpu-a's restart command fails 3 times in an hour; gpu-b restarts fine 5 times, fails once")
     # one failure every 20 minutes for gpu-a (the '3 failed per hour and never an escalation')
@@ -216,7 +226,8 @@ def exporter_reload_failed() -> Scenario:
     return s
 
 
-SCENARIOS = [remediator_down, remediator_absent, remediator_unhealthy, breaker, needs_ack, restarts_failing,
+SCENARIOS = [remediator_down, remediator_absent, remediator_unhealthy, breaker, needs_ack, host_needs_attention,
+             restarts_failing,
              webhook_failing, discovery_stale, backend_not_judged, discovery_duplicates, not_hearing_alertmanager,
              never_heard_without_a_watchdog_rule, webhook_failing_elsewhere, webhook_failing_ours,
              remediator_reload_failed, exporter_reload_failed]
