@@ -90,23 +90,14 @@ class StateCollector(Collector):
         yield admin
 
         acks = store.backends_in(IncidentState.NEEDS_ACK)
-        g = GaugeMetricFamily("llm_health_remediator_needs_ack",
-                              "1 while the backend's incident waits for a person (outcome unknown, never "
-                              "retried blindly): acknowledge through POST /api/backends/<name>/ack.",
-                              labels=["backend"])
-        for name in names:
-            g.add_metric([name], int(name in acks))
-        yield g
-
+        yield flags("llm_health_remediator_needs_ack",
+                    "1 while the backend's incident waits for a person (outcome unknown, never retried blindly): "
+                    "acknowledge through POST /api/backends/<name>/ack.", names, acks)
         held_room = {i.backend for i in store.active_incidents()
                      if i.state == IncidentState.NEEDS_ACK and i.last_decision == "no_headroom"}
-        g = GaugeMetricFamily("llm_health_remediator_host_needs_attention",
-                              "1 while the backend waits for a person because its old process did not go away: "
-                              "the headroom check never passed after the stop, nothing was started.",
-                              labels=["backend"])
-        for name in names:
-            g.add_metric([name], int(name in held_room))
-        yield g
+        yield flags("llm_health_remediator_host_needs_attention",
+                    "1 while the backend waits for a person because its old process did not go away: the headroom "
+                    "check never passed after the stop, nothing was started.", names, held_room)
 
         esc = store.counters("escalations")
         m = CounterMetricFamily("llm_health_remediator_escalations",
@@ -176,3 +167,11 @@ def registry_for(config: Config, store: StateStore, health: Callable[[], dict[st
 def render(registry: CollectorRegistry) -> bytes:
     """The text format (tests and tools; /metrics answers through llm_health/exposition.py)."""
     return generate_latest(registry)
+
+
+def flags(name: str, documentation: str, backends: list[str], on: set[str]) -> GaugeMetricFamily:
+    """A 0/1 gauge per backend: 1 for those in `on`."""
+    g = GaugeMetricFamily(name, documentation, labels=["backend"])
+    for backend in backends:
+        g.add_metric([backend], int(backend in on))
+    return g
