@@ -69,6 +69,7 @@ ALERT_NAMES = (
     "LLMHealthExporterDown", "LLMHealthProbeSentToBusyBackend",
     # llm-health.self
     "LLMHealthRemediatorDown", "LLMHealthRemediatorUnhealthy", "LLMHealthBreakerOpen", "LLMHealthBackendNeedsAck",
+    "LLMHealthHostNeedsAttention",
     "LLMHealthRestartsFailing", "LLMHealthWebhookDeliveryFailing", "LLMHealthWatchdog",
     "LLMHealthRemediatorNotHearingAlertmanager", "LLMHealthRemediatorConfigReloadFailed",
     "LLMHealthExporterConfigReloadFailed",

@@ -26,8 +26,11 @@ EXAMPLE = REPO / "deploy" / "llm-health.example.yml"
 
 def test_example_config_loads_and_names_every_setting() -> None:
     config = load_config(EXAMPLE)
-    assert [b.name for b in config.backends] == ["gpu-a", "gpu-b"]
+    assert [b.name for b in config.backends] == ["gpu-a", "gpu-b", "gpu-c"]
     assert config.backends[0].restart == ("systemctl", "--no-ask-password", "restart", "vllm@gpu-a.service")
+    gpu_c = config.backends[2]      # the three-step restart: stop, headroom, start
+    assert not gpu_c.restart and gpu_c.stop[-2:] == ("stop", "vllm@gpu-c.service") and gpu_c.headroom
+    assert gpu_c.start[-2:] == ("start", "vllm@gpu-c.service")
     raw = yaml.safe_load(EXAMPLE.read_text())
     for section, cls in (("exporter", ExporterSettings), ("remediator", RemediatorSettings),
                          ("discovery", DiscoverySettings)):
