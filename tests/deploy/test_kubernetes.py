@@ -10,8 +10,10 @@ builds the base as a user would. Generated files must be a fresh render.
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -24,6 +26,7 @@ import pytest
 import yaml
 
 from llm_health.config import load_config
+from llm_health.remediator.sidecar import cli as sidecar_cli
 from llm_health.render import dashboards, prometheusrule
 from llm_health.render.rules import RuleSettings, render
 from tests.support import crds
@@ -62,8 +65,6 @@ def check_relabelings(items: list[dict[str, Any]], where: str) -> None:
 
 def check_monitor(obj: dict[str, Any]) -> list[dict[str, Any]]:
     """Structure of a PodMonitor/ServiceMonitor; returns its endpoints."""
-    import re
-
     assert obj["apiVersion"] == "monitoring.coreos.com/v1"
     assert set(obj) == {"apiVersion", "kind", "metadata", "spec"}
     assert prometheusrule.check_name(obj["metadata"]["name"])
@@ -303,21 +304,22 @@ def test_example_readiness_sidecar_alone_decides_readiness() -> None:
 def test_example_readiness_sidecar_args_are_ours_and_point_at_the_right_places(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from llm_health.cli import build_parser
-    from llm_health.remediator.sidecar.cli import parse_listen, settings_of
 
     spec = sidecar_pod()["spec"]
     containers = {c["name"]: c for c in spec["containers"]}
     sidecar, vllm = containers["readiness"], containers["vllm"]
     monkeypatch.setenv("POD_NAME", "vllm-0")       # what the downward API gives the first pod
     args = build_parser(only="readiness").parse_args(sidecar["args"])
-    settings = settings_of(args)                   # the flags the sidecar checks at start
+    settings = sidecar_cli.settings_of(args)                   # the flags the sidecar checks at start
     assert settings.backend == "vllm-0"
-    assert parse_listen(args.listen)[1] == {p["name"]: p["containerPort"] for p in sidecar["ports"]}["readiness"]
+    ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
+    assert sidecar_cli.parse_listen(args.listen)[1] == ports["readiness"]
     assert urlparse(settings.engine).hostname == "127.0.0.1"       # the engine in this pod
     assert urlparse(settings.engine).port == vllm["ports"][0]["containerPort"]
     remediator = urlparse(settings.remediator)
     service = named(base_objects(), "Service", "llm-health-remediator")
-    assert remediator.hostname == service["metadata"]["name"] and remediator.port == service["spec"]["ports"][0]["port"]
+    assert remediator.hostname == service["metadata"]["name"]
+    assert remediator.port == service["spec"]["ports"][0]["port"]
     # a drain reaches the endpoints within a poll and a probe; the fallback waits out short outages
     assert settings.interval + sidecar["readinessProbe"]["periodSeconds"] <= 5
     assert settings.fallback_after >= 10 * settings.interval
@@ -417,9 +419,19 @@ def test_docs_explain_the_restart_authority_and_the_commands() -> None:
                    "OnNamespace", "alertmanagerConfigSelector", "alertmanagerConfigNamespaceSelector",
                    "prometheus-operator's matching, not\n   Prometheus'",
                    # dashboards: which namespace and why, and the folder
-                   "searchNamespace", "foldersFromFilesStructure", "kubectl apply -k deploy/kubernetes/dashboards"):
+                   "searchNamespace", "foldersFromFilesStructure", "kubectl apply -k deploy/kubernetes/dashboards",
+                   # traffic follows the lifecycle: the sidecar, its probe, its fallback and its flags
+                   "## Traffic follows the lifecycle", "/api/backends/<name>/readiness",
+                   "examples/vllm-statefulset-readiness.yaml", "--fallback-after", "POD_NAME", "no readinessProbe",
+                   "warm-up gate"):
         assert needle in text, needle
     assert "only if your Prometheus keeps it" not in text  # it was prometheus-operator's matcher, not Prometheus
+    # every flag of `llm-health readiness` is in its table, and nothing else
+    parser = argparse.ArgumentParser()
+    sidecar_cli.configure(parser)
+    options = {o for action in parser._actions for o in action.option_strings if o.startswith("--")} - {"--help"}
+    table = text.split("`llm-health readiness` flags:", 1)[1].split("\n\n", 2)[1]
+    assert set(re.findall(r"`(--[a-z-]+)", table)) == options, table
     for folder in (BASE, DASHBOARDS):
         for line in (folder / "kustomization.yaml").read_text().splitlines():
             if line.startswith("#   llm-health "):
