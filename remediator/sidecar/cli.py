@@ -98,10 +98,10 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    watch.start()
     log.info("llm-health readiness: backend %s, remediator %s, engine %s, every %g s, fallback after %g s, "
              "listening on http://%s:%d", settings.backend, redact(settings.remediator), redact(settings.engine),
              settings.interval, settings.fallback_after, host, server.port)
+    watch.start()
     server.serve_forever()
     watch.stop()
     return 0

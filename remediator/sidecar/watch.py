@@ -24,7 +24,7 @@ from urllib.parse import quote
 
 from llm_health.http_client import HttpFailure, Response, fetch
 from llm_health.redact import redact
-from llm_health.remediator.sidecar.decision import Answer, Decision, Engine, decide, parse_answer
+from llm_health.remediator.sidecar.decision import Answer, Decision, Engine, Source, decide, parse_answer
 
 log = logging.getLogger("llm_health.readiness")
 
@@ -70,7 +70,7 @@ class Watch:
         self._answered_at = self.started
         self._failure = ""
         self._engine: Engine | None = None
-        self._mode: tuple[bool, object] | None = None
+        self._mode: tuple[bool, Source] | None = None
         self._stop = threading.Event()
 
     # -- what the pollers do, one call each
