@@ -7,5 +7,5 @@ only after the warm-up gate. When the remediator cannot answer, the engine's own
 `--fallback-after` seconds: our outage never takes the fleet out.
 
 `decision.py` (pure: what to answer), `watch.py` (the two pollers and the latest facts), `server.py`
-(/ready, /healthz), `cli.py` (the subcommand). Standard library only, like `llm-health healthcheck`.
+(/ready, /healthz), `cli.py` (the subcommand). No web stack, like `llm-health healthcheck`.
 """

@@ -7,7 +7,8 @@ lifecycle").
 
 Put the pod's readinessProbe on this container's GET /ready. `--backend` defaults to $POD_NAME (the
 downward API's metadata.name: the PodMonitor makes the pod name the backend name). The remediator's
-GET needs no token. Standard library only: it starts fast and imports nothing of the web stack.
+GET needs no token. No web stack (flask, requests, prometheus_client: tests/process/test_cli_lazy.py): the
+standard library's HTTP server and llm_health/http_client.py, so it starts fast and stays small.
 """
 
 from __future__ import annotations
