@@ -22,9 +22,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("llm_health.exporter.check", "one-shot verdict for one server (exit 0 ok, 1 unknown, 2 stalled/down)"),
     "remediator": ("llm_health.remediator.cli", "Alertmanager webhook receiver: the one restart authority"),
     "ctl": ("llm_health.remediator.ctl", "operator commands to a running remediator: status, drain, undrain, retire, "
-            "activate"),
+            "activate, restart, diagnostics"),
     "diagnose": ("llm_health.remediator.diagnose", "what a stuck engine shows (/health, /metrics, py-spy stacks, a "
                  "log tail): the recipe the remediator runs before a kill"),
+    "readiness": ("llm_health.remediator.sidecar.cli", "readiness sidecar of a vLLM pod: /ready follows the "
+                  "remediator's lifecycle (Kubernetes), the engine's /health when the remediator is away"),
     "busy": ("llm_health.remediator.busy", "run a batch job with a busy marker set for a backend"),
     "token": ("llm_health.remediator.token", "write a random bearer token file for the remediator (once)"),
     "rules": ("llm_health.render.rules", "render the Prometheus rules from their templates"),

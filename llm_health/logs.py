@@ -11,8 +11,8 @@ with `extra={...}` follow as keys of their own (`backend=gpu-a`). gunicorn's acc
 remediator) also carry `remote`, `method`, `path`, `status` and `duration_seconds`. Every format redacts
 credentials in URLs (llm_health.redact) in the message, its arguments, the traceback and every field.
 
-Access lines of scrapes and health checks (`/metrics`, `/health`, `/healthz`) are noise at a scrape every
-few seconds: `QuietScrapes` is a logging filter that drops them (an access record names its path in
+Access lines of scrapes and health checks (`/metrics`, `/health`, `/healthz`, and the readiness sidecars'
+`/api/backends/<name>/readiness`, one per vLLM pod) are noise at a scrape every few seconds: `QuietScrapes` is a logging filter that drops them (an access record names its path in
 `extra={"path": ...}`, or, from gunicorn's access logger, in the `U` atom of its arguments) unless the
 level is debug.
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import sys
 import threading
 import time
@@ -35,6 +36,8 @@ from llm_health.redact import RedactingFormatter, redact
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(message)s"
 SCRAPE_PATHS = frozenset({"/metrics", "/health", "/healthz"})
+#: what every vLLM pod's readiness sidecar polls every few seconds (remediator/sidecar/)
+POLLED_PATH = re.compile(r"^/api/backends/[^/]+/readiness$")
 ACCESS_LOGGER = "gunicorn.access"
 
 
@@ -189,7 +192,8 @@ class QuietScrapes(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if logging.getLogger().isEnabledFor(logging.DEBUG):
             return True
-        return access_path(record) not in self.paths
+        path = access_path(record)
+        return path not in self.paths and not (path is not None and POLLED_PATH.match(path))
 
 
 def access_path(record: logging.LogRecord) -> str | None:

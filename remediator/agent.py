@@ -39,7 +39,7 @@ from llm_health.remediator.agent_check import AgentCheckServer, AgentStatus, par
 from llm_health.remediator.inflight import kv_usage, read_backend
 from llm_health.remediator.lifecycle import UNSEEN, LifecycleState
 from llm_health.remediator.policy import OUT_OF_SERVICE_OUTCOMES
-from llm_health.remediator.store import NO_RESTART_UNDER_WAY, Incident, LifecycleRow, StateStore
+from llm_health.remediator.store import NO_RESTART_UNDER_WAY, Incident, LifecycleRow, Reads, StateStore
 
 log = logging.getLogger("llm_health.remediator")
 
@@ -70,38 +70,55 @@ class AgentAnswers:
             self._kv[name] = (now, value)
         return value
 
-    def status_for(self, name: str) -> AgentStatus | None:
+    def status_for(self, name: str, weigh: bool = True) -> AgentStatus | None:
+        """The backend's status (None: not a backend of ours). It reads only this backend's rows unless the
+        min_ready floor must count the others (a READY backend with a reason to go out), so a check every
+        few seconds per backend (HAProxy's agent, each pod's readiness sidecar) stays cheap in a big
+        fleet. `weigh=False`: no KV-cache reading (kv_usage None), for callers that ask only whether a
+        backend takes traffic (GET /api/backends/<name>/readiness), never how much."""
         backend = self.config.backend(name)
         if backend is None:
             return None
+        r = self.config.remediator
         with self.store.reader() as rd:
-            rows = rd.lifecycles()
-            incidents = {i.backend: i for i in rd.active_incidents()}
-            held = rd.admins()
-        states = {b.name: rows[b.name].state if b.name in rows else UNSEEN for b in self.config.backends}
-        out = {b.name: out_of_service(states[b.name], rows.get(b.name), incidents.get(b.name))
-               for b in self.config.backends}
-        state, why = states[name], out[name]
-        hold = held.get(name)
+            lc = rd.lifecycle(name)
+            state = lc.state if lc is not None else UNSEEN
+            why = out_of_service(state, lc, rd.active_incident(name))
+            hold = rd.admin(name)
+            floored = hold is None and not r.dry_run and why is not None and state == S.READY
+            others_up = self.others_up(rd, name) if floored else 0
+
+        def kv() -> float | None:
+            return self.kv(name, backend.url) if weigh else None
+
         if hold is not None:   # an operator's word wins, in a dry run too (it is not ours to keep up)
             return AgentStatus(state, None, f"{hold.state.value} by {hold.by or 'unknown'}: {hold.reason}",
                                healthy=why is None, admin=hold.state)
-        r = self.config.remediator
         if r.dry_run:
-            return AgentStatus(state, self.kv(name, backend.url), f"dry run: kept up ({why or state.value})",
-                               keep_up=True)
+            return AgentStatus(state, kv(), f"dry run: kept up ({why or state.value})", keep_up=True)
         if state == S.DRAINING:
             return AgentStatus(S.DRAINING, None, "draining")
         if why is None:
-            return AgentStatus(S.READY, self.kv(name, backend.url))
-        if state == S.READY:   # the floor keeps a READY backend in; it never lets a non-READY one in
-            others_up = sum(1 for b in self.config.backends if b.name != name and b.name not in held
-                            and states[b.name] == S.READY and out[b.name] is None)
-            if others_up < r.min_ready:
-                return AgentStatus(state, self.kv(name, backend.url),
-                                   f"{why}; kept up: only {others_up} other backend(s) ready and up, min_ready "
-                                   f"{r.min_ready}", keep_up=True)
+            return AgentStatus(S.READY, kv())
+        if floored and others_up < r.min_ready:   # the floor keeps a READY backend in, never a non-READY one
+            return AgentStatus(state, kv(), f"{why}; kept up: only {others_up} other backend(s) ready and up, "
+                               f"min_ready {r.min_ready}", keep_up=True)
         return AgentStatus(state, None, why, healthy=state != S.READY)
+
+    def others_up(self, rd: Reads, name: str) -> int:
+        """Backends other than `name`, in service, READY and with no reason to go out (the floor's count)."""
+        rows = rd.lifecycles()
+        incidents = {i.backend: i for i in rd.active_incidents()}
+        held = rd.admins()
+        up = 0
+        for b in self.config.backends:
+            if b.name == name or b.name in held:
+                continue
+            lc = rows.get(b.name)
+            state = lc.state if lc is not None else UNSEEN
+            if state == S.READY and out_of_service(state, lc, incidents.get(b.name)) is None:
+                up += 1
+        return up
 
 
 def out_of_service(state: LifecycleState, lc: LifecycleRow | None, inc: Incident | None) -> str | None:

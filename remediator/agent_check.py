@@ -80,6 +80,15 @@ def sanitize_reason(reason: str) -> str:
     return text or "no reason given"
 
 
+def takes_traffic(status: AgentStatus | None) -> bool:
+    """Whether the backend should get new requests: the one rule, for HAProxy (`ready up W%`) and for
+    Kubernetes readiness (GET /api/backends/<name>/readiness). In service, and READY and healthy or kept
+    up (dry run, the min_ready floor); never an unknown backend."""
+    if status is None or status.admin != AdminState.IN_SERVICE:
+        return False
+    return status.keep_up or (LifecycleState(status.state) == LifecycleState.READY and status.healthy)
+
+
 def agent_reply(status: AgentStatus | None) -> str:
     """The one-line answer (without the newline) for a backend's status; None = unknown backend."""
     if status is None:
@@ -90,7 +99,7 @@ def agent_reply(status: AgentStatus | None) -> str:
     if status.admin == AdminState.DRAINED:
         operational = "up" if state == LifecycleState.READY and status.healthy else "down"
         return f"{operational} drain #{sanitize_reason(status.reason or 'drained')}"
-    if status.keep_up or (state == LifecycleState.READY and status.healthy):
+    if takes_traffic(status):
         return f"ready up {weight_percent(status.kv_usage)}%"
     if state == LifecycleState.DRAINING:
         return "drain"

@@ -17,7 +17,7 @@ from llm_health.remediator.policy import Marker
 from llm_health.remediator.store import ACKNOWLEDGEABLE, IncidentState
 from llm_health.remediator.web.context import ctx
 from llm_health.remediator.web.guard import MUTATING, BodyError, error, guard_mutation, json_body
-from llm_health.remediator.web.views import HIDDEN_OUTPUT, backends_view, public_event
+from llm_health.remediator.web.views import HIDDEN_OUTPUT, backends_view, public_event, readiness_view
 
 api = Blueprint("api", __name__, url_prefix="/api")
 
@@ -35,6 +35,16 @@ def get_backends() -> Any:
     c = ctx()
     return jsonify({"backends": backends_view(c), "breaker": c.store.breaker().as_dict(),
                     "dry_run": c.config.remediator.dry_run, "group": dict(c.config.remediator.group_labels)})
+
+
+@api.get("/backends/<name>/readiness")
+def get_readiness(name: str) -> Any:
+    """Does this backend take traffic now? What each vLLM pod's readiness sidecar polls every few seconds
+    (remediator/sidecar/), so it reads one backend's rows (AgentAnswers.status_for), not the fleet view."""
+    status = ctx().answers.status_for(name, weigh=False)
+    if status is None:
+        return error(404, f"unknown backend {name[:80]!r}")
+    return jsonify(readiness_view(name, status))
 
 
 @api.get("/events")

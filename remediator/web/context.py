@@ -10,6 +10,7 @@ from llm_health.config import Config
 from llm_health.discovery.collector import DiscoveryCollector
 from llm_health.reload import ReloadCollector, ReloadStatus
 from llm_health.remediator import metrics
+from llm_health.remediator.agent import AgentAnswers
 from llm_health.remediator.health import Health
 from llm_health.remediator.services import Services
 from llm_health.remediator.store import StateStore
@@ -28,6 +29,7 @@ class WebContext:
         self.authority = services.authority
         self.agent = services.agent
         self.health = Health(config, store, services.authority)
+        self.answers = AgentAnswers(store, config)   # who takes traffic: the agent's rule, for readiness too
         self.registry = metrics.registry_for(config, store, self.health.report)
         if services.discovery is not None:
             self.registry.register(DiscoveryCollector(services.discovery.status))

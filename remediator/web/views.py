@@ -7,6 +7,7 @@ from typing import Any
 
 from llm_health.redact import redact
 from llm_health.remediator import policy
+from llm_health.remediator.agent_check import AgentStatus, takes_traffic
 from llm_health.remediator.clock import Clocks, injected
 from llm_health.remediator.lifecycle import UNSEEN
 from llm_health.remediator.marker import file_markers
@@ -47,6 +48,14 @@ def admin_view(a: AdminRow | None) -> dict[str, Any]:
     if a is None:
         return {"state": AdminState.IN_SERVICE.value, "since": None, "by": "", "reason": ""}
     return a.as_dict()
+
+
+def readiness_view(name: str, status: AgentStatus) -> dict[str, Any]:
+    """Whether a backend takes traffic, for Kubernetes (`llm-health readiness`): the agent's rule
+    (agent_check.takes_traffic), with the true lifecycle and operator states and why."""
+    ready = takes_traffic(status)
+    return {"backend": name, "ready": ready, "lifecycle": status.state.value, "admin": status.admin.value,
+            "reason": status.reason or ("ready and in service" if ready else status.state.value)}
 
 
 def backends_view(c: WebContext) -> list[dict[str, Any]]:

@@ -10,19 +10,23 @@ builds the base as a user would. Generated files must be a fresh render.
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
+import re
 import shlex
 import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import kubernetes_validate
 import pytest
 import yaml
 
 from llm_health.config import load_config
+from llm_health.remediator.sidecar import cli as sidecar_cli
 from llm_health.render import dashboards, prometheusrule
 from llm_health.render.rules import RuleSettings, render
 from tests.support import crds
@@ -61,8 +65,6 @@ def check_relabelings(items: list[dict[str, Any]], where: str) -> None:
 
 def check_monitor(obj: dict[str, Any]) -> list[dict[str, Any]]:
     """Structure of a PodMonitor/ServiceMonitor; returns its endpoints."""
-    import re
-
     assert obj["apiVersion"] == "monitoring.coreos.com/v1"
     assert set(obj) == {"apiVersion", "kind", "metadata", "spec"}
     assert prometheusrule.check_name(obj["metadata"]["name"])
@@ -243,11 +245,12 @@ def test_podmonitor_scrapes_each_vllm_pod_with_backend_from_the_pod_name() -> No
     (endpoint,) = check_monitor(monitor)
     assert {"sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "backend"} in endpoint["relabelings"]
     assert f'job="{job_of(endpoint)}"' == RuleSettings().vllm_selector
-    # it selects the example vLLM pods, on a port they name
-    ((_, template),) = pods(example_objects())
-    assert selects(monitor["spec"]["selector"], template["metadata"]["labels"])
-    ports = {p["name"] for c in template["spec"]["containers"] for p in c.get("ports", [])}
-    assert endpoint["port"] in ports
+    # it selects every example's vLLM pods, on a port they name
+    examples = pods(example_objects())
+    assert len(examples) == 2    # vllm-statefulset.yaml, and with the readiness sidecar
+    for _, template in examples:
+        assert selects(monitor["spec"]["selector"], template["metadata"]["labels"])
+        assert endpoint["port"] in {p["name"] for p in vllm_container(template).get("ports", [])}
 
 
 def test_servicemonitors_watch_our_two_services_with_the_rules_job_labels() -> None:
@@ -263,12 +266,63 @@ def test_servicemonitors_watch_our_two_services_with_the_rules_job_labels() -> N
         RuleSettings().exporter_selector
 
 
+def vllm_container(template: dict[str, Any]) -> dict[str, Any]:
+    (container,) = [c for c in template["spec"]["containers"] if c["name"] == "vllm"]
+    return container
+
+
 def test_example_vllm_has_no_liveness_probe() -> None:
-    ((name, template),) = pods(example_objects())
-    for container in template["spec"]["containers"]:
+    for name, template in pods(example_objects()):
+        container = vllm_container(template)
         assert "livenessProbe" not in container, f"{name}: the kubelet would be a second restart authority"
-        readiness = container["readinessProbe"]
-        assert readiness["timeoutSeconds"] >= 40  # a busy server's /health is slow, not broken
+        if "readinessProbe" in container:
+            assert container["readinessProbe"]["timeoutSeconds"] >= 40  # a busy server's /health is slow
+
+
+def sidecar_pod() -> dict[str, Any]:
+    (template,) = [t for _, t in pods(load(EXAMPLES / "vllm-statefulset-readiness.yaml"))]
+    return template
+
+
+def test_example_readiness_sidecar_alone_decides_readiness() -> None:
+    spec = sidecar_pod()["spec"]
+    containers = {c["name"]: c for c in spec["containers"]}
+    assert set(containers) == {"vllm", "readiness"}
+    vllm, sidecar = containers["vllm"], containers["readiness"]
+    # the Pod is Ready only when every container is: vLLM's own probe would overrule the lifecycle
+    assert "readinessProbe" not in vllm and "livenessProbe" not in vllm and "startupProbe" in vllm
+    probe = sidecar["readinessProbe"]
+    assert probe["httpGet"] == {"path": "/ready", "port": "readiness"} and probe["timeoutSeconds"] <= 2
+    assert sidecar["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "readiness"}
+    assert sidecar["image"] == named(base_objects(), "Deployment", "llm-health-remediator")["spec"]["template"][
+        "spec"]["containers"][0]["image"]   # our one image, which the overlay's images: pins
+    sc = sidecar["securityContext"]
+    assert sc["runAsNonRoot"] is True and sc["readOnlyRootFilesystem"] is True and sc["capabilities"]["drop"] == ["ALL"]
+    assert sidecar["env"] == [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+
+
+def test_example_readiness_sidecar_args_are_ours_and_point_at_the_right_places(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from llm_health.cli import build_parser
+
+    spec = sidecar_pod()["spec"]
+    containers = {c["name"]: c for c in spec["containers"]}
+    sidecar, vllm = containers["readiness"], containers["vllm"]
+    monkeypatch.setenv("POD_NAME", "vllm-0")       # what the downward API gives the first pod
+    args = build_parser(only="readiness").parse_args(sidecar["args"])
+    settings = sidecar_cli.settings_of(args)                   # the flags the sidecar checks at start
+    assert settings.backend == "vllm-0"
+    ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
+    assert sidecar_cli.parse_listen(args.listen)[1] == ports["readiness"]
+    assert urlparse(settings.engine).hostname == "127.0.0.1"       # the engine in this pod
+    assert urlparse(settings.engine).port == vllm["ports"][0]["containerPort"]
+    remediator = urlparse(settings.remediator)
+    service = named(base_objects(), "Service", "llm-health-remediator")
+    assert remediator.hostname == service["metadata"]["name"]
+    assert remediator.port == service["spec"]["ports"][0]["port"]
+    # a drain reaches the endpoints within a poll and a probe; the fallback waits out short outages
+    assert settings.interval + sidecar["readinessProbe"]["periodSeconds"] <= 5
+    assert settings.fallback_after >= 10 * settings.interval
 
 
 # -- generated files -----------------------------------------------------------------------------------
@@ -365,9 +419,19 @@ def test_docs_explain_the_restart_authority_and_the_commands() -> None:
                    "OnNamespace", "alertmanagerConfigSelector", "alertmanagerConfigNamespaceSelector",
                    "prometheus-operator's matching, not\n   Prometheus'",
                    # dashboards: which namespace and why, and the folder
-                   "searchNamespace", "foldersFromFilesStructure", "kubectl apply -k deploy/kubernetes/dashboards"):
+                   "searchNamespace", "foldersFromFilesStructure", "kubectl apply -k deploy/kubernetes/dashboards",
+                   # traffic follows the lifecycle: the sidecar, its probe, its fallback and its flags
+                   "## Traffic follows the lifecycle", "/api/backends/<name>/readiness",
+                   "examples/vllm-statefulset-readiness.yaml", "--fallback-after", "POD_NAME", "no readinessProbe",
+                   "warm-up gate"):
         assert needle in text, needle
     assert "only if your Prometheus keeps it" not in text  # it was prometheus-operator's matcher, not Prometheus
+    # every flag of `llm-health readiness` is in its table, and nothing else
+    parser = argparse.ArgumentParser()
+    sidecar_cli.configure(parser)
+    options = {o for action in parser._actions for o in action.option_strings if o.startswith("--")} - {"--help"}
+    table = text.split("`llm-health readiness` flags:", 1)[1].split("\n\n", 2)[1]
+    assert set(re.findall(r"`(--[a-z-]+)", table)) == options, table
     for folder in (BASE, DASHBOARDS):
         for line in (folder / "kustomization.yaml").read_text().splitlines():
             if line.startswith("#   llm-health "):

@@ -26,7 +26,7 @@ def imported_modules(*args: str) -> tuple[set[str], subprocess.CompletedProcess[
 
 
 @pytest.mark.parametrize("args", [("--version",), ("--help",), ("rules", "--help"), ("dashboards", "--help"),
-                                  ("check", "--help"), ("healthcheck", "--help")])
+                                  ("check", "--help"), ("healthcheck", "--help"), ("readiness", "--help")])
 def test_light_commands_do_not_import_the_web_stack(args: tuple[str, ...]) -> None:
     modules, result = imported_modules(*args)
     assert result.returncode == 0, result.stderr[-2000:]

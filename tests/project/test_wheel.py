@@ -125,9 +125,25 @@ def test_wheel_carries_license_and_every_shipped_asset(installed: Installed) -> 
         assert wheel.read(name) == source.read_bytes(), name
     shipped = {n for n in names if n.startswith("llm_health/data/")}
     assert shipped == {n for n in assets if n.startswith("llm_health/data/")}  # nothing stale either
-    for code in ("llm_health/exporter/verdict.py", "llm_health/remediator/store/base.py", "llm_health/cli.py"):
+    for code in ("llm_health/exporter/verdict.py", "llm_health/remediator/store/base.py", "llm_health/cli.py",
+                 "llm_health/remediator/sidecar/cli.py"):
         assert code in names
     assert not any(n.endswith("generate.py") for n in names)
+
+
+def test_every_package_folder_is_in_the_wheels_package_list() -> None:
+    """pyproject.toml lists the packages by hand (the folders map onto llm_health.*): a new folder missing
+    from it would be left out of the wheel and the image, and only fail where it is installed."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = set()
+    for top, package in (("llm_health", "llm_health"), ("exporter", "llm_health.exporter"),
+                         ("remediator", "llm_health.remediator"), ("simulator", "llm_health.simulator")):
+        for init in (ROOT / top).rglob("__init__.py"):
+            parts = init.parent.relative_to(ROOT / top).parts
+            found.add(".".join((package, *parts)))
+    assert found == listed, f"missing from pyproject.toml: {sorted(found - listed)}; stale: {sorted(listed - found)}"
 
 
 def test_metadata_claims_no_url_that_does_not_exist(installed: Installed) -> None:

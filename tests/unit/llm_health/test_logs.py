@@ -87,9 +87,10 @@ def gunicorn_access(path: str) -> logging.LogRecord:
 def test_quiet_scrapes_drops_scrapes_and_health_checks_only(root: None) -> None:
     logs.setup(LogFormat.TEXT, LogLevel.INFO, stream=io.StringIO())
     quiet = QuietScrapes()
-    for path in ("/metrics", "/healthz", "/health"):
+    for path in ("/metrics", "/healthz", "/health", "/api/backends/vllm-0/readiness"):
         assert not quiet.filter(gunicorn_access(path)), path
     assert quiet.filter(gunicorn_access("/webhook")) and quiet.filter(gunicorn_access("/"))
+    assert quiet.filter(gunicorn_access("/api/backends")) and quiet.filter(gunicorn_access("/api/backends/x/drain"))
     own = logging.LogRecord("x", logging.INFO, "x", 1, "GET /metrics?x=1", (), None)
     own.path = "/metrics?x=1"
     assert not quiet.filter(own)
