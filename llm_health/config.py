@@ -145,6 +145,8 @@ class RemediatorSettings:
     warmup_poll: float = 5.0
     drain_timeout: float = 60.0
     stalled_drain_timeout: float = 5.0
+    drain_min: float = 0.0               # a drained backend is held this long before its restart (Kubernetes: the
+    #                                      endpoint update after the readiness sidecar's answer; capped by the deadline)
     min_ready: int = 0
     alertmanager_url: str = ""           # for silences during a restart (API v2)
     agent_listen: str = ""               # HAProxy agent-check endpoint host:port, empty = off

@@ -101,13 +101,17 @@ class Drain(enum.Enum):
     ENDED = "ended"                # drained, or the deadline passed
 
 
-def drain_progress(moved: str, drained: bool, t: float, deadline: float | None) -> Drain:
-    """`moved`: why the engine evidently moved since the drain began ('' when it did not or cannot tell)."""
+def drain_progress(moved: str, drained: bool, t: float, deadline: float | None, held_for: float = float("inf"),
+                   drain_min: float = 0.0) -> Drain:
+    """`moved`: why the engine evidently moved since the drain began ('' when it did not or cannot tell).
+    `held_for`: how long the drain has lasted; a drained backend is held until `drain_min` (the time the
+    load balancer needs to stop sending: a Kubernetes endpoint update after the readiness sidecar's next
+    answer), never past the deadline."""
     if moved:
         return Drain.CALL_OFF
-    if not drained and deadline is not None and t < deadline:
-        return Drain.WAIT
-    return Drain.ENDED
+    if deadline is None or t >= deadline:
+        return Drain.ENDED
+    return Drain.ENDED if drained and held_for >= drain_min else Drain.WAIT
 
 
 class DrainEnd(enum.Enum):

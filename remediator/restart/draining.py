@@ -59,7 +59,7 @@ def watch_drain(ctx: Context, inc: Incident, backend: Backend) -> StepResult:
                      f"{r.state if r else 'missing'}; back to open")
             return DONE
         moved = inflight.moved(r.drain_baseline, seen.reading)
-        progress = drain_progress(moved, seen.drained, t, r.drain_deadline)
+        progress = drain_progress(moved, seen.drained, t, r.drain_deadline, now - r.since, ctx.r.drain_min)
         if progress == Drain.WAIT:
             tx.look_again_at(incident_id, t + ctx.r.poll_interval)
             return LookAgain(t + ctx.r.poll_interval)
@@ -110,7 +110,8 @@ def drain_ends(ctx: Context, backend: Backend, seen: InFlight) -> bool:
     if r is None or r.state != S.DRAINING:
         return False
     moved = inflight.moved(r.drain_baseline, seen.reading)
-    return drain_progress(moved, seen.drained, ctx.clocks.mono(), r.drain_deadline) == Drain.ENDED
+    return drain_progress(moved, seen.drained, ctx.clocks.mono(), r.drain_deadline, ctx.clocks.wall() - r.since,
+                          ctx.r.drain_min) == Drain.ENDED
 
 
 def needs_recheck(rd: Reads, incident_id: int, backend: Backend) -> bool:

@@ -15,7 +15,7 @@ from llm_health.exporter.observation import Verification, VerifyOutcome
 from llm_health.remediator import policy
 from llm_health.remediator.lifecycle import LifecycleState
 from llm_health.remediator.restart.act import carry_out, claim
-from llm_health.remediator.restart.choices import Begin, how_to_begin
+from llm_health.remediator.restart.choices import Begin, Drain, drain_progress, how_to_begin
 from llm_health.remediator.restart.context import Context
 from llm_health.remediator.restart.draining import in_flight_now
 from llm_health.remediator.restart.gates import concurrency_gate, facts, floor_gate, host_gate
@@ -84,7 +84,7 @@ def watch_requested_drain(ctx: Context, inc: Incident, backend: Backend) -> Step
             tx.event(now, "lifecycle_refused", backend.name, inc.id, reason=f"incident {inc.id} is draining but "
                      f"the lifecycle is {r.state if r else 'missing'}; back to open")
             return DONE
-        if not seen.drained and r.drain_deadline is not None and t < r.drain_deadline:
+        if drain_progress("", seen.drained, t, r.drain_deadline, now - r.since, ctx.r.drain_min) == Drain.WAIT:
             tx.look_again_at(inc.id, t + ctx.r.poll_interval)
             return LookAgain(t + ctx.r.poll_interval)
         d = policy.decide_requested(facts(ctx, tx, backend, now), ctx.settings, current.requested_by,

@@ -146,3 +146,13 @@ def test_backends_outside_a_restart() -> None:
     assert ch.outside_restart(S.INITIALIZING, False, 0.0, 99.0, 100.0) == ((), False)
     assert ch.outside_restart(S.INITIALIZING, False, 0.0, 100.0, 100.0) == ((S.ERROR,), True)   # never ready
     assert ch.outside_restart(S.ERROR, False, 0.0, 1e9, 100.0) == ((), False)                    # stays ERROR
+
+
+def test_a_drained_backend_is_held_for_drain_min_but_never_past_the_deadline() -> None:
+    from llm_health.remediator.restart.choices import Drain, drain_progress
+    assert drain_progress("", True, 10.0, 100.0, held_for=3.0, drain_min=15.0) == Drain.WAIT
+    assert drain_progress("", True, 10.0, 100.0, held_for=15.0, drain_min=15.0) == Drain.ENDED
+    assert drain_progress("", True, 100.0, 100.0, held_for=3.0, drain_min=15.0) == Drain.ENDED   # the deadline wins
+    assert drain_progress("", False, 10.0, 100.0, held_for=50.0, drain_min=15.0) == Drain.WAIT   # work in flight
+    assert drain_progress("tokens moved", True, 10.0, 100.0, held_for=3.0, drain_min=15.0) == Drain.CALL_OFF
+    assert drain_progress("", True, 10.0, 100.0) == Drain.ENDED                                  # drain_min 0: as before

@@ -171,3 +171,18 @@ def test_a_restart_is_refused_when_it_cannot_be_carried_out(tmp_path: Path) -> N
     assert again.status_code == 409 and again.get_json()["refusal"] == "restarting"
     assert command(w, "gpu-b", "retire", force=True).status_code == 200
     assert command(w, "gpu-b", "restart").get_json()["refusal"] == "conflict"
+
+
+def test_drain_min_holds_a_drained_backend_until_the_load_balancer_has_let_go(tmp_path: Path) -> None:
+    """Kubernetes: the endpoint update follows the readiness sidecar's next answer, seconds after the drain."""
+    w = fleet(tmp_path, ("gpu-a", "gpu-b"), min_ready=1, drain_min=20)
+    w.run()
+    w.work["gpu-a"] = 0                                  # nothing in flight: drained at once
+    assert command(w, "gpu-a", "restart", reason="upgrade").status_code == 200
+    w.run()
+    assert w.state("gpu-a") == "draining"
+    w.clock.advance(10)
+    w.run()
+    assert w.state("gpu-a") == "draining" and w.restarted == []
+    w.clock.advance(11)
+    w.run_until(lambda: w.restarted == ["gpu-a"], "restarted once drain_min has passed")
