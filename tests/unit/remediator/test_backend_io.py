@@ -134,3 +134,18 @@ def test_api_key_file_is_read_once_and_passed_to_verify(tmp_path: Path, monkeypa
     plain = parse_config({"backends": [{"name": "a", "url": "http://127.0.0.1:9"}]})
     backend_io.default_verifier(plain)(plain.backends[0])
     assert "api_key" not in seen[-1]
+
+
+def test_a_backend_seen_for_the_first_time_passes_the_whole_warm_up_gate(tmp_path: Path, sim: Simulator) -> None:
+    """Not READY on /health and /v1/models alone: the engine must also verify healthy (progress, or idle
+    and a one-token request that succeeds), as after a restart of ours."""
+    from llm_health.exporter.observation import VerifyOutcome
+    config = parse_config({"backends": [{"name": "gpu-a", "url": sim.url}], "remediator": {"state": str(tmp_path / "s.db")}})
+    outcome = {"now": VerifyOutcome.NO_PROGRESS}
+    io = backend_io.default_io(SqliteStore(str(tmp_path / "s.db")), config,
+                               verifier=lambda b: Verification(outcome["now"], "fake"))
+    assert io.first_seen_check is io.warmup_check
+    ready, why = io.first_seen_check(config.backends[0])
+    assert not ready and "no_progress" in why             # answers /health and /v1/models, yet not warm
+    outcome["now"] = VerifyOutcome.IDLE_OK
+    assert io.first_seen_check(config.backends[0])[0]
