@@ -16,6 +16,7 @@ import yaml
 
 from llm_health.drill.procs import llm_health
 from tests.support.alertmanager import AM_BINARY, running_alertmanager
+from tests.support.alerts import alert, payload
 from tests.support.lifecycle_rig import HAPROXY, build_rig
 from tests.support.paths import REPO
 from tests.support.remediator_process import RemediatorRig, stop_rig
@@ -119,3 +120,23 @@ def test_a_restart_asked_for_through_ctl_drains_restarts_and_comes_back(rig: Rem
     assert [a[:2] for a in rig.actions()] == [("start", "gpu-a"), ("end", "gpu-a")]
     again = ctl(rig, "status", "gpu-a")
     assert again.returncode == 0 and "ready" in again.stdout
+
+
+def test_ctl_diagnostics_shows_what_was_captured_before_the_kill(tmp_path: Path) -> None:
+    import sys
+    capture = [sys.executable, "-c", "import os; print('Thread EngineCore (idle): stack of', os.environ['LLM_HEALTH_BACKEND'])"]
+    rig = build_rig(tmp_path, {"gpu-a": "node-1", "gpu-b": "node-2"}, lb=False, min_ready=1, diagnostics=capture)
+    try:
+        rig.stall_with_work("gpu-a")
+        rig.post(payload(alert("gpu-a")))
+        rig.wait(lambda: any(e["kind"] == "recovered" for e in rig.events("gpu-a")), "restarted and warm", timeout=60)
+        shown = ctl(rig, "diagnostics", "gpu-a")
+        assert shown.returncode == 0, shown.stderr
+        assert "diagnostics #1 of gpu-a" in shown.stdout and ": ok in" in shown.stdout
+        assert "Thread EngineCore (idle): stack of gpu-a" in shown.stdout
+        status = ctl(rig, "status", "gpu-a")
+        assert "diag:ok" in status.stdout
+        kinds = [e["kind"] for e in rig.events("gpu-a")]
+        assert kinds.index("diagnostics") < kinds.index("restarted")
+    finally:
+        stop_rig(rig)
