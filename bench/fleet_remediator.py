@@ -85,8 +85,9 @@ def measure(python: str, cwd: Path, extra: dict[str, Any], quick: bool) -> dict[
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
         page_port, port = free_port(), free_port()
+        # the backends serve (pages move) until every one is READY, then stall at once (POST /stall)
         pages = ManagedProcess(python_module("bench.pageserver", "--port", page_port, "--variants", 16,
-                                             "--every", 2, "--simple"), "pageserver", tmp, cwd=ROOT)
+                                             "--every", 2, "--simple", "--moving"), "pageserver", tmp, cwd=ROOT)
         rem = None
         try:
             pages.wait_http(f"http://127.0.0.1:{page_port}/s/ready/health", timeout=60)
@@ -99,7 +100,10 @@ def measure(python: str, cwd: Path, extra: dict[str, Any], quick: bool) -> dict[
             def all_ready() -> bool:
                 view = requests.get(f"{base}/api/backends", timeout=10).json()["backends"]
                 return all(b["lifecycle"]["state"] == "ready" for b in view)
-            wait_until(all_ready, timeout=60, interval=0.2, what="every backend READY")
+            # a backend seen for the first time is READY only once it verifies healthy (the warm-up gate)
+            wait_until(all_ready, timeout=120, interval=0.2, what="every backend READY")
+            for b in names:
+                requests.post(f"http://127.0.0.1:{page_port}/stall/{b}", timeout=5).raise_for_status()
             alerted = time.time()
             r = requests.post(f"{base}/webhook", json=_alerts(names), timeout=30,
                               headers={"Authorization": f"Bearer {TOKEN}"})

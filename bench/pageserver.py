@@ -1,13 +1,14 @@
 """A small, fast fake-metrics server: one process standing in for many backends.
 
-`python -m bench.pageserver --port P [--port P2 ...] [--variants K] [--simple] [--record]`
+`python -m bench.pageserver --port P [--port P2 ...] [--variants K] [--simple] [--record] [--moving]`
 
 * `GET /b/<i>/metrics`: the k-th request for backend i gets page variant min(k, K-1) of
   `bench.pages.page_variants(K)`: a busy two-engine vLLM v1 page whose counters rise from one
   reading to the next (so verdicts are `busy`, as in production under load); pre-rendered, so
   the server's cost per request is a dict lookup and a socket write;
 * `GET /s/<name>/metrics`: a page that never changes (work in flight, counters frozen: stalled),
-  until `POST /fix/<name>` (what the storm's restart action calls): then it moves like `/b/`;
+  until `POST /fix/<name>` (what the storm's restart action calls): then it moves like `/b/`. With
+  `--moving` it moves from the start (a serving backend) until `POST /stall/<name>` freezes it;
 * `/health`, `/v1/models` under both prefixes: 200;
 * `GET /cpu`: this process' CPU seconds (user + sys) and the requests answered so far; `GET /stats`: the
   same and, with `--record`, the monotonic arrival times of each backend's `/metrics` requests
@@ -53,9 +54,11 @@ FIXED = answer(200, b"fixed", "text/plain")
 class Pages:
     """What the server answers; the state of every backend (one thread: the event loop's)."""
 
-    def __init__(self, pages: list[str], record: bool) -> None:
+    def __init__(self, pages: list[str], record: bool, moving: bool = False) -> None:
         self.pages = [answer(200, p.encode(), "text/plain; version=0.0.4; charset=utf-8") for p in pages]
         self.fixed: set[str] = set()
+        self.moving = moving                 # /s/ pages move until stalled (POST /stall/<name>)
+        self.stalled: set[str] = set()
         self.counts: dict[str, int] = {}
         self.record = record
         self.arrivals: dict[str, list[float]] = {}
@@ -75,7 +78,7 @@ class Pages:
         if rest == "/metrics":
             if self.record:
                 self.arrivals.setdefault(parts[2], []).append(time.monotonic())
-            if parts[1] == "s" and parts[2] not in self.fixed:
+            if parts[1] == "s" and parts[2] not in self.fixed and (not self.moving or parts[2] in self.stalled):
                 return self.pages[0]
             key = parts[1] + parts[2]
             k = self.counts.get(key, 1 if parts[1] == "s" else 0)
@@ -91,6 +94,11 @@ class Pages:
         parts = path.split("/")   # "", "fix", "<name>"
         if len(parts) == 3 and parts[1] == "fix":
             self.fixed.add(parts[2])
+            self.stalled.discard(parts[2])
+            return FIXED
+        if len(parts) == 3 and parts[1] == "stall":
+            self.stalled.add(parts[2])
+            self.fixed.discard(parts[2])
             return FIXED
         return NOT_FOUND
 
@@ -175,9 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--every", type=float, default=15.0, help="engine seconds between two variants")
     p.add_argument("--simple", action="store_true", help="the simulator's page only (3 histograms)")
     p.add_argument("--record", action="store_true", help="note when each backend's /metrics is asked (/stats)")
+    p.add_argument("--moving", action="store_true", help="/s/ pages move until POST /stall/<name> (serving first)")
     args = p.parse_args(argv)
     raise_fd_limit()
-    pages = Pages(page_variants(args.variants, full=not args.simple, every=args.every), args.record)
+    pages = Pages(page_variants(args.variants, full=not args.simple, every=args.every), args.record, args.moving)
     try:
         asyncio.run(serve(args.port, pages))
     except KeyboardInterrupt:

@@ -5,7 +5,8 @@ from two sender processes posing as an Alertmanager HA pair: both send the same 
 copies, in their own order inside a burst), in bursts, over keep-alive connections, 4 concurrent
 requests each. The stream covers 50 backends:
 
-* `stalled-*` (10): `bench.pageserver` serves them a frozen page (work in flight, counters still):
+* `stalled-*` (10): `bench.pageserver` serves them a moving page until the fleet is READY (a backend
+  seen for the first time passes the warm-up gate), then a frozen one (work in flight, counters still):
   verification says `no_progress`, a restart is due; the restart action "fixes" it (the page moves
   again) so the warm-up sees a healthy server and the incident closes; later copies of the same
   alerts must not restart it again;
@@ -196,8 +197,9 @@ def run(out_dir: Path, quick: bool) -> tuple[str, dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
         page_port, port = free_port(), free_port()
+        # the stalled ones serve until the whole fleet is READY (the warm-up gate), then stall (POST /stall)
         pages = ManagedProcess(python_module("bench.pageserver", "--port", page_port, "--variants", 128,
-                                             "--every", 2, "--simple"), "pageserver", tmp)
+                                             "--every", 2, "--simple", "--moving"), "pageserver", tmp)
         rem = None
         try:
             pages.wait_http(f"http://127.0.0.1:{page_port}/b/ready/health", timeout=60)
@@ -207,6 +209,13 @@ def run(out_dir: Path, quick: bool) -> tuple[str, dict[str, Any]]:
                                  cwd=Path(__file__).resolve().parent.parent)
             base = f"http://127.0.0.1:{port}"
             rem.wait_http(f"{base}/healthz", timeout=30)
+
+            def serving() -> bool:       # the down ones (closed ports) never answer: never READY
+                view = requests.get(f"{base}/api/backends", timeout=10).json()["backends"]
+                return all(b["lifecycle"]["state"] == "ready" for b in view if not b["backend"].startswith("down-"))
+            wait_until(serving, timeout=120, interval=0.2, what="the serving backends READY")
+            for b in stalled:
+                requests.post(f"http://127.0.0.1:{page_port}/stall/{b}", timeout=5).raise_for_status()
             started = time.perf_counter()
             ctx = mp.get_context("spawn")
             with ctx.Pool(2) as pool:
@@ -230,9 +239,8 @@ def run(out_dir: Path, quick: bool) -> tuple[str, dict[str, Any]]:
                 print(json.dumps(stuck, indent=1)[:6000], file=sys.stderr)
                 print(rem.log()[-4000:], file=sys.stderr)
             settle_wall = time.perf_counter() - started
-            events = requests.get(f"{base}/api/events", params={"limit": 10000}, timeout=30).json()["events"]
-            opened_events = requests.get(f"{base}/api/events", params={"limit": 10000, "kind": "incident_opened"},
-                                         timeout=30).json()["events"]
+            events = all_events(base, limit=10000)
+            opened_events = all_events(base, kind="incident_opened")
             calls = (tmp / "calls.txt").read_text().splitlines() if (tmp / "calls.txt").exists() else []
             metrics = requests.get(f"{base}/metrics", timeout=10).text
         finally:
@@ -242,6 +250,20 @@ def run(out_dir: Path, quick: bool) -> tuple[str, dict[str, Any]]:
     plot(senders, out_dir / "img" / "storm.png")
     return _report(senders, storm_wall, settle_wall, view, events, opened_events, calls, metrics, stalled, down,
                    healthy, total, workers, quick, stuck)
+
+
+def all_events(base: str, kind: str = "", limit: int = 1_000_000) -> list[dict[str, Any]]:
+    """The audit log, newest first, page by page (GET /api/events answers at most retention.page_size)."""
+    out: list[dict[str, Any]] = []
+    before: int | None = None
+    while len(out) < limit:
+        params: dict[str, Any] = {"limit": 10000, "kind": kind, **({"before": before} if before else {})}
+        doc = requests.get(f"{base}/api/events", params=params, timeout=30).json()
+        out += doc["events"]
+        before = doc["next_before"]
+        if before is None:
+            break
+    return out[:limit]
 
 
 def plot(senders: list[dict[str, Any]], path: Path) -> None:
