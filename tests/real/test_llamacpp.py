@@ -258,8 +258,11 @@ def test_killed_server_is_down(rig: Rig) -> None:
 LONG_CONTEXT = 2048
 LONG_PROMPT = "the quick brown fox " * 144     # about 1890 tokens: one llama_decode of ~15 s here
 SLEEP_IDLE = 3
-# well below the long decode on a fast machine too (7 s on CI, 15 s here): the premise must hold everywhere
+MEASURE_PROMPT = "a lazy dog naps " * 135    # as long, other words: no prompt-cache reuse with LONG_PROMPT
+# The long decode takes 15 s on a slow host, 7 s on CI, 4 s on a fast one: stall_after is set from this
+# machine's own long decode (a third of it, at most LONG_STALL_AFTER), so the premise holds everywhere
 LONG_STALL_AFTER = 3.0
+LONG: dict[str, float] = {}
 
 
 @pytest.fixture(scope="module")
@@ -275,16 +278,21 @@ def long_rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     engine.start()
     engine.ready(60)
     warm_prompt_speed(engine.url)
+    t = time.monotonic()
+    assert Load(engine.url, 1, 4, prompt=MEASURE_PROMPT).wait(240) == [200]
+    LONG["decode_seconds"] = decode = time.monotonic() - t
+    LONG["stall_after"] = stall_after = max(1.0, min(LONG_STALL_AFTER, decode / 3))
     # a probe is a completion request: it restarts llama.cpp's idle clock. Probes spaced wider than
     # --sleep-idle-seconds let it fall asleep (docs/engines.md); more often, they keep it awake for good
-    with judged(engine, logs, interval=INTERVAL, stall_after=LONG_STALL_AFTER, read_timeout=READ_TIMEOUT,
+    with judged(engine, logs, interval=INTERVAL, stall_after=stall_after, read_timeout=READ_TIMEOUT,
                 probe_timeout=PROBE_TIMEOUT, down_after=DOWN_AFTER, probe_every=4 * SLEEP_IDLE) as r:
         yield r
 
 
 def test_one_decode_longer_than_stall_after_is_never_a_stall(long_rig: Rig) -> None:
     """The issue's case: one long prompt is one llama_decode; the counters stand still for longer than
-    stall_after (3 s here) with 1 request processing. It was judged stalled for the end of its decode."""
+    stall_after (a third of this machine's long decode, at most 3 s) with 1 request processing. It was
+    judged stalled for the end of its decode."""
     rig = long_rig
     wait_for(lambda: rig.timeline.now().get("verdict") in ("idle", "sleeping"), 30, "idle or asleep")
     t0 = time.monotonic()
@@ -295,7 +303,8 @@ def test_one_decode_longer_than_stall_after_is_never_a_stall(long_rig: Rig) -> N
     assert results == [200], results
     quiet = [float(r.split("no engine progress for ")[1].split(" s")[0]) for t, _v, r, _b in rig.timeline.seen
              if t >= t0 and "no engine progress for " in r]
-    assert quiet and max(quiet) > LONG_STALL_AFTER + INTERVAL, f"the decode never outlasted stall_after: {rig.story(t0)}"
+    assert quiet and max(quiet) > LONG["stall_after"] + INTERVAL, \
+        f"the decode never outlasted stall_after ({LONG}): {rig.story(t0)}"
     assert "stalled" not in rig.timeline.since(t0), rig.story(t0)
     assert rig.proxy.probes_while_busy == 0
 
