@@ -25,7 +25,7 @@ The restart cycle is READY -> DRAINING -> STOPPED -> INITIALIZING -> READY.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -101,18 +101,22 @@ class StoredState(Protocol):
     def owned(self) -> bool: ...
 
 
-def gate_states(rows: Mapping[str, StoredState], names: Iterable[str]) -> dict[str, LifecycleState]:
+def gate_states(rows: Mapping[str, StoredState], names: Iterable[str],
+                held: Container[str] = frozenset()) -> dict[str, LifecycleState]:
     """The states `may_start` / `may_drain` judge from, for the backends `names`.
 
     A backend waiting since start-up to answer for the first time is INITIALIZING but is not being
     restarted by us: it must not hold its host's mutex (nor its own restart), so it is left out here.
-    It is not READY either, so it never counts toward min_ready.
+    It is not READY either, so it never counts toward min_ready. A backend an operator holds (`held`:
+    drained, retired) serves nothing: left out too, unless a restart of ours holds it (its mutex).
     """
     out: dict[str, LifecycleState] = {}
     for name in names:
         r = rows.get(name)
         st = r.state if r is not None else UNSEEN
         if st == S.INITIALIZING and not (r is not None and r.owned):
+            continue
+        if name in held and st not in OUT_OF_SERVICE:
             continue
         out[name] = st
     return out

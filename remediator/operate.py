@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llm_health.config import Config
+from llm_health.remediator import lifecycle
 from llm_health.remediator.commands import Command, CommandFacts, Plan, plan
-from llm_health.remediator.lifecycle import UNSEEN, LifecycleState
+from llm_health.remediator.lifecycle import LifecycleState
 from llm_health.remediator.restart.notes import HELD
 from llm_health.remediator.sequence import has_restart
 from llm_health.remediator.store import RESTART_UNDER_WAY, AdminState, IncidentState, StateStore, Transaction
@@ -32,20 +33,15 @@ class Request:
 def facts(tx: Transaction, config: Config, req: Request) -> CommandFacts:
     lifecycles = tx.lifecycles()
     admins = tx.admins()
-
-    def admin_of(name: str) -> AdminState:
-        row = admins.get(name)
-        return row.state if row is not None else AdminState.IN_SERVICE
-
-    def state_of(name: str) -> LifecycleState:
-        row = lifecycles.get(name)
-        return row.state if row is not None else UNSEEN
-
-    ready_others = sum(1 for b in config.backends if b.name != req.backend and state_of(b.name) == S.READY
-                       and admin_of(b.name) == AdminState.IN_SERVICE)
+    # the same states the authority's min_ready floor counts (held backends serve nothing)
+    states = lifecycle.gate_states(lifecycles, [b.name for b in config.backends], admins)
+    ready_others = sum(1 for name, st in states.items() if name != req.backend and st == S.READY)
     inc = tx.active_incident(req.backend)
     backend = config.backend(req.backend)
-    return CommandFacts(admin=admin_of(req.backend), lifecycle=state_of(req.backend),
+    held = admins.get(req.backend)
+    own = lifecycles.get(req.backend)
+    return CommandFacts(admin=held.state if held is not None else AdminState.IN_SERVICE,
+                        lifecycle=own.state if own is not None else lifecycle.UNSEEN,
                         incident=inc.state if inc is not None else None, ready_others=ready_others,
                         min_ready=config.remediator.min_ready, force=req.force,
                         restart_configured=backend is not None and has_restart(backend))

@@ -49,9 +49,7 @@ def record_verification(ctx: Context, tx: Transaction, inc: Incident, verificati
 def gate_states(ctx: Context, rd: Reads) -> dict[str, LifecycleState]:
     """lifecycle.gate_states, without the backends an operator holds (drained, retired) unless a restart
     of ours holds them: they serve nothing, so they never count toward min_ready, and hold no mutex."""
-    states = lifecycle.gate_states(rd.lifecycles(), [b.name for b in ctx.config.backends])
-    held = rd.admins()
-    return {name: st for name, st in states.items() if name not in held or st in lifecycle.OUT_OF_SERVICE}
+    return lifecycle.gate_states(rd.lifecycles(), [b.name for b in ctx.config.backends], rd.admins())
 
 
 def host_gate(ctx: Context, rd: Reads, backend: Backend) -> policy.Decision | None:
