@@ -205,7 +205,7 @@ def run_action(argv: Sequence[str], timeout: float, env: dict[str, str] | None =
     try:
         proc.wait(timeout=timeout + WAIT_GRACE)
     except subprocess.TimeoutExpired:
-        _kill_group(proc.pid)
+        kill_group(proc.pid)
         proc.wait()
     result = collect(files)
     if result is None:       # cannot happen once the wrapper was reaped; say so rather than guess
@@ -213,7 +213,8 @@ def run_action(argv: Sequence[str], timeout: float, env: dict[str, str] | None =
     return result
 
 
-def _kill_group(pgid: int) -> None:
+def kill_group(pgid: int) -> None:
+    """SIGKILL to a process group (one started with start_new_session); gone already is fine."""
     try:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -271,7 +272,7 @@ def main(args: Sequence[str] | None = None) -> int:
     try:
         code = child.wait(timeout=ns.timeout)     # the PROCESS: a background child holds nothing here
     except subprocess.TimeoutExpired:
-        _kill_group(child.pid)                    # only on timeout, only its own process group
+        kill_group(child.pid)                    # only on timeout, only its own process group
         child.wait()
         _status(ns.status, TIMEOUT, None, f"\n[killed after {ns.timeout:g}s timeout]")
         return 124

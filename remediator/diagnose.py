@@ -29,13 +29,11 @@ import time
 from pathlib import Path
 
 from llm_health.http_client import HttpFailure, fetch
+from llm_health.remediator.diagnostics import PTRACE_HINT, ptrace_refused
 
 DEFAULT_MATCH = r"vllm|sglang|llama-server|EngineCore"
 KEPT_LINE = re.compile(r"^(vllm|sglang|llamacpp):\S*(running|waiting|kv_cache|cache_usage|tokens_total|"
                        r"queue|processing|deferred)")
-PTRACE_HINT = ("py-spy needs SYS_PTRACE: systemd: AmbientCapabilities=CAP_SYS_PTRACE (and the same user as the "
-               "engine, or root); Kubernetes: securityContext.capabilities.add: [SYS_PTRACE] and "
-               "shareProcessNamespace: true")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -127,7 +125,7 @@ def py_spy(binary: str, pid: int, timeout: float) -> str:
     if not binary:
         return "py-spy is not installed here (pip install py-spy): no stacks"
     text = run_bounded([binary, "dump", "--pid", str(pid)], timeout)
-    if "Permission denied" in text or "Operation not permitted" in text or "EPERM" in text:
+    if ptrace_refused(text):
         text += f"\n{PTRACE_HINT}"
     return text
 

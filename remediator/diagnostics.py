@@ -17,16 +17,25 @@ for files it wants to keep, beside the state) in its environment, never anything
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from llm_health.remediator.action import kill_group
 from llm_health.remediator.store.rows import CaptureResult
 
 READ_CHUNK = 65536
+PTRACE_HINT = ("py-spy needs SYS_PTRACE: systemd: AmbientCapabilities=CAP_SYS_PTRACE in the unit that runs the "
+               "capture (and the engine's user, or root); Kubernetes: securityContext.capabilities.add: [SYS_PTRACE] "
+               "and shareProcessNamespace: true in the vLLM pod (docs/operations.md)")
+_REFUSED = ("Permission denied", "Operation not permitted", "EPERM", "SYS_PTRACE")
+
+
+def ptrace_refused(text: str) -> bool:
+    """The output says a tracer (py-spy) was refused the right to trace: PTRACE_HINT says how to grant it."""
+    return any(word in text for word in _REFUSED)
 
 
 @dataclass(frozen=True)
@@ -67,7 +76,7 @@ def capture(argv: Sequence[str], env: Mapping[str, str], timeout: float, max_byt
         proc.wait(timeout=max(0.0, timeout))
     except subprocess.TimeoutExpired:
         timed_out = True
-        _kill_group(proc.pid)
+        kill_group(proc.pid)
         proc.wait()
     # a child the capture left behind may hold the pipe: never wait on it past the bound
     reader.join(timeout=max(0.0, started + timeout - time.monotonic()) + 0.5)
@@ -81,10 +90,3 @@ def capture(argv: Sequence[str], env: Mapping[str, str], timeout: float, max_byt
     if dropped:
         text += f"\n[llm-health: output cut at {max_bytes} bytes (diagnostics_max_bytes)]"
     return Capture(kind, None if timed_out else proc.returncode, text, time.monotonic() - started, dropped)
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -14,15 +14,13 @@ import logging
 
 from llm_health.config import Backend
 from llm_health.exporter.observation import VerifyOutcome
+from llm_health.remediator.diagnostics import PTRACE_HINT, ptrace_refused
 from llm_health.remediator.restart.context import Context
 from llm_health.remediator.store import CaptureResult, Incident
 
 log = logging.getLogger("llm_health.remediator")
 
 STUCK = (VerifyOutcome.NO_PROGRESS, VerifyOutcome.UNRESPONSIVE)
-PTRACE_HINT = ("py-spy needs SYS_PTRACE: systemd: AmbientCapabilities=CAP_SYS_PTRACE in the remediator's unit "
-               "(and the same user as vLLM, or root); Kubernetes: securityContext.capabilities.add: [SYS_PTRACE] "
-               "and shareProcessNamespace: true in the vLLM pod (docs/operations.md)")
 
 
 def capture_argv(ctx: Context, backend: Backend) -> tuple[str, ...]:
@@ -47,7 +45,7 @@ def before_kill(ctx: Context, incident_id: int, backend: Backend) -> None:
                "LLM_HEALTH_INCIDENT": str(incident_id), "LLM_HEALTH_DIAG_DIR": str(folder or "")}
         at = ctx.clocks.wall()
         got = ctx.io.capturer(argv, env, ctx.r.diagnostics_timeout, ctx.r.diagnostics_max_bytes)
-        hint = f"; {PTRACE_HINT}" if "SYS_PTRACE" in got.output or "Operation not permitted" in got.output else ""
+        hint = f"; {PTRACE_HINT}" if ptrace_refused(got.output) else ""
         with ctx.store.tx() as tx:
             capture_id = tx.add_capture(incident_id, backend.name, at, " ".join(argv)[:2000], got.result,
                                         got.exit_code, got.seconds, got.output, got.truncated)
