@@ -28,7 +28,7 @@ from llm_health.remediator.restart.gates import facts, record_verification
 from llm_health.remediator.restart.notes import note
 from llm_health.remediator.restart.result import DONE, LookAgain, StepResult
 from llm_health.remediator.restart.silences import unsilence_safely
-from llm_health.remediator.store import Incident, IncidentState, Reads, Transaction
+from llm_health.remediator.store import Incident, IncidentState, LifecycleRow, Reads, Transaction
 
 S = LifecycleState
 IS = IncidentState
@@ -52,12 +52,7 @@ def watch_drain(ctx: Context, inc: Incident, backend: Backend) -> StepResult:
         if current is None:
             return DONE
         if r is None or r.state != S.DRAINING:
-            # not ours to drain any more (refused or changed by hand): stop, say so, retry from scratch
-            tx.move_incident(incident_id, now, IS.OPEN, last_decision="drain_lost", last_note="")
-            tx.event(now, "lifecycle_refused", backend.name, incident_id,
-                     reason=f"incident {incident_id} is draining but the lifecycle is "
-                     f"{r.state if r else 'missing'}; back to open")
-            return DONE
+            return drain_lost(tx, incident_id, backend, r, now)
         moved = inflight.moved(r.drain_baseline, seen.reading)
         progress = drain_progress(moved, seen.drained, t, r.drain_deadline, now - r.since, ctx.r.drain_min)
         if progress == Drain.WAIT:
@@ -95,6 +90,16 @@ def watch_drain(ctx: Context, inc: Incident, backend: Backend) -> StepResult:
     if claimed is not None:
         return carry_out(ctx, incident_id, claimed, backend, with_silence=False)
     return result
+
+
+def drain_lost(tx: Transaction, incident_id: int, backend: Backend, r: LifecycleRow | None,
+               now: float) -> StepResult:
+    """Not ours to drain any more (refused or changed by hand): stop, say so, retry from scratch."""
+    tx.move_incident(incident_id, now, IS.OPEN, last_decision="drain_lost", last_note="")
+    tx.event(now, "lifecycle_refused", backend.name, incident_id,
+             reason=f"incident {incident_id} is draining but the lifecycle is {r.state if r else 'missing'}; back "
+             "to open")
+    return DONE
 
 
 def in_flight_now(ctx: Context, backend: Backend) -> InFlight:

@@ -15,9 +15,10 @@ from llm_health.exporter.observation import Verification, VerifyOutcome
 from llm_health.remediator import policy
 from llm_health.remediator.lifecycle import LifecycleState
 from llm_health.remediator.restart.act import carry_out, claim
-from llm_health.remediator.restart.choices import Begin, Drain, drain_progress, how_to_begin
+from llm_health.remediator.restart.choices import Drain, drain_progress
+from llm_health.remediator.restart.consider import begin
 from llm_health.remediator.restart.context import Context
-from llm_health.remediator.restart.draining import in_flight_now
+from llm_health.remediator.restart.draining import drain_lost, in_flight_now
 from llm_health.remediator.restart.gates import concurrency_gate, facts, floor_gate, host_gate
 from llm_health.remediator.restart.notes import note
 from llm_health.remediator.restart.result import DONE, LookAgain, StepResult
@@ -50,19 +51,10 @@ def consider_requested(ctx: Context, inc: Incident, backend: Backend) -> StepRes
             return note(ctx, tx, inc.id, backend.name, d, now)
         if not ctx.holds_lease(tx):
             return DONE
-        if how_to_begin(tx.lifecycle_state(backend.name), ASKED.outcome) == Begin.DRAIN:
-            timeout = ctx.r.drain_timeout
-            if not tx.move_lifecycle(backend.name, S.DRAINING, now, f"restart {d.reason}; no new requests, waiting "
-                                     f"up to {timeout:g}s for in-flight work", inc.id, drain_deadline=t + timeout,
-                                     drain_baseline=None):
-                return DONE
-            tx.move_incident(inc.id, now, IS.DRAINING, last_decision=policy.RESTART, last_note="", next_check_at=0.0)
-            tx.event(now, "draining", backend.name, inc.id, reason=f"restart {d.reason}; draining for up to "
-                     f"{timeout:g}s (drain_timeout)", requested_by=inc.requested_by)
-            draining = True
-        else:
-            claimed = claim(ctx, tx, inc.id, backend, d, now)
-            draining = False
+        # the same beginning as an automatic restart: a serving backend drains (drain_timeout: it is not
+        # stalled), anything else is claimed at once
+        claimed = begin(ctx, tx, inc.id, backend, d, ASKED, None, now, t)
+        draining = claimed is None and tx.lifecycle_state(backend.name) == S.DRAINING
     if claimed is not None:
         return carry_out(ctx, inc.id, claimed, backend, with_silence=True)
     if draining:
@@ -80,10 +72,7 @@ def watch_requested_drain(ctx: Context, inc: Incident, backend: Backend) -> Step
         if current is None:
             return DONE
         if r is None or r.state != S.DRAINING:
-            tx.move_incident(inc.id, now, IS.OPEN, last_decision="drain_lost", last_note="")
-            tx.event(now, "lifecycle_refused", backend.name, inc.id, reason=f"incident {inc.id} is draining but "
-                     f"the lifecycle is {r.state if r else 'missing'}; back to open")
-            return DONE
+            return drain_lost(tx, inc.id, backend, r, now)
         if drain_progress("", seen.drained, t, r.drain_deadline, now - r.since, ctx.r.drain_min) == Drain.WAIT:
             tx.look_again_at(inc.id, t + ctx.r.poll_interval)
             return LookAgain(t + ctx.r.poll_interval)
