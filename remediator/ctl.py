@@ -20,10 +20,10 @@ import getpass
 import socket
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-from llm_health.config import ConfigError, load_config
+from llm_health.config import load_config
+from llm_health.exporter.backend import load_api_key
 from llm_health.http_client import HttpFailure, fetch
 from llm_health.redact import redact
 from llm_health.remediator.commands import Command
@@ -71,13 +71,7 @@ def endpoint(args: argparse.Namespace) -> tuple[str, str]:
         if host in ("", "0.0.0.0", "::"):
             host = "127.0.0.1"
         return f"http://{host}:{port}", read_token(config)
-    token = ""
-    if args.token_file:
-        try:
-            token = Path(args.token_file).read_text().strip()
-        except OSError as exc:
-            raise ConfigError(f"--token-file: cannot read {args.token_file}: {exc.strerror}") from exc
-    return args.remediator.rstrip("/"), token
+    return args.remediator.rstrip("/"), load_api_key(args.token_file or "", "--token-file")
 
 
 def run(args: argparse.Namespace) -> int:
