@@ -89,12 +89,12 @@ class StateCollector(Collector):
                 admin.add_metric([name, ast.value], int(ast == current_admin))
         yield admin
 
-        acks = store.backends_in(IncidentState.NEEDS_ACK)
+        waiting = [i for i in store.active_incidents() if i.state == IncidentState.NEEDS_ACK]
+        acks = {i.backend for i in waiting}
         yield flags("llm_health_remediator_needs_ack",
                     "1 while the backend's incident waits for a person (outcome unknown, never retried blindly): "
                     "acknowledge through POST /api/backends/<name>/ack.", names, acks)
-        held_room = {i.backend for i in store.active_incidents()
-                     if i.state == IncidentState.NEEDS_ACK and i.last_decision == "no_headroom"}
+        held_room = {i.backend for i in waiting if i.last_decision == "no_headroom"}
         yield flags("llm_health_remediator_host_needs_attention",
                     "1 while the backend waits for a person because its old process did not go away: the headroom "
                     "check never passed after the stop, nothing was started.", names, held_room)
