@@ -24,14 +24,15 @@ import argparse
 import os
 import re
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
 from llm_health.http_client import HttpFailure, fetch
-from llm_health.remediator.diagnostics import PTRACE_HINT, ptrace_refused
+from llm_health.remediator.diagnostics import PTRACE_HINT, capture, ptrace_refused
+from llm_health.remediator.store.rows import CaptureResult
 
 DEFAULT_MATCH = r"vllm|sglang|llama-server|EngineCore"
+STEP_MAX_BYTES = 1 << 20       # one step's output (the remediator keeps diagnostics_max_bytes of the whole)
 KEPT_LINE = re.compile(r"^(vllm|sglang|llamacpp):\S*(running|waiting|kv_cache|cache_usage|tokens_total|"
                        r"queue|processing|deferred)")
 
@@ -131,11 +132,7 @@ def py_spy(binary: str, pid: int, timeout: float) -> str:
 
 
 def run_bounded(argv: list[str], timeout: float) -> str:
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired as exc:
-        partial = exc.stdout if isinstance(exc.stdout, str) else (exc.stdout or b"").decode(errors="replace")
-        return f"{partial}\n[timed out after {timeout:g}s]"
-    except OSError as exc:
-        return f"could not run {argv[0]!r}: {exc.strerror or exc}"
-    return (done.stdout + done.stderr).rstrip() + ("" if done.returncode == 0 else f"\n[exit {done.returncode}]")
+    """One step's argv, stdout and stderr together, bounded like the whole capture (diagnostics.capture)."""
+    got = capture(argv, {}, timeout, STEP_MAX_BYTES)
+    failed = got.result == CaptureResult.FAILED and got.exit_code is not None
+    return got.output.rstrip() + (f"\n[exit {got.exit_code}]" if failed else "")
