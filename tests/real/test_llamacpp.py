@@ -303,7 +303,9 @@ def test_one_decode_longer_than_stall_after_is_never_a_stall(long_rig: Rig) -> N
     assert results == [200], results
     quiet = [float(r.split("no engine progress for ")[1].split(" s")[0]) for t, _v, r, _b in rig.timeline.seen
              if t >= t0 and "no engine progress for " in r]
-    assert quiet and max(quiet) > LONG["stall_after"] + INTERVAL, \
+    # the premise: the counters stood still for longer than stall_after (readings are INTERVAL apart, so on
+    # a fast machine, whose decode is ~3 s and stall_after 1 s, the longest quiet seen is 2 s)
+    assert quiet and max(quiet) > LONG["stall_after"], \
         f"the decode never outlasted stall_after ({LONG}): {rig.story(t0)}"
     assert "stalled" not in rig.timeline.since(t0), rig.story(t0)
     assert rig.proxy.probes_while_busy == 0
