@@ -16,7 +16,7 @@ from llm_health import cli
 from llm_health.config import ConfigError
 from llm_health.render import rules as cli_rules
 from llm_health.render.rules import RuleSettings, render, write_rendered
-from tests.support.promtool import AMTOOL, PROMTOOL, REPO, RULE_FILES, RULES_DIR, alert_rules, all_exprs
+from tests.support.promtool import AMTOOL, PROMTOOL, REPO, RULE_FILES, RULES_DIR, alert_rule_list, alert_rules, all_exprs
 
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (make debs)")
 needs_amtool = pytest.mark.skipif(AMTOOL is None, reason="amtool not installed (make debs)")
@@ -26,6 +26,8 @@ REQUIRED_ALERTS = {
     "LLMBackendStalled", "LLMBackendDown", "LLMBackendRestarted", "LLMBackendRestartLoop", "LLMKVCachePressure",
     "LLMPreemptions", "LLMMetricsBehindProxy", "LLMProxyDown", "LLMHealthExporterDown",
     "LLMHealthProbeSentToBusyBackend", "LLMBackendErrorRate",
+    "LLMQueueDepthHigh", "LLMQueueTimeHigh", "LLMTimeToFirstTokenHigh", "LLMTimeToFirstTokenSLOBreach",
+    "LLMBackendAdmissionStalled", "LLMBackendDegraded",
 }
 FLEET_ALERTS = {"LLMProxyDown", "LLMHealthExporterDown", "LLMTooFewBackendsUp"}
 
@@ -39,7 +41,8 @@ def test_alert_conventions() -> None:
     rules = alert_rules()
     assert REQUIRED_ALERTS <= set(rules)
     runbooks = (REPO / "docs" / "runbooks.md").read_text()
-    for name, rule in rules.items():
+    for rule in alert_rule_list():   # every level of a two-level alert too
+        name = rule["alert"]
         assert re.fullmatch(r"LLM[A-Z][A-Za-z]+", name)
         labels = rule.get("labels") or {}
         assert labels.get("severity") in {"critical", "warning", "info"}, name
@@ -60,7 +63,7 @@ def test_recording_rule_names_follow_level_metric_operations() -> None:
         for group in yaml.safe_load(path.read_text())["groups"]:
             for rule in group["rules"]:
                 if "record" in rule:
-                    assert re.fullmatch(r"backend(_instance(_engine)?)?:[a-z0-9_]+:[a-z0-9_]+", rule["record"]), rule["record"]
+                    assert re.fullmatch(r"backend(_instance(_engine)?|_model)?:[a-z0-9_]+:[a-z0-9_]+", rule["record"]), rule["record"]
 
 
 @needs_promtool
@@ -375,7 +378,8 @@ def test_dashboards_use_only_defined_recording_rules() -> None:
         for rule in group["rules"]
         if "record" in rule
     }
-    used = {name for _, expr in dashboard_exprs() for name in re.findall(r"\bbackend(?:_instance(?:_engine)?)?:[a-z0-9_]+:[a-z0-9_]+", expr)}
+    used = {name for _, expr in dashboard_exprs()
+            for name in re.findall(r"\bbackend(?:_instance(?:_engine)?|_model)?:[a-z0-9_]+:[a-z0-9_]+", expr)}
     assert used - defined == set()
 
 
