@@ -16,7 +16,16 @@ from llm_health import cli
 from llm_health.config import ConfigError
 from llm_health.render import rules as cli_rules
 from llm_health.render.rules import RuleSettings, render, write_rendered
-from tests.support.promtool import AMTOOL, PROMTOOL, REPO, RULE_FILES, RULES_DIR, alert_rule_list, alert_rules, all_exprs
+from tests.support.promtool import (
+    AMTOOL,
+    PROMTOOL,
+    REPO,
+    RULE_FILES,
+    RULES_DIR,
+    alert_rule_list,
+    alert_rules,
+    all_exprs,
+)
 
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (make debs)")
 needs_amtool = pytest.mark.skipif(AMTOOL is None, reason="amtool not installed (make debs)")
@@ -324,6 +333,14 @@ def test_alertmanager_example_passes_amtool() -> None:
         (["alertname=LLMBackendRestartLoop", "backend=a", "severity=warning"], "operators"),
         (["alertname=LLMHealthProbeSentToBusyBackend", "backend=a", "severity=warning"], "operators"),
         (["alertname=LLMBackendErrorRate", "backend=a", "severity=warning", "category=error-rate"], "operators"),
+        # saturation and latency: signals for people only, whatever their severity
+        (["alertname=LLMQueueDepthHigh", "backend=a", "severity=warning"], "operators"),
+        (["alertname=LLMQueueTimeHigh", "backend=a", "severity=warning"], "operators"),
+        (["alertname=LLMKVCachePressure", "backend=a", "severity=critical"], "operators"),
+        (["alertname=LLMTimeToFirstTokenHigh", "backend=a", "severity=critical"], "operators"),
+        (["alertname=LLMTimeToFirstTokenSLOBreach", "backend=a", "severity=warning"], "operators"),
+        (["alertname=LLMBackendAdmissionStalled", "backend=a", "severity=critical"], "operators"),
+        (["alertname=LLMBackendDegraded", "backend=a", "severity=warning"], "operators"),
         # info is a record, not a page
         (["alertname=LLMBackendRestarted", "backend=a", "severity=info"], "operators-info"),
         # the Watchdog: the remediator (its own dead man's switch) and the dead man's switch, never people
@@ -348,7 +365,24 @@ def test_alertmanager_example_shape() -> None:
     inhibits = {(tuple(r["source_matchers"]), tuple(r["target_matchers"])) for r in config["inhibit_rules"]}
     assert (('alertname="LLMBackendDown"',), ('alertname="LLMBackendStalled"',)) in inhibits
     # backend plus the group labels: one cluster's down backend never silences the same name in another
-    assert all(r["equal"] == ["backend", "cluster", "namespace"] for r in config["inhibit_rules"])
+    # (the two-level alerts' critical-inhibits-warning rule also keeps the alert name)
+    assert all(r["equal"][-3:] == ["backend", "cluster", "namespace"] and r["equal"][:-3] in ([], ["alertname"])
+               for r in config["inhibit_rules"])
+    levels = [r for r in config["inhibit_rules"] if 'severity="critical"' in r["source_matchers"]]
+    assert len(levels) == 1 and levels[0]["equal"][0] == "alertname"
+    assert 'severity="warning"' in levels[0]["target_matchers"]
+    tiered = re.compile(r'alertname=~"([^"]+)"')
+    for side in ("source_matchers", "target_matchers"):
+        (names,) = [tiered.fullmatch(m).group(1) for m in levels[0][side] if tiered.fullmatch(m)]
+        assert set(names.split("|")) == set(cli_rules.TIERED_ALERTS), side
+    # a restarting or down backend's queue and first-token symptoms are inhibited; the stall inhibits admission
+    for source in ('alertname="LLMBackendRestarted"', 'alertname="LLMBackendDown"'):
+        (rule,) = [r for r in config["inhibit_rules"] if r["source_matchers"] == [source]
+                   and "LLMBackendNoMetrics" in r["target_matchers"][0]]
+        (targets,) = rule["target_matchers"]
+        for name in ("LLMQueueDepthHigh", "LLMQueueTimeHigh", "LLMTimeToFirstTokenHigh", "LLMBackendAdmissionStalled"):
+            assert re.search(rf"[~|\"]{name}[|\"]", targets), (source, name)
+    assert (('alertname="LLMBackendStalled"',), ('alertname="LLMBackendAdmissionStalled"',)) in inhibits
     # A restarting backend inhibits its error-rate alerts (tests/e2e/test_alertmanager_inhibit.py runs it).
     assert (('alertname=~"LLMBackendRestarted|LLMBackendDown"',), ('category="error-rate"',)) in inhibits
     assert "category: error-rate" in AM_CONFIG.read_text()  # the header tells operators how to opt in
