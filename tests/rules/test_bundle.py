@@ -134,6 +134,18 @@ def test_render_with_custom_settings_via_cli(tmp_path: Path, capsys: pytest.Capt
         RuleSettings(error_rate_handlers='/v1/completions"}) or vector(1) or ({x="'),
         RuleSettings(error_rate_handlers="/v1/(completions"),
         RuleSettings(error_rate_handlers=""),
+        RuleSettings(kv_critical_threshold=0.8),          # below the warning level (0.9)
+        RuleSettings(kv_critical_threshold=1.5),
+        RuleSettings(ttft_critical_threshold=5.0),        # below the warning level (10 s)
+        RuleSettings(queue_depth_threshold=0),
+        RuleSettings(queue_time_threshold=-1.0),
+        RuleSettings(ttft_slo_threshold=0.0),
+        RuleSettings(degraded_factor=1.0),                # "slower than itself" needs a factor above 1
+        RuleSettings(degraded_baseline="45m"),            # shorter than twice the 30m window
+        RuleSettings(degraded_min_tokens=0),
+        RuleSettings(scrape_interval="1m", latency_window="3m"),
+        RuleSettings(severity=(("LLMKVCachePressure", "critical"),)),   # both levels critical
+        RuleSettings(severity=(("LLMQueueDepthHigh:critical", "page"),)),  # one level only
     ],
 )
 def test_bad_settings_are_refused_and_write_nothing(settings: RuleSettings, tmp_path: Path) -> None:
