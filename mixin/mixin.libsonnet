@@ -4,9 +4,17 @@
 // Fixed when generated (regenerate with other values to change them):
 //   scrape-interval: 15s
 //   stall-window: 2m
-//   kv-threshold: 0.85
+//   kv-threshold: 0.9
+//   kv-critical-threshold: 0.95
 //   preemption-rate-threshold: 0.0
 //   error-rate-threshold: 0.05
+//   queue-time-window: 15m
+//   queue-time-threshold: 30.0
+//   ttft-threshold: 10.0
+//   ttft-critical-threshold: 30.0
+//   ttft-slo-threshold: 3.0
+//   degraded-factor: 1.8
+//   degraded-window: 30m
 //   exporter: on
 //   webhook-window: 5m
 //   watchdog: off
@@ -27,10 +35,23 @@
     restartLoopThreshold: 3,  // --restart-loop-threshold
     rateWindow: "1m",  // --rate-window
     kvFor: "10m",  // --kv-for
+    kvCriticalFor: "5m",  // --kv-critical-for
     preemptionFor: "10m",  // --preemption-for
     errorRateFor: "2m",  // --error-rate-for
     errorRateHandlers: "/v1/chat/completions|/v1/completions|/v1/responses",  // --error-rate-handlers
     proxyWindow: "15m",  // --proxy-window
+    latencyWindow: "5m",  // --latency-window
+    queueDepthThreshold: 50,  // --queue-depth-threshold
+    queueDepthFor: "5m",  // --queue-depth-for
+    queueTimeFor: "5m",  // --queue-time-for
+    ttftFor: "10m",  // --ttft-for
+    ttftCriticalFor: "5m",  // --ttft-critical-for
+    ttftSloWindow: "1h",  // --ttft-slo-window
+    ttftSloFor: "15m",  // --ttft-slo-for
+    admissionStalledFor: "5m",  // --admission-stalled-for
+    degradedBaseline: "1d",  // --degraded-baseline
+    degradedFor: "15m",  // --degraded-for
+    degradedMinTokens: 1000,  // --degraded-min-tokens
     noMetricsFor: "5m",  // --no-metrics-for
     unknownFor: "10m",  // --unknown-for
     missingWindow: "1h",  // --missing-window
@@ -155,6 +176,90 @@
             "record": "backend:llm_health_state:code",
             "expr": "(\n  (max by (backend) (max_over_time(up{" + $._config.vllmSelector + "}[" + $._config.downFor + "]) or max_over_time(up{" + $._config.sglangSelector + "}[" + $._config.downFor + "]) or max_over_time(up{" + $._config.llamacppSelector + "}[" + $._config.downFor + "])) == 0)\n  unless on (backend)\n  max_over_time(backend:llm_requests_in_flight:sum[" + $._config.downBusyGrace + "]) > 0\n) + 6\nor\n(max by (backend) (up{" + $._config.vllmSelector + "} or up{" + $._config.sglangSelector + "} or up{" + $._config.llamacppSelector + "}) == 0)\nor\n(backend:llm_restarts:count_recent > 0) * 0 + 3\nor\n(backend:llm_engine_sleeping:min == 1) * 0 + 7\nor\n(\n  max by (backend) (\n    (\n      backend_instance_engine:vllm_requests_in_flight:min_stall_window > 0\n      and on (backend, instance, engine)\n      backend_instance_engine:vllm_engine_progress:rate_stall_window == 0\n      and on (backend, instance, engine)\n      min by (backend, instance, engine) (count_over_time(vllm:num_requests_running{" + $._config.vllmSelector + "}[2m])) >= 2\n    )\n    or\n    (\n      backend_instance_engine:sglang_requests_in_flight:min_stall_window > 0\n      and on (backend, instance, engine)\n      backend_instance_engine:sglang_engine_progress:rate_stall_window == 0\n      and on (backend, instance, engine)\n      min by (backend, instance, engine) (label_replace(count_over_time(sglang:num_running_reqs{" + $._config.sglangSelector + ", tp_rank=~\"|0\", pp_rank=~\"|0\"}[2m]), \"engine\", \"$1\", \"dp_rank\", \"(.+)\")) >= 2\n    )\n    or\n    (\n      backend_instance:llamacpp_requests_in_flight:min_stall_window > 0\n      and on (backend, instance)\n      backend_instance:llamacpp_engine_progress:rate_stall_window == 0\n      and on (backend, instance)\n      min by (backend, instance) (count_over_time(llamacpp:requests_processing{" + $._config.llamacppSelector + "}[2m])) >= 2\n    )\n  )\n  unless on (backend)\n  backend:llm_restarts:count_recent > 0\n  unless on (backend)\n  backend:llm_engine_sleeping:min == 1\n  unless on (backend)\n  max by (backend) (llm_health_stall_threshold_seconds{" + $._config.exporterSelector + "}) > 120\n) * 0 + 5\nor\n(\n  (\n    max by (backend) (up{" + $._config.vllmSelector + "}) == 1\n    unless on (backend) group by (backend) (vllm:num_requests_running{" + $._config.vllmSelector + "})\n  )\n  or\n  (\n    max by (backend) (up{" + $._config.sglangSelector + "}) == 1\n    unless on (backend) group by (backend) (sglang:num_running_reqs{" + $._config.sglangSelector + "})\n  )\n  or\n  (\n    max by (backend) (up{" + $._config.llamacppSelector + "}) == 1\n    unless on (backend) group by (backend) (llamacpp:requests_processing{" + $._config.llamacppSelector + "})\n  )\n) * 0 + 4\nor\n(backend:llm_requests_in_flight:sum > 0) * 0 + 2\nor\n(backend:llm_requests_in_flight:sum == 0) + 1\nor\nmax by (backend) (up{" + $._config.vllmSelector + "} or up{" + $._config.sglangSelector + "} or up{" + $._config.llamacppSelector + "}) * 0\n",
           },
+          {
+            "record": "backend_model:llm_requests_waiting:sum",
+            "expr": "sum by (backend, model_name) (vllm:num_requests_waiting{" + $._config.vllmSelector + "})\nor sum by (backend, model_name) (sglang:num_queue_reqs{" + $._config.sglangSelector + ", tp_rank=~\"|0\", pp_rank=~\"|0\"})\nor sum by (backend, model_name) (llamacpp:requests_deferred{" + $._config.llamacppSelector + "})\n",
+          },
+          {
+            "record": "backend:llm_requests_waiting:sum",
+            "expr": "sum by (backend) (backend_model:llm_requests_waiting:sum)\n",
+          },
+          {
+            "record": "backend_model:llm_queue_time_seconds:mean_queue_time_window",
+            "expr": "(\n  sum by (backend, model_name) (\n    rate(vllm:request_queue_time_seconds_sum{" + $._config.vllmSelector + "}[15m])\n    or rate(sglang:queue_time_seconds_sum{" + $._config.sglangSelector + ", tp_rank=~\"|0\", pp_rank=~\"|0\"}[15m])\n  )\n  /\n  sum by (backend, model_name) (\n    rate(vllm:request_queue_time_seconds_count{" + $._config.vllmSelector + "}[15m])\n    or rate(sglang:queue_time_seconds_count{" + $._config.sglangSelector + ", tp_rank=~\"|0\", pp_rank=~\"|0\"}[15m])\n  )\n) >= 0\n",
+          },
+          {
+            "record": "backend:llm_queue_time_seconds:mean_queue_time_window",
+            "expr": "(\n  sum by (backend) (\n    rate(vllm:request_queue_time_seconds_sum{" + $._config.vllmSelector + "}[15m])\n    or rate(sglang:queue_time_seconds_sum{" + $._config.sglangSelector + ", tp_rank=~\"|0\", pp_rank=~\"|0\"}[15m])\n  )\n  /\n  sum by (backend) (\n    rate(vllm:request_queue_time_seconds_count{" + $._config.vllmSelector + "}[15m])\n    or rate(sglang:queue_time_seconds_count{" + $._config.sglangSelector + ", tp_rank=~\"|0\", pp_rank=~\"|0\"}[15m])\n  )\n) >= 0\n",
+          },
+          {
+            "record": "backend_model:llm_time_to_first_token_seconds_bucket:rate_latency_window",
+            "expr": "sum by (backend, model_name, le) (\n  rate(vllm:time_to_first_token_seconds_bucket{" + $._config.vllmSelector + "}[" + $._config.latencyWindow + "])\n  or rate(sglang:time_to_first_token_seconds_bucket{" + $._config.sglangSelector + ", tp_rank=~\"|0\", pp_rank=~\"|0\"}[" + $._config.latencyWindow + "])\n)\n",
+          },
+          {
+            "record": "backend_model:llm_time_to_first_token_seconds:p95",
+            "expr": "histogram_quantile(0.95, backend_model:llm_time_to_first_token_seconds_bucket:rate_latency_window) >= 0\n",
+          },
+          {
+            "record": "backend:llm_time_to_first_token_seconds:p95",
+            "expr": "histogram_quantile(0.95, sum by (backend, le) (backend_model:llm_time_to_first_token_seconds_bucket:rate_latency_window)) >= 0\n",
+          },
+          {
+            "record": "backend:llm_time_to_first_token_seconds:p99",
+            "expr": "histogram_quantile(0.99, sum by (backend, le) (backend_model:llm_time_to_first_token_seconds_bucket:rate_latency_window)) >= 0\n",
+          },
+          {
+            "record": "backend_model:llm_e2e_request_latency_seconds_bucket:rate_latency_window",
+            "expr": "sum by (backend, model_name, le) (\n  rate(vllm:e2e_request_latency_seconds_bucket{" + $._config.vllmSelector + "}[" + $._config.latencyWindow + "])\n  or rate(sglang:e2e_request_latency_seconds_bucket{" + $._config.sglangSelector + ", tp_rank=~\"|0\", pp_rank=~\"|0\"}[" + $._config.latencyWindow + "])\n)\n",
+          },
+          {
+            "record": "backend_model:llm_e2e_request_latency_seconds:p95",
+            "expr": "histogram_quantile(0.95, backend_model:llm_e2e_request_latency_seconds_bucket:rate_latency_window) >= 0\n",
+          },
+          {
+            "record": "backend:llm_e2e_request_latency_seconds:p95",
+            "expr": "histogram_quantile(0.95, sum by (backend, le) (backend_model:llm_e2e_request_latency_seconds_bucket:rate_latency_window)) >= 0\n",
+          },
+          {
+            "record": "backend_model:llm_inter_token_latency_seconds_bucket:rate_latency_window",
+            "expr": "sum by (backend, model_name, le) (\n  rate(vllm:inter_token_latency_seconds_bucket{" + $._config.vllmSelector + "}[" + $._config.latencyWindow + "])\n  or rate(vllm:time_per_output_token_seconds_bucket{" + $._config.vllmSelector + "}[" + $._config.latencyWindow + "])\n  or rate(sglang:inter_token_latency_seconds_bucket{" + $._config.sglangSelector + ", tp_rank=~\"|0\", pp_rank=~\"|0\"}[" + $._config.latencyWindow + "])\n)\n",
+          },
+          {
+            "record": "backend_model:llm_inter_token_latency_seconds:p95",
+            "expr": "histogram_quantile(0.95, backend_model:llm_inter_token_latency_seconds_bucket:rate_latency_window) >= 0\n",
+          },
+          {
+            "record": "backend:llm_inter_token_latency_seconds:p95",
+            "expr": "histogram_quantile(0.95, sum by (backend, le) (backend_model:llm_inter_token_latency_seconds_bucket:rate_latency_window)) >= 0\n",
+          },
+          {
+            "record": "backend:llm_time_to_first_token_seconds:p95_ttft_slo_window",
+            "expr": "histogram_quantile(0.95, sum by (backend, le) (\n  rate(vllm:time_to_first_token_seconds_bucket{" + $._config.vllmSelector + "}[" + $._config.ttftSloWindow + "])\n  or rate(sglang:time_to_first_token_seconds_bucket{" + $._config.sglangSelector + ", tp_rank=~\"|0\", pp_rank=~\"|0\"}[" + $._config.ttftSloWindow + "])\n)) >= 0\n",
+          },
+          {
+            "record": "backend_model:llm_inter_token_latency_seconds:mean",
+            "expr": "(\n  sum by (backend, model_name) (\n    rate(vllm:inter_token_latency_seconds_sum{" + $._config.vllmSelector + "}[" + $._config.latencyWindow + "])\n    or rate(vllm:time_per_output_token_seconds_sum{" + $._config.vllmSelector + "}[" + $._config.latencyWindow + "])\n    or rate(sglang:inter_token_latency_seconds_sum{" + $._config.sglangSelector + ", tp_rank=~\"|0\", pp_rank=~\"|0\"}[" + $._config.latencyWindow + "])\n  )\n  /\n  sum by (backend, model_name) (\n    rate(vllm:inter_token_latency_seconds_count{" + $._config.vllmSelector + "}[" + $._config.latencyWindow + "])\n    or rate(vllm:time_per_output_token_seconds_count{" + $._config.vllmSelector + "}[" + $._config.latencyWindow + "])\n    or rate(sglang:inter_token_latency_seconds_count{" + $._config.sglangSelector + ", tp_rank=~\"|0\", pp_rank=~\"|0\"}[" + $._config.latencyWindow + "])\n  )\n  or\n  sum by (backend, model_name) (rate(llamacpp:tokens_predicted_seconds_total{" + $._config.llamacppSelector + "}[" + $._config.latencyWindow + "]))\n  /\n  sum by (backend, model_name) (rate(llamacpp:tokens_predicted_total{" + $._config.llamacppSelector + "}[" + $._config.latencyWindow + "]))\n) >= 0\n",
+          },
+          {
+            "record": "backend:llm_inter_token_latency_seconds:mean",
+            "expr": "(\n  sum by (backend) (\n    rate(vllm:inter_token_latency_seconds_sum{" + $._config.vllmSelector + "}[" + $._config.latencyWindow + "])\n    or rate(vllm:time_per_output_token_seconds_sum{" + $._config.vllmSelector + "}[" + $._config.latencyWindow + "])\n    or rate(sglang:inter_token_latency_seconds_sum{" + $._config.sglangSelector + ", tp_rank=~\"|0\", pp_rank=~\"|0\"}[" + $._config.latencyWindow + "])\n  )\n  /\n  sum by (backend) (\n    rate(vllm:inter_token_latency_seconds_count{" + $._config.vllmSelector + "}[" + $._config.latencyWindow + "])\n    or rate(vllm:time_per_output_token_seconds_count{" + $._config.vllmSelector + "}[" + $._config.latencyWindow + "])\n    or rate(sglang:inter_token_latency_seconds_count{" + $._config.sglangSelector + ", tp_rank=~\"|0\", pp_rank=~\"|0\"}[" + $._config.latencyWindow + "])\n  )\n  or\n  sum by (backend) (rate(llamacpp:tokens_predicted_seconds_total{" + $._config.llamacppSelector + "}[" + $._config.latencyWindow + "]))\n  /\n  sum by (backend) (rate(llamacpp:tokens_predicted_total{" + $._config.llamacppSelector + "}[" + $._config.latencyWindow + "]))\n) >= 0\n",
+          },
+          {
+            "record": "backend:llm_inter_token_latency_seconds:mean_degraded_window",
+            "expr": "(\n  sum by (backend) (\n    rate(vllm:inter_token_latency_seconds_sum{" + $._config.vllmSelector + "}[30m])\n    or rate(vllm:time_per_output_token_seconds_sum{" + $._config.vllmSelector + "}[30m])\n    or rate(sglang:inter_token_latency_seconds_sum{" + $._config.sglangSelector + ", tp_rank=~\"|0\", pp_rank=~\"|0\"}[30m])\n  )\n  /\n  sum by (backend) (\n    rate(vllm:inter_token_latency_seconds_count{" + $._config.vllmSelector + "}[30m])\n    or rate(vllm:time_per_output_token_seconds_count{" + $._config.vllmSelector + "}[30m])\n    or rate(sglang:inter_token_latency_seconds_count{" + $._config.sglangSelector + ", tp_rank=~\"|0\", pp_rank=~\"|0\"}[30m])\n  )\n  or\n  sum by (backend) (rate(llamacpp:tokens_predicted_seconds_total{" + $._config.llamacppSelector + "}[30m]))\n  /\n  sum by (backend) (rate(llamacpp:tokens_predicted_total{" + $._config.llamacppSelector + "}[30m]))\n) >= 0\n",
+          },
+          {
+            "record": "backend:llm_inter_token_latency_seconds_count:increase_degraded_window",
+            "expr": "sum by (backend) (\n  increase(vllm:inter_token_latency_seconds_count{" + $._config.vllmSelector + "}[30m])\n  or increase(vllm:time_per_output_token_seconds_count{" + $._config.vllmSelector + "}[30m])\n  or increase(sglang:inter_token_latency_seconds_count{" + $._config.sglangSelector + ", tp_rank=~\"|0\", pp_rank=~\"|0\"}[30m])\n)\nor\nsum by (backend) (increase(llamacpp:tokens_predicted_total{" + $._config.llamacppSelector + "}[30m]))\n",
+          },
+          {
+            "record": "backend:llm_inter_token_latency_seconds:baseline",
+            "expr": "quantile_over_time(0.5, backend:llm_inter_token_latency_seconds:mean_degraded_window[" + $._config.degradedBaseline + "] offset 30m)\nand on (backend)\n(\n  count_over_time(backend:llm_inter_token_latency_seconds:mean_degraded_window[" + $._config.degradedBaseline + "] offset 30m)\n  >= on (backend)\n  count_over_time(backend:llm_requests_in_flight:sum[30m])\n)\n",
+          },
+          {
+            "record": "backend:llm_prefix_cache_hits:ratio_latency_window",
+            "expr": "(\n  sum by (backend) (\n    rate(vllm:prefix_cache_hits_total{" + $._config.vllmSelector + "}[" + $._config.latencyWindow + "])\n    or rate(vllm:gpu_prefix_cache_hits_total{" + $._config.vllmSelector + "}[" + $._config.latencyWindow + "])\n  )\n  /\n  sum by (backend) (\n    rate(vllm:prefix_cache_queries_total{" + $._config.vllmSelector + "}[" + $._config.latencyWindow + "])\n    or rate(vllm:gpu_prefix_cache_queries_total{" + $._config.vllmSelector + "}[" + $._config.latencyWindow + "])\n  )\n  or\n  max by (backend) (vllm:gpu_prefix_cache_hit_rate{" + $._config.vllmSelector + "})\n  or\n  sum by (backend) (rate(sglang:cached_tokens_total{" + $._config.sglangSelector + "}[" + $._config.latencyWindow + "]))\n  /\n  sum by (backend) (rate(sglang:prompt_tokens_total{" + $._config.sglangSelector + "}[" + $._config.latencyWindow + "]))\n  or\n  max by (backend) (sglang:cache_hit_rate{" + $._config.sglangSelector + ", tp_rank=~\"|0\", pp_rank=~\"|0\"})\n) >= 0\n",
+          },
         ],
       },
     ],
@@ -219,15 +324,29 @@
           },
           {
             "alert": "LLMKVCachePressure",
-            "expr": "(\n  backend:llm_kv_cache_usage:max > 0.85\n)\nunless on (backend) backend:llm_retired:bool\n",
+            "expr": "(\n  backend:llm_kv_cache_usage:max > 0.9\n)\nunless on (backend) backend:llm_retired:bool\n",
             "for": $._config.kvFor,
             "keep_firing_for": "5m",
             "labels": {
               "severity": "warning",
             },
             "annotations": {
-              "summary": "LLM backend {{ $labels.backend }} KV cache above 85%",
-              "description": "The fullest engine of backend {{ $labels.backend }} has used more than 85% of its KV cache for " + $._config.kvFor + " (now {{ $value | humanizePercentage }}). Expect preemptions and longer queues.",
+              "summary": "LLM backend {{ $labels.backend }} KV cache above 90%",
+              "description": "The fullest engine of backend {{ $labels.backend }} has used more than 90% of its KV cache for " + $._config.kvFor + " (now {{ $value | humanizePercentage }}). Expect preemptions and longer queues.",
+              "runbook_url": $._config.runbookBaseUrl + "#llmkvcachepressure",
+            },
+          },
+          {
+            "alert": "LLMKVCachePressure",
+            "expr": "(\n  backend:llm_kv_cache_usage:max > 0.95\n)\nunless on (backend) backend:llm_retired:bool\n",
+            "for": $._config.kvCriticalFor,
+            "keep_firing_for": "5m",
+            "labels": {
+              "severity": "critical",
+            },
+            "annotations": {
+              "summary": "LLM backend {{ $labels.backend }} KV cache above 95%",
+              "description": "The fullest engine of backend {{ $labels.backend }} has used more than 95% of its KV cache for " + $._config.kvCriticalFor + " (now {{ $value | humanizePercentage }}). Expect preemptions and longer queues.",
               "runbook_url": $._config.runbookBaseUrl + "#llmkvcachepressure",
             },
           },
@@ -258,6 +377,103 @@
               "summary": "LLM backend {{ $labels.backend }} answers more than 5% of generation requests with 5xx",
               "description": "More than 5% of the generation responses of backend {{ $labels.backend }} (" + $._config.errorRateHandlers + ") over " + $._config.rateWindow + " were 5xx, for " + $._config.errorRateFor + " (now {{ $value | humanizePercentage }}). A signal for people: it never restarts anything.",
               "runbook_url": $._config.runbookBaseUrl + "#llmbackenderrorrate",
+            },
+          },
+          {
+            "alert": "LLMQueueDepthHigh",
+            "expr": "(\n  backend:llm_requests_waiting:sum > " + std.toString($._config.queueDepthThreshold) + "\n)\nunless on (backend) backend:llm_retired:bool\n",
+            "for": $._config.queueDepthFor,
+            "keep_firing_for": "5m",
+            "labels": {
+              "severity": "warning",
+            },
+            "annotations": {
+              "summary": "LLM backend {{ $labels.backend }} has more than " + std.toString($._config.queueDepthThreshold) + " requests waiting",
+              "description": "More than " + std.toString($._config.queueDepthThreshold) + " requests waited in the engine queue of backend {{ $labels.backend }} (vLLM num_requests_waiting, SGLang num_queue_reqs, llama.cpp requests_deferred) for " + $._config.queueDepthFor + " (now {{ $value }}). A signal for people: it never restarts anything.",
+              "runbook_url": $._config.runbookBaseUrl + "#llmqueuedepthhigh",
+            },
+          },
+          {
+            "alert": "LLMQueueTimeHigh",
+            "expr": "(\n  backend:llm_queue_time_seconds:mean_queue_time_window > 30\n  or on (backend)\n  (\n    min_over_time(backend:llm_requests_waiting:sum[15m]) > 0\n    and on (backend)\n    (backend:llm_requests_waiting:sum offset 15m) > 0\n    and on (backend)\n    sum by (backend) (\n      increase(vllm:request_queue_time_seconds_count{" + $._config.vllmSelector + "}[15m])\n      or increase(sglang:queue_time_seconds_count{" + $._config.sglangSelector + ", tp_rank=~\"|0\", pp_rank=~\"|0\"}[15m])\n    ) == 0\n  ) * 0 + 900\n)\nunless on (backend) backend:llm_retired:bool\n",
+            "for": $._config.queueTimeFor,
+            "keep_firing_for": "5m",
+            "labels": {
+              "severity": "warning",
+            },
+            "annotations": {
+              "summary": "Requests to LLM backend {{ $labels.backend }} wait more than 30 s in its queue",
+              "description": "The mean queue time of backend {{ $labels.backend }} over 15m was above 30 s for " + $._config.queueTimeFor + " (now {{ $value | printf `%.3g` }} s; 900 s: requests waited at every reading and none that queued finished). A signal for people: it never restarts anything.",
+              "runbook_url": $._config.runbookBaseUrl + "#llmqueuetimehigh",
+            },
+          },
+          {
+            "alert": "LLMTimeToFirstTokenHigh",
+            "expr": "(\n  backend:llm_time_to_first_token_seconds:p99 > 10\n)\nunless on (backend) backend:llm_retired:bool\n",
+            "for": $._config.ttftFor,
+            "keep_firing_for": "5m",
+            "labels": {
+              "severity": "warning",
+            },
+            "annotations": {
+              "summary": "LLM backend {{ $labels.backend }}: time to first token p99 above 10 s",
+              "description": "The 99th percentile of the time to first token of backend {{ $labels.backend }} over " + $._config.latencyWindow + " was above 10 s for " + $._config.ttftFor + " (now {{ $value | printf `%.3g` }} s). A signal for people: it never restarts anything.",
+              "runbook_url": $._config.runbookBaseUrl + "#llmtimetofirsttokenhigh",
+            },
+          },
+          {
+            "alert": "LLMTimeToFirstTokenHigh",
+            "expr": "(\n  backend:llm_time_to_first_token_seconds:p99 > 30\n)\nunless on (backend) backend:llm_retired:bool\n",
+            "for": $._config.ttftCriticalFor,
+            "keep_firing_for": "5m",
+            "labels": {
+              "severity": "critical",
+            },
+            "annotations": {
+              "summary": "LLM backend {{ $labels.backend }}: time to first token p99 above 30 s",
+              "description": "The 99th percentile of the time to first token of backend {{ $labels.backend }} over " + $._config.latencyWindow + " was above 30 s for " + $._config.ttftCriticalFor + " (now {{ $value | printf `%.3g` }} s). A signal for people: it never restarts anything.",
+              "runbook_url": $._config.runbookBaseUrl + "#llmtimetofirsttokenhigh",
+            },
+          },
+          {
+            "alert": "LLMTimeToFirstTokenSLOBreach",
+            "expr": "(\n  backend:llm_time_to_first_token_seconds:p95_ttft_slo_window > 3\n)\nunless on (backend) backend:llm_retired:bool\n",
+            "for": $._config.ttftSloFor,
+            "keep_firing_for": "5m",
+            "labels": {
+              "severity": "warning",
+            },
+            "annotations": {
+              "summary": "LLM backend {{ $labels.backend }} misses its TTFT objective: p95 over " + $._config.ttftSloWindow + " above 3 s",
+              "description": "The 95th percentile of the time to first token of backend {{ $labels.backend }} over the last " + $._config.ttftSloWindow + " was above 3 s for " + $._config.ttftSloFor + " (now {{ $value | printf `%.3g` }} s). A signal for people: it never restarts anything.",
+              "runbook_url": $._config.runbookBaseUrl + "#llmtimetofirsttokenslobreach",
+            },
+          },
+          {
+            "alert": "LLMBackendAdmissionStalled",
+            "expr": "(\n  max by (backend) (\n    (\n      sum by (backend, instance, engine) (vllm:num_requests_waiting{" + $._config.vllmSelector + "}) > 0\n      and on (backend, instance, engine)\n      sum by (backend, instance, engine) (vllm:num_requests_running{" + $._config.vllmSelector + "}) == 0\n    )\n    or\n    (\n      sum by (backend, instance, engine) (label_replace(sglang:num_queue_reqs{" + $._config.sglangSelector + ", tp_rank=~\"|0\", pp_rank=~\"|0\"}, \"engine\", \"$1\", \"dp_rank\", \"(.+)\")) > 0\n      and on (backend, instance, engine)\n      sum by (backend, instance, engine) (label_replace(sglang:num_running_reqs{" + $._config.sglangSelector + ", tp_rank=~\"|0\", pp_rank=~\"|0\"}, \"engine\", \"$1\", \"dp_rank\", \"(.+)\")) == 0\n    )\n    or\n    (\n      sum by (backend, instance) (llamacpp:requests_deferred{" + $._config.llamacppSelector + "}) > 0\n      and on (backend, instance)\n      sum by (backend, instance) (llamacpp:requests_processing{" + $._config.llamacppSelector + "}) == 0\n    )\n  )\n  unless on (backend)\n  backend:llm_engine_sleeping:min == 1\n)\nunless on (backend) backend:llm_retired:bool\n",
+            "for": $._config.admissionStalledFor,
+            "labels": {
+              "severity": "critical",
+            },
+            "annotations": {
+              "summary": "LLM backend {{ $labels.backend }} admits nothing: requests wait, none runs",
+              "description": "An engine of backend {{ $labels.backend }} had requests waiting ({{ $value }} now) and none running at every evaluation for " + $._config.admissionStalledFor + ". A signal for people: it never restarts anything (LLMBackendStalled does, when the engine's counters stop).",
+              "runbook_url": $._config.runbookBaseUrl + "#llmbackendadmissionstalled",
+            },
+          },
+          {
+            "alert": "LLMBackendDegraded",
+            "expr": "(\n  (\n    backend:llm_inter_token_latency_seconds:mean_degraded_window\n    / on (backend)\n    backend:llm_inter_token_latency_seconds:baseline\n  ) > 1.8\n  and on (backend)\n  backend:llm_inter_token_latency_seconds_count:increase_degraded_window >= " + std.toString($._config.degradedMinTokens) + "\n)\nunless on (backend) backend:llm_retired:bool\n",
+            "for": $._config.degradedFor,
+            "keep_firing_for": "5m",
+            "labels": {
+              "severity": "warning",
+            },
+            "annotations": {
+              "summary": "LLM backend {{ $labels.backend }} generates tokens far slower than it usually does",
+              "description": "The mean inter-token latency of backend {{ $labels.backend }} over 30m was more than 1.8 times its own baseline (the median over the " + $._config.degradedBaseline + " before) for " + $._config.degradedFor + " (now {{ $value | printf `%.3g` }} times), with traffic. Degraded, not stalled: a signal for people, it never restarts anything.",
+              "runbook_url": $._config.runbookBaseUrl + "#llmbackenddegraded",
             },
           },
           {
@@ -645,7 +861,7 @@
             "enable": true,
             "hide": false,
             "iconColor": "red",
-            "expr": "ALERTS{alertname=~\"LLMBackendStalled|LLMBackendDown|LLMBackendRestarted|LLMBackendRestartLoop|LLMKVCachePressure|LLMPreemptions|LLMBackendErrorRate|LLMMetricsBehindProxy|LLMBackendNoMetrics|LLMBackendVerdictUnknown|LLMBackendTargetMissing|LLMTooFewBackendsUp|LLMProxyDown|LLMHealthExporterDown|LLMHealthProbeSentToBusyBackend|LLMHealthRemediatorDown|LLMHealthRemediatorUnhealthy|LLMHealthBreakerOpen|LLMHealthBackendNeedsAck|LLMHealthHostNeedsAttention|LLMHealthRestartsFailing|LLMHealthWebhookDeliveryFailing|LLMHealthRemediatorNotHearingAlertmanager|LLMHealthRemediatorConfigReloadFailed|LLMHealthExporterConfigReloadFailed|LLMHealthDiscoveryStale|LLMHealthDiscoveryDuplicateNames|LLMHealthBackendNotJudged\", alertstate=\"firing\", backend=~\"$backend|\"}",
+            "expr": "ALERTS{alertname=~\"LLMBackendStalled|LLMBackendDown|LLMBackendRestarted|LLMBackendRestartLoop|LLMKVCachePressure|LLMPreemptions|LLMBackendErrorRate|LLMMetricsBehindProxy|LLMBackendNoMetrics|LLMBackendVerdictUnknown|LLMBackendTargetMissing|LLMTooFewBackendsUp|LLMProxyDown|LLMHealthExporterDown|LLMHealthProbeSentToBusyBackend|LLMQueueDepthHigh|LLMQueueTimeHigh|LLMTimeToFirstTokenHigh|LLMTimeToFirstTokenSLOBreach|LLMBackendAdmissionStalled|LLMBackendDegraded|LLMHealthRemediatorDown|LLMHealthRemediatorUnhealthy|LLMHealthBreakerOpen|LLMHealthBackendNeedsAck|LLMHealthHostNeedsAttention|LLMHealthRestartsFailing|LLMHealthWebhookDeliveryFailing|LLMHealthRemediatorNotHearingAlertmanager|LLMHealthRemediatorConfigReloadFailed|LLMHealthExporterConfigReloadFailed|LLMHealthDiscoveryStale|LLMHealthDiscoveryDuplicateNames|LLMHealthBackendNotJudged\", alertstate=\"firing\", backend=~\"$backend|\"}",
             "titleFormat": "{{alertname}} {{backend}}",
             "textFormat": "severity {{severity}}; runbook: " + $._config.runbookBaseUrl + " (section {{alertname}})",
             "tagKeys": "alertname,backend,severity",
@@ -1746,7 +1962,7 @@
           "id": 11,
           "type": "timeseries",
           "title": "KV cache usage",
-          "description": "vLLM kv_cache_usage_perc (gpu_cache_usage_perc before 0.9), SGLang token_usage (KV pool). Line at the alert's threshold (85%).",
+          "description": "vLLM kv_cache_usage_perc (gpu_cache_usage_perc before 0.9), SGLang token_usage (KV pool). Lines at the alert's two levels (warning 90%, critical 95%).",
           "datasource": {
             "type": "prometheus",
             "uid": "${datasource}",
@@ -1783,8 +1999,12 @@
                     "value": null,
                   },
                   {
+                    "color": "orange",
+                    "value": 0.9,
+                  },
+                  {
                     "color": "red",
-                    "value": 0.85,
+                    "value": 0.95,
                   },
                 ],
               },
@@ -1918,6 +2138,729 @@
         {
           "id": 13,
           "type": "timeseries",
+          "title": "Queue depth (requests waiting)",
+          "description": "backend_model:llm_requests_waiting:sum: vLLM num_requests_waiting, SGLang num_queue_reqs, llama.cpp requests_deferred. Line at LLMQueueDepthHigh's threshold (" + std.toString($._config.queueDepthThreshold) + ").",
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}",
+          },
+          "gridPos": {
+            "h": 8,
+            "w": 12,
+            "x": 0,
+            "y": 51,
+          },
+          "targets": [
+            {
+              "refId": "A",
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}",
+              },
+              "expr": "backend_model:llm_requests_waiting:sum{model_name=~\"$model\", backend=~\"$backend\"}",
+              "legendFormat": "{{backend}} {{model_name}}",
+              "range": true,
+              "instant": false,
+            },
+          ],
+          "fieldConfig": {
+            "defaults": {
+              "unit": "short",
+              "min": 0,
+              "thresholds": {
+                "mode": "absolute",
+                "steps": [
+                  {
+                    "color": "green",
+                    "value": null,
+                  },
+                  {
+                    "color": "red",
+                    "value": $._config.queueDepthThreshold,
+                  },
+                ],
+              },
+              "color": {
+                "mode": "palette-classic",
+              },
+              "custom": {
+                "drawStyle": "line",
+                "lineWidth": 1,
+                "fillOpacity": 10,
+                "showPoints": "never",
+                "spanNulls": false,
+                "stacking": {
+                  "mode": "none",
+                  "group": "A",
+                },
+                "thresholdsStyle": {
+                  "mode": "line",
+                },
+              },
+            },
+            "overrides": [],
+          },
+          "options": {
+            "legend": {
+              "displayMode": "table",
+              "placement": "right",
+              "showLegend": true,
+              "calcs": [
+                "lastNotNull",
+                "max",
+              ],
+            },
+            "tooltip": {
+              "mode": "multi",
+              "sort": "desc",
+            },
+          },
+          "links": [
+            {
+              "title": "Runbook: LLMQueueDepthHigh",
+              "url": $._config.runbookBaseUrl + "#llmqueuedepthhigh",
+              "targetBlank": true,
+            },
+          ],
+        },
+        {
+          "id": 14,
+          "type": "timeseries",
+          "title": "Mean queue time over 15m",
+          "description": "vLLM request_queue_time_seconds (observed when a request finishes), SGLang queue_time_seconds. Empty when no queued request finished: see the queue depth next to it.",
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}",
+          },
+          "gridPos": {
+            "h": 8,
+            "w": 12,
+            "x": 12,
+            "y": 51,
+          },
+          "targets": [
+            {
+              "refId": "A",
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}",
+              },
+              "expr": "backend_model:llm_queue_time_seconds:mean_queue_time_window{model_name=~\"$model\", backend=~\"$backend\"}",
+              "legendFormat": "{{backend}} {{model_name}}",
+              "range": true,
+              "instant": false,
+            },
+          ],
+          "fieldConfig": {
+            "defaults": {
+              "unit": "s",
+              "min": 0,
+              "thresholds": {
+                "mode": "absolute",
+                "steps": [
+                  {
+                    "color": "green",
+                    "value": null,
+                  },
+                  {
+                    "color": "red",
+                    "value": 30.0,
+                  },
+                ],
+              },
+              "color": {
+                "mode": "palette-classic",
+              },
+              "custom": {
+                "drawStyle": "line",
+                "lineWidth": 1,
+                "fillOpacity": 10,
+                "showPoints": "never",
+                "spanNulls": false,
+                "stacking": {
+                  "mode": "none",
+                  "group": "A",
+                },
+                "thresholdsStyle": {
+                  "mode": "line",
+                },
+              },
+            },
+            "overrides": [],
+          },
+          "options": {
+            "legend": {
+              "displayMode": "table",
+              "placement": "right",
+              "showLegend": true,
+              "calcs": [
+                "lastNotNull",
+                "max",
+              ],
+            },
+            "tooltip": {
+              "mode": "multi",
+              "sort": "desc",
+            },
+          },
+          "links": [
+            {
+              "title": "Runbook: LLMQueueTimeHigh",
+              "url": $._config.runbookBaseUrl + "#llmqueuetimehigh",
+              "targetBlank": true,
+            },
+          ],
+        },
+        {
+          "id": 15,
+          "type": "timeseries",
+          "title": "Prefix-cache hit rate (affinity payoff)",
+          "description": "Share of prompt tokens served from the prefix cache over the latency window (vLLM hits / queries, SGLang cached / prompt tokens): what session affinity buys. Read it with the time to first token next to it: a falling hit rate raises TTFT.",
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}",
+          },
+          "gridPos": {
+            "h": 8,
+            "w": 12,
+            "x": 0,
+            "y": 59,
+          },
+          "targets": [
+            {
+              "refId": "A",
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}",
+              },
+              "expr": "backend:llm_prefix_cache_hits:ratio_latency_window{backend=~\"$backend\"}",
+              "legendFormat": "{{backend}}",
+              "range": true,
+              "instant": false,
+            },
+          ],
+          "fieldConfig": {
+            "defaults": {
+              "unit": "percentunit",
+              "min": 0,
+              "max": 1,
+              "thresholds": {
+                "mode": "absolute",
+                "steps": [
+                  {
+                    "color": "green",
+                    "value": null,
+                  },
+                ],
+              },
+              "color": {
+                "mode": "palette-classic",
+              },
+              "custom": {
+                "drawStyle": "line",
+                "lineWidth": 1,
+                "fillOpacity": 10,
+                "showPoints": "never",
+                "spanNulls": false,
+                "stacking": {
+                  "mode": "none",
+                  "group": "A",
+                },
+                "thresholdsStyle": {
+                  "mode": "off",
+                },
+              },
+            },
+            "overrides": [],
+          },
+          "options": {
+            "legend": {
+              "displayMode": "table",
+              "placement": "right",
+              "showLegend": true,
+              "calcs": [
+                "lastNotNull",
+                "max",
+              ],
+            },
+            "tooltip": {
+              "mode": "multi",
+              "sort": "desc",
+            },
+          },
+        },
+        {
+          "id": 16,
+          "type": "timeseries",
+          "title": "Time to first token (p95 per model, p99)",
+          "description": "Over the latency window. Lines at LLMTimeToFirstTokenHigh's levels (p99 above 10 s warning, 30 s critical).",
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}",
+          },
+          "gridPos": {
+            "h": 8,
+            "w": 12,
+            "x": 12,
+            "y": 59,
+          },
+          "targets": [
+            {
+              "refId": "A",
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}",
+              },
+              "expr": "backend_model:llm_time_to_first_token_seconds:p95{model_name=~\"$model\", backend=~\"$backend\"}",
+              "legendFormat": "{{backend}} {{model_name}} p95",
+              "range": true,
+              "instant": false,
+            },
+            {
+              "refId": "B",
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}",
+              },
+              "expr": "backend:llm_time_to_first_token_seconds:p99{backend=~\"$backend\"}",
+              "legendFormat": "{{backend}} p99",
+              "range": true,
+              "instant": false,
+            },
+          ],
+          "fieldConfig": {
+            "defaults": {
+              "unit": "s",
+              "min": 0,
+              "thresholds": {
+                "mode": "absolute",
+                "steps": [
+                  {
+                    "color": "green",
+                    "value": null,
+                  },
+                  {
+                    "color": "orange",
+                    "value": 10.0,
+                  },
+                  {
+                    "color": "red",
+                    "value": 30.0,
+                  },
+                ],
+              },
+              "color": {
+                "mode": "palette-classic",
+              },
+              "custom": {
+                "drawStyle": "line",
+                "lineWidth": 1,
+                "fillOpacity": 10,
+                "showPoints": "never",
+                "spanNulls": false,
+                "stacking": {
+                  "mode": "none",
+                  "group": "A",
+                },
+                "thresholdsStyle": {
+                  "mode": "line",
+                },
+              },
+            },
+            "overrides": [],
+          },
+          "options": {
+            "legend": {
+              "displayMode": "table",
+              "placement": "right",
+              "showLegend": true,
+              "calcs": [
+                "lastNotNull",
+                "max",
+              ],
+            },
+            "tooltip": {
+              "mode": "multi",
+              "sort": "desc",
+            },
+          },
+          "links": [
+            {
+              "title": "Runbook: LLMTimeToFirstTokenHigh",
+              "url": $._config.runbookBaseUrl + "#llmtimetofirsttokenhigh",
+              "targetBlank": true,
+            },
+          ],
+        },
+        {
+          "id": 17,
+          "type": "timeseries",
+          "title": "TTFT p95 over " + $._config.ttftSloWindow + " (objective)",
+          "description": "LLMTimeToFirstTokenSLOBreach: above 3 s for " + $._config.ttftSloFor + ".",
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}",
+          },
+          "gridPos": {
+            "h": 8,
+            "w": 12,
+            "x": 0,
+            "y": 67,
+          },
+          "targets": [
+            {
+              "refId": "A",
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}",
+              },
+              "expr": "backend:llm_time_to_first_token_seconds:p95_ttft_slo_window{backend=~\"$backend\"}",
+              "legendFormat": "{{backend}}",
+              "range": true,
+              "instant": false,
+            },
+          ],
+          "fieldConfig": {
+            "defaults": {
+              "unit": "s",
+              "min": 0,
+              "thresholds": {
+                "mode": "absolute",
+                "steps": [
+                  {
+                    "color": "green",
+                    "value": null,
+                  },
+                  {
+                    "color": "red",
+                    "value": 3.0,
+                  },
+                ],
+              },
+              "color": {
+                "mode": "palette-classic",
+              },
+              "custom": {
+                "drawStyle": "line",
+                "lineWidth": 1,
+                "fillOpacity": 10,
+                "showPoints": "never",
+                "spanNulls": false,
+                "stacking": {
+                  "mode": "none",
+                  "group": "A",
+                },
+                "thresholdsStyle": {
+                  "mode": "line",
+                },
+              },
+            },
+            "overrides": [],
+          },
+          "options": {
+            "legend": {
+              "displayMode": "table",
+              "placement": "right",
+              "showLegend": true,
+              "calcs": [
+                "lastNotNull",
+                "max",
+              ],
+            },
+            "tooltip": {
+              "mode": "multi",
+              "sort": "desc",
+            },
+          },
+          "links": [
+            {
+              "title": "Runbook: LLMTimeToFirstTokenSLOBreach",
+              "url": $._config.runbookBaseUrl + "#llmtimetofirsttokenslobreach",
+              "targetBlank": true,
+            },
+          ],
+        },
+        {
+          "id": 18,
+          "type": "timeseries",
+          "title": "Requests waiting with none running (admission)",
+          "description": "Backends whose requests all wait: the scheduler admits nothing. LLMBackendAdmissionStalled fires per engine after " + $._config.admissionStalledFor + ".",
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}",
+          },
+          "gridPos": {
+            "h": 8,
+            "w": 12,
+            "x": 12,
+            "y": 67,
+          },
+          "targets": [
+            {
+              "refId": "A",
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}",
+              },
+              "expr": "backend:llm_requests_waiting:sum{backend=~\"$backend\"} > 0 and on (backend) (backend:llm_requests_in_flight:sum{backend=~\"$backend\"} - backend:llm_requests_waiting:sum{backend=~\"$backend\"}) == 0",
+              "legendFormat": "{{backend}} waiting, none running",
+              "range": true,
+              "instant": false,
+            },
+          ],
+          "fieldConfig": {
+            "defaults": {
+              "unit": "short",
+              "min": 0,
+              "thresholds": {
+                "mode": "absolute",
+                "steps": [
+                  {
+                    "color": "green",
+                    "value": null,
+                  },
+                ],
+              },
+              "color": {
+                "mode": "palette-classic",
+              },
+              "custom": {
+                "drawStyle": "bars",
+                "lineWidth": 1,
+                "fillOpacity": 60,
+                "showPoints": "never",
+                "spanNulls": false,
+                "stacking": {
+                  "mode": "none",
+                  "group": "A",
+                },
+                "thresholdsStyle": {
+                  "mode": "off",
+                },
+              },
+            },
+            "overrides": [],
+          },
+          "options": {
+            "legend": {
+              "displayMode": "table",
+              "placement": "right",
+              "showLegend": true,
+              "calcs": [
+                "lastNotNull",
+                "max",
+              ],
+            },
+            "tooltip": {
+              "mode": "multi",
+              "sort": "desc",
+            },
+          },
+          "links": [
+            {
+              "title": "Runbook: LLMBackendAdmissionStalled",
+              "url": $._config.runbookBaseUrl + "#llmbackendadmissionstalled",
+              "targetBlank": true,
+            },
+          ],
+        },
+        {
+          "id": 19,
+          "type": "timeseries",
+          "title": "End-to-end request latency p95",
+          "description": "",
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}",
+          },
+          "gridPos": {
+            "h": 8,
+            "w": 12,
+            "x": 0,
+            "y": 75,
+          },
+          "targets": [
+            {
+              "refId": "A",
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}",
+              },
+              "expr": "backend_model:llm_e2e_request_latency_seconds:p95{model_name=~\"$model\", backend=~\"$backend\"}",
+              "legendFormat": "{{backend}} {{model_name}}",
+              "range": true,
+              "instant": false,
+            },
+          ],
+          "fieldConfig": {
+            "defaults": {
+              "unit": "s",
+              "min": 0,
+              "thresholds": {
+                "mode": "absolute",
+                "steps": [
+                  {
+                    "color": "green",
+                    "value": null,
+                  },
+                ],
+              },
+              "color": {
+                "mode": "palette-classic",
+              },
+              "custom": {
+                "drawStyle": "line",
+                "lineWidth": 1,
+                "fillOpacity": 10,
+                "showPoints": "never",
+                "spanNulls": false,
+                "stacking": {
+                  "mode": "none",
+                  "group": "A",
+                },
+                "thresholdsStyle": {
+                  "mode": "off",
+                },
+              },
+            },
+            "overrides": [],
+          },
+          "options": {
+            "legend": {
+              "displayMode": "table",
+              "placement": "right",
+              "showLegend": true,
+              "calcs": [
+                "lastNotNull",
+                "max",
+              ],
+            },
+            "tooltip": {
+              "mode": "multi",
+              "sort": "desc",
+            },
+          },
+        },
+        {
+          "id": 20,
+          "type": "timeseries",
+          "title": "Inter-token latency against its baseline",
+          "description": "The backend against its own history: LLMBackendDegraded fires when the mean stays above 1.8 x the baseline (median over the " + $._config.degradedBaseline + " before) for " + $._config.degradedFor + ". llama.cpp: predict time per predicted token.",
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}",
+          },
+          "gridPos": {
+            "h": 8,
+            "w": 24,
+            "x": 0,
+            "y": 83,
+          },
+          "targets": [
+            {
+              "refId": "A",
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}",
+              },
+              "expr": "backend:llm_inter_token_latency_seconds:mean_degraded_window{backend=~\"$backend\"}",
+              "legendFormat": "{{backend}} mean over 30m",
+              "range": true,
+              "instant": false,
+            },
+            {
+              "refId": "B",
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}",
+              },
+              "expr": "backend:llm_inter_token_latency_seconds:baseline{backend=~\"$backend\"}",
+              "legendFormat": "{{backend}} baseline",
+              "range": true,
+              "instant": false,
+            },
+            {
+              "refId": "C",
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}",
+              },
+              "expr": "backend:llm_inter_token_latency_seconds:baseline{backend=~\"$backend\"} * 1.8",
+              "legendFormat": "{{backend}} degraded above (1.8 x baseline)",
+              "range": true,
+              "instant": false,
+            },
+            {
+              "refId": "D",
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}",
+              },
+              "expr": "backend_model:llm_inter_token_latency_seconds:p95{model_name=~\"$model\", backend=~\"$backend\"}",
+              "legendFormat": "{{backend}} {{model_name}} p95",
+              "range": true,
+              "instant": false,
+            },
+          ],
+          "fieldConfig": {
+            "defaults": {
+              "unit": "s",
+              "min": 0,
+              "thresholds": {
+                "mode": "absolute",
+                "steps": [
+                  {
+                    "color": "green",
+                    "value": null,
+                  },
+                ],
+              },
+              "color": {
+                "mode": "palette-classic",
+              },
+              "custom": {
+                "drawStyle": "line",
+                "lineWidth": 1,
+                "fillOpacity": 10,
+                "showPoints": "never",
+                "spanNulls": false,
+                "stacking": {
+                  "mode": "none",
+                  "group": "A",
+                },
+                "thresholdsStyle": {
+                  "mode": "off",
+                },
+              },
+            },
+            "overrides": [],
+          },
+          "options": {
+            "legend": {
+              "displayMode": "table",
+              "placement": "right",
+              "showLegend": true,
+              "calcs": [
+                "lastNotNull",
+                "max",
+              ],
+            },
+            "tooltip": {
+              "mode": "multi",
+              "sort": "desc",
+            },
+          },
+          "links": [
+            {
+              "title": "Runbook: LLMBackendDegraded",
+              "url": $._config.runbookBaseUrl + "#llmbackenddegraded",
+              "targetBlank": true,
+            },
+          ],
+        },
+        {
+          "id": 21,
+          "type": "timeseries",
           "title": "Restarts",
           "description": "Process restarts seen in the metrics (start time, counter resets), next to the restarts the remediator ran. A restart without a remediator bar came from elsewhere.",
           "datasource": {
@@ -1928,7 +2871,7 @@
             "h": 8,
             "w": 24,
             "x": 0,
-            "y": 51,
+            "y": 91,
           },
           "targets": [
             {
@@ -2027,7 +2970,7 @@
           ],
         },
         {
-          "id": 14,
+          "id": 22,
           "type": "stat",
           "title": "Engine targets up",
           "description": "Prometheus' own scrape of every engine target (the rules' selectors).",
@@ -2039,7 +2982,7 @@
             "h": 5,
             "w": 24,
             "x": 0,
-            "y": 59,
+            "y": 99,
           },
           "targets": [
             {
@@ -2127,7 +3070,7 @@
           ],
         },
         {
-          "id": 15,
+          "id": 23,
           "type": "timeseries",
           "title": "Probes sent",
           "description": "Must stay flat while a backend is busy: probes only go to idle servers. Sent is counted when a probe leaves, answered when its result is in.",
@@ -2139,7 +3082,7 @@
             "h": 8,
             "w": 12,
             "x": 0,
-            "y": 64,
+            "y": 104,
           },
           "targets": [
             {
@@ -2222,7 +3165,7 @@
           ],
         },
         {
-          "id": 16,
+          "id": 24,
           "type": "timeseries",
           "title": "Readings by result",
           "description": "",
@@ -2234,7 +3177,7 @@
             "h": 8,
             "w": 12,
             "x": 12,
-            "y": 64,
+            "y": 104,
           },
           "targets": [
             {
@@ -2299,7 +3242,7 @@
           },
         },
         {
-          "id": 17,
+          "id": 25,
           "type": "timeseries",
           "title": "Exporter schedule lag",
           "description": "How late the exporter starts backends' reads after their scheduled time (every backend is read on its own schedule). Near the interval: the exporter is short of workers or CPU.",
@@ -2311,7 +3254,7 @@
             "h": 8,
             "w": 12,
             "x": 0,
-            "y": 72,
+            "y": 112,
           },
           "targets": [
             {
@@ -2383,7 +3326,7 @@
           ],
         },
         {
-          "id": 18,
+          "id": 26,
           "type": "stat",
           "title": "Proxies up",
           "description": "Proxies are checked through GET /v1/models only.",
@@ -2395,7 +3338,7 @@
             "h": 8,
             "w": 12,
             "x": 12,
-            "y": 72,
+            "y": 112,
           },
           "targets": [
             {
@@ -2582,7 +3525,7 @@
             "enable": true,
             "hide": false,
             "iconColor": "red",
-            "expr": "ALERTS{alertname=~\"LLMBackendStalled|LLMBackendDown|LLMBackendRestarted|LLMBackendRestartLoop|LLMKVCachePressure|LLMPreemptions|LLMBackendErrorRate|LLMMetricsBehindProxy|LLMBackendNoMetrics|LLMBackendVerdictUnknown|LLMBackendTargetMissing|LLMTooFewBackendsUp|LLMProxyDown|LLMHealthExporterDown|LLMHealthProbeSentToBusyBackend|LLMHealthRemediatorDown|LLMHealthRemediatorUnhealthy|LLMHealthBreakerOpen|LLMHealthBackendNeedsAck|LLMHealthHostNeedsAttention|LLMHealthRestartsFailing|LLMHealthWebhookDeliveryFailing|LLMHealthRemediatorNotHearingAlertmanager|LLMHealthRemediatorConfigReloadFailed|LLMHealthExporterConfigReloadFailed|LLMHealthDiscoveryStale|LLMHealthDiscoveryDuplicateNames|LLMHealthBackendNotJudged\", alertstate=\"firing\", backend=~\"$backend|\"}",
+            "expr": "ALERTS{alertname=~\"LLMBackendStalled|LLMBackendDown|LLMBackendRestarted|LLMBackendRestartLoop|LLMKVCachePressure|LLMPreemptions|LLMBackendErrorRate|LLMMetricsBehindProxy|LLMBackendNoMetrics|LLMBackendVerdictUnknown|LLMBackendTargetMissing|LLMTooFewBackendsUp|LLMProxyDown|LLMHealthExporterDown|LLMHealthProbeSentToBusyBackend|LLMQueueDepthHigh|LLMQueueTimeHigh|LLMTimeToFirstTokenHigh|LLMTimeToFirstTokenSLOBreach|LLMBackendAdmissionStalled|LLMBackendDegraded|LLMHealthRemediatorDown|LLMHealthRemediatorUnhealthy|LLMHealthBreakerOpen|LLMHealthBackendNeedsAck|LLMHealthHostNeedsAttention|LLMHealthRestartsFailing|LLMHealthWebhookDeliveryFailing|LLMHealthRemediatorNotHearingAlertmanager|LLMHealthRemediatorConfigReloadFailed|LLMHealthExporterConfigReloadFailed|LLMHealthDiscoveryStale|LLMHealthDiscoveryDuplicateNames|LLMHealthBackendNotJudged\", alertstate=\"firing\", backend=~\"$backend|\"}",
             "titleFormat": "{{alertname}} {{backend}}",
             "textFormat": "severity {{severity}}; runbook: " + $._config.runbookBaseUrl + " (section {{alertname}})",
             "tagKeys": "alertname,backend,severity",

@@ -485,6 +485,10 @@ def fleet(s: RuleSettings) -> Dashboard:
     def rate(engine: str, metric: str, fn: str = "rate") -> str:
         return q.agg("sum", f"{fn}({q.engine(engine, metric)}[{RI}])", "backend")
 
+    def model_record(metric: str) -> str:
+        """A backend_model: record, narrowed by the model variable (llama.cpp's carry no model_name: `All`)."""
+        return q.ours(metric, 'model_name=~"$model"')
+
     generation = q.per_engine({
         "vllm": rate("vllm", "vllm:generation_tokens_total"),
         "sglang": rate("sglang", "sglang:generation_tokens_total"),
@@ -599,15 +603,86 @@ def fleet(s: RuleSettings) -> Dashboard:
             "KV cache usage", "timeseries",
             (Target(kv, q.legend("({{engine_name}})")),),
             unit="percentunit", min=0, max=1,
-            thresholds=((None, "green"), (s.kv_threshold, "red")), threshold_line=True,
-            links=(q.runbook("LLMKVCachePressure"),),
+            thresholds=((None, "green"), (s.kv_threshold, "orange"), (s.kv_critical_threshold, "red")),
+            threshold_line=True, links=(q.runbook("LLMKVCachePressure"),),
             description="vLLM kv_cache_usage_perc (gpu_cache_usage_perc before 0.9), SGLang token_usage "
-                        f"(KV pool). Line at the alert's threshold ({s.kv_percent}%).",
+                        f"(KV pool). Lines at the alert's two levels (warning {s.kv_percent}%, critical "
+                        f"{s.kv_critical_percent}%).",
         ),
         Panel(
             "Preemptions per second (vLLM)", "timeseries",
             (Target(rate("vllm", "vllm:num_preemptions_total"), q.legend()),),
             unit="short", min=0, links=(q.runbook("LLMPreemptions"),),
+        ),
+        # saturation and latency (the recording rules; signals for people, never restarts)
+        Panel(
+            "Queue depth (requests waiting)", "timeseries",
+            (Target(model_record("backend_model:llm_requests_waiting:sum"), q.legend("{{model_name}}")),),
+            unit="short", min=0, thresholds=((None, "green"), (s.queue_depth_threshold, "red")), threshold_line=True,
+            links=(q.runbook("LLMQueueDepthHigh"),),
+            description="backend_model:llm_requests_waiting:sum: vLLM num_requests_waiting, SGLang num_queue_reqs, "
+                        f"llama.cpp requests_deferred. Line at LLMQueueDepthHigh's threshold ({s.queue_depth_threshold}).",
+        ),
+        Panel(
+            f"Mean queue time over {s.queue_time_window}", "timeseries",
+            (Target(model_record("backend_model:llm_queue_time_seconds:mean_queue_time_window"),
+                    q.legend("{{model_name}}")),),
+            unit="s", min=0, thresholds=((None, "green"), (s.queue_time_threshold, "red")), threshold_line=True,
+            links=(q.runbook("LLMQueueTimeHigh"),),
+            description="vLLM request_queue_time_seconds (observed when a request finishes), SGLang queue_time_seconds. "
+                        "Empty when no queued request finished: see the queue depth next to it.",
+        ),
+        Panel(
+            "Prefix-cache hit rate (affinity payoff)", "timeseries",
+            (Target(q.ours("backend:llm_prefix_cache_hits:ratio_latency_window"), q.legend()),),
+            unit="percentunit", min=0, max=1,
+            description="Share of prompt tokens served from the prefix cache over the latency window (vLLM hits / "
+                        "queries, SGLang cached / prompt tokens): what session affinity buys. Read it with the "
+                        "time to first token next to it: a falling hit rate raises TTFT.",
+        ),
+        Panel(
+            "Time to first token (p95 per model, p99)", "timeseries",
+            (Target(model_record("backend_model:llm_time_to_first_token_seconds:p95"), q.legend("{{model_name}} p95")),
+             Target(q.ours("backend:llm_time_to_first_token_seconds:p99"), q.legend("p99"))),
+            unit="s", min=0, threshold_line=True,
+            thresholds=((None, "green"), (s.ttft_threshold, "orange"), (s.ttft_critical_threshold, "red")),
+            links=(q.runbook("LLMTimeToFirstTokenHigh"),),
+            description="Over the latency window. Lines at LLMTimeToFirstTokenHigh's levels (p99 above "
+                        f"{s.ttft_threshold:g} s warning, {s.ttft_critical_threshold:g} s critical).",
+        ),
+        Panel(
+            f"TTFT p95 over {s.ttft_slo_window} (objective)", "timeseries",
+            (Target(q.ours("backend:llm_time_to_first_token_seconds:p95_ttft_slo_window"), q.legend()),),
+            unit="s", min=0, thresholds=((None, "green"), (s.ttft_slo_threshold, "red")), threshold_line=True,
+            links=(q.runbook("LLMTimeToFirstTokenSLOBreach"),),
+            description=f"LLMTimeToFirstTokenSLOBreach: above {s.ttft_slo_threshold:g} s for {s.ttft_slo_for}.",
+        ),
+        Panel(
+            "Requests waiting with none running (admission)", "timeseries",
+            (Target(f"{q.ours('backend:llm_requests_waiting:sum')} > 0 and on ({s.labels('backend')}) "
+                    f"({q.ours('backend:llm_requests_in_flight:sum')} - {q.ours('backend:llm_requests_waiting:sum')})"
+                    " == 0", q.legend("waiting, none running")),),
+            unit="short", min=0, bars=True, links=(q.runbook("LLMBackendAdmissionStalled"),),
+            description="Backends whose requests all wait: the scheduler admits nothing. LLMBackendAdmissionStalled "
+                        f"fires per engine after {s.admission_stalled_for}.",
+        ),
+        Panel(
+            "End-to-end request latency p95", "timeseries",
+            (Target(model_record("backend_model:llm_e2e_request_latency_seconds:p95"), q.legend("{{model_name}}")),),
+            unit="s", min=0,
+        ),
+        Panel(
+            "Inter-token latency against its baseline", "timeseries",
+            (Target(q.ours("backend:llm_inter_token_latency_seconds:mean_degraded_window"),
+                    q.legend(f"mean over {s.degraded_window}")),
+             Target(q.ours("backend:llm_inter_token_latency_seconds:baseline"), q.legend("baseline")),
+             Target(f"{q.ours('backend:llm_inter_token_latency_seconds:baseline')} * {s.degraded_factor:g}",
+                    q.legend(f"degraded above ({s.degraded_factor:g} x baseline)")),
+             Target(model_record("backend_model:llm_inter_token_latency_seconds:p95"), q.legend("{{model_name}} p95"))),
+            w=24, unit="s", min=0, links=(q.runbook("LLMBackendDegraded"),),
+            description="The backend against its own history: LLMBackendDegraded fires when the mean stays above "
+                        f"{s.degraded_factor:g} x the baseline (median over the {s.degraded_baseline} before) for "
+                        f"{s.degraded_for}. llama.cpp: predict time per predicted token.",
         ),
         Panel(
             "Restarts", "timeseries",

@@ -67,6 +67,9 @@ ALERT_NAMES = (
     "LLMPreemptions", "LLMBackendErrorRate", "LLMMetricsBehindProxy", "LLMBackendNoMetrics",
     "LLMBackendVerdictUnknown", "LLMBackendTargetMissing", "LLMTooFewBackendsUp", "LLMProxyDown",
     "LLMHealthExporterDown", "LLMHealthProbeSentToBusyBackend",
+    # saturation and latency: signals for people, never a restart
+    "LLMQueueDepthHigh", "LLMQueueTimeHigh", "LLMTimeToFirstTokenHigh", "LLMTimeToFirstTokenSLOBreach",
+    "LLMBackendAdmissionStalled", "LLMBackendDegraded",
     # llm-health.self
     "LLMHealthRemediatorDown", "LLMHealthRemediatorUnhealthy", "LLMHealthBreakerOpen", "LLMHealthBackendNeedsAck",
     "LLMHealthHostNeedsAttention",
@@ -77,6 +80,13 @@ ALERT_NAMES = (
 )
 # The two alerts that trigger restarts: their labels are a contract with the remediator's route.
 REMEDIATION_ALERTS = ("LLMBackendStalled", "LLMBackendDown")
+# Alerts with two levels (one alert name, one rule per level): the first level's severity is overridden
+# with --severity ALERT=LEVEL, a further one's with --severity ALERT:DEFAULT=LEVEL (e.g.
+# LLMKVCachePressure:critical=page). The levels of one alert must keep distinct severities.
+TIERED_ALERTS: dict[str, tuple[str, ...]] = {
+    "LLMKVCachePressure": ("warning", "critical"),
+    "LLMTimeToFirstTokenHigh": ("warning", "critical"),
+}
 
 
 # Windows read through rate/increase/changes/resets, with their defaults at the default scrape interval.
@@ -87,6 +97,10 @@ RATE_WINDOWS = {
     "proxy_window": "15m",
     "probe_busy_window": "5m",
     "webhook_window": "5m",
+    "latency_window": "5m",
+    "queue_time_window": "15m",
+    "ttft_slo_window": "1h",
+    "degraded_window": "30m",
 }
 MIN_SCRAPES_PER_WINDOW = 4
 # The runbook base when the operator has not set one: a placeholder under .invalid (RFC 6761: never
@@ -111,7 +125,25 @@ FLAG_HELP = {
     "runbook_url": "URL serving docs/runbooks.md (the remediator's /runbooks); alerts link to BASE#alertname",
     "keep_firing_for": "the threshold alerts (KV pressure, preemptions, error rate) keep firing this long after "
                        "their condition clears, against flapping; 0s = off (Prometheus < 2.42 needs 0s)",
-    "severity": "ALERT=LEVEL: another severity label for one alert (repeatable)",
+    "severity": "ALERT=LEVEL: another severity label for one alert (repeatable); for the second level of "
+                "LLMKVCachePressure or LLMTimeToFirstTokenHigh: ALERT:critical=LEVEL",
+    "kv_threshold": "LLMKVCachePressure warning: KV-cache usage (0..1) of the fullest engine above this",
+    "kv_critical_threshold": "LLMKVCachePressure critical: KV-cache usage (0..1) above this (>= --kv-threshold)",
+    "latency_window": "window of the TTFT / end-to-end / inter-token latency quantiles and means and the "
+                      "prefix-cache hit ratio",
+    "queue_depth_threshold": "LLMQueueDepthHigh: requests waiting in the engine's queue above this",
+    "queue_time_window": "LLMQueueTimeHigh: mean queue time over this window",
+    "queue_time_threshold": "LLMQueueTimeHigh: mean queue time in seconds above this",
+    "ttft_threshold": "LLMTimeToFirstTokenHigh warning: TTFT p99 in seconds above this",
+    "ttft_critical_threshold": "LLMTimeToFirstTokenHigh critical: TTFT p99 in seconds above this (>= --ttft-threshold)",
+    "ttft_slo_threshold": "LLMTimeToFirstTokenSLOBreach: TTFT p95 over --ttft-slo-window in seconds above this",
+    "ttft_slo_window": "LLMTimeToFirstTokenSLOBreach: the SLO's window",
+    "admission_stalled_for": "LLMBackendAdmissionStalled: requests waiting and none running for this long",
+    "degraded_factor": "LLMBackendDegraded: mean inter-token latency above this many times the backend's own baseline",
+    "degraded_window": "LLMBackendDegraded: the mean inter-token latency compared is over this window",
+    "degraded_baseline": "LLMBackendDegraded: the baseline is the median of that mean over this much history "
+                         "before the window",
+    "degraded_min_tokens": "LLMBackendDegraded: at least this many tokens (inter-token intervals) in the window",
     "extra_labels": "KEY=VALUE: a label added to every alert (repeatable), e.g. team=ml-platform",
     "not_judged_intervals": "LLMHealthBackendNotJudged: a backend's last judged reading older than this many "
                             "reading intervals (the exporter's llm_health_reading_interval_seconds)",
@@ -120,6 +152,17 @@ FLAG_HELP = {
                     "one backend name may exist once per group",
 }
 FIXED_WINDOWS = {"1h": "the 1h restart count (LLMBackendRestartLoop)"}
+# The engines' latency histograms (rules/*_metric_names.yml), per kind: (engine, wire name without the
+# _bucket/_sum/_count suffix) in order of preference. vLLM 0.10-0.11 export both inter-token names with
+# the same observations: per target the new name wins (`or`), never both added. llama.cpp has none
+# (its mean time per predicted token comes from two counters, see the records).
+LATENCY_HISTOGRAMS: dict[str, tuple[tuple[str, str], ...]] = {
+    "ttft": (("vllm", "vllm:time_to_first_token_seconds"), ("sglang", "sglang:time_to_first_token_seconds")),
+    "e2e": (("vllm", "vllm:e2e_request_latency_seconds"), ("sglang", "sglang:e2e_request_latency_seconds")),
+    "itl": (("vllm", "vllm:inter_token_latency_seconds"), ("vllm", "vllm:time_per_output_token_seconds"),
+            ("sglang", "sglang:inter_token_latency_seconds")),
+    "queue": (("vllm", "vllm:request_queue_time_seconds"), ("sglang", "sglang:queue_time_seconds")),
+}
 
 
 def format_duration(seconds: float) -> str:
@@ -156,8 +199,10 @@ class RuleSettings:
     restart_window: str | None = None  # LLMBackendRestarted looks back this far (5m)
     restart_loop_threshold: int = 3   # more restarts than this in an hour = LLMBackendRestartLoop
     rate_window: str | None = None    # generation tokens / preemptions per second (1m)
-    kv_threshold: float = 0.85
+    kv_threshold: float = 0.90        # LLMKVCachePressure, severity warning
     kv_for: str = "10m"
+    kv_critical_threshold: float = 0.95   # LLMKVCachePressure, severity critical
+    kv_critical_for: str = "5m"
     preemption_rate_threshold: float = 0.0
     preemption_for: str = "10m"
     # LLMBackendErrorRate (signal only, category="error-rate"): 5xx share of generation responses.
@@ -165,6 +210,27 @@ class RuleSettings:
     error_rate_for: str = "2m"
     error_rate_handlers: str = "/v1/chat/completions|/v1/completions|/v1/responses"
     proxy_window: str | None = None   # (15m)
+    # Saturation and latency signals (for people; none carries a remediation label). Records per backend
+    # and per backend and model; windows of RATE_WINDOWS derived like the others.
+    latency_window: str | None = None     # TTFT / e2e / ITL quantiles and means, prefix-cache hits (5m)
+    queue_depth_threshold: int = 50       # LLMQueueDepthHigh: requests waiting
+    queue_depth_for: str = "5m"
+    queue_time_window: str | None = None  # LLMQueueTimeHigh: mean queue time over this (15m)
+    queue_time_threshold: float = 30.0    # seconds
+    queue_time_for: str = "5m"
+    ttft_threshold: float = 10.0          # LLMTimeToFirstTokenHigh warning: TTFT p99, seconds
+    ttft_for: str = "10m"
+    ttft_critical_threshold: float = 30.0  # ... critical
+    ttft_critical_for: str = "5m"
+    ttft_slo_threshold: float = 3.0       # LLMTimeToFirstTokenSLOBreach: TTFT p95 over the SLO window
+    ttft_slo_window: str | None = None    # (1h)
+    ttft_slo_for: str = "15m"
+    admission_stalled_for: str = "5m"     # LLMBackendAdmissionStalled: waiting > 0, running == 0
+    degraded_factor: float = 1.8          # LLMBackendDegraded: ITL over the window > factor x own baseline
+    degraded_window: str | None = None    # (30m)
+    degraded_baseline: str = "1d"         # the baseline: median of the window's mean over this history
+    degraded_for: str = "15m"
+    degraded_min_tokens: int = 1000       # ... with at least this many tokens in the window
     no_metrics_for: str = "5m"
     unknown_for: str = "10m"
     missing_window: str = "1h"
@@ -226,6 +292,23 @@ class RuleSettings:
                 parse_duration(value, flag)
         if not 0 < s.kv_threshold <= 1:
             raise ConfigError(f"--kv-threshold: {s.kv_threshold} must be in (0, 1]")
+        if not s.kv_threshold <= s.kv_critical_threshold <= 1:
+            raise ConfigError(f"--kv-critical-threshold: {s.kv_critical_threshold} must be in "
+                              f"[--kv-threshold ({s.kv_threshold}), 1]")
+        for name in ("queue_depth_threshold", "queue_time_threshold", "ttft_threshold", "ttft_slo_threshold",
+                     "degraded_min_tokens"):
+            if getattr(s, name) <= 0:
+                raise ConfigError(f"{_flag(name)}: must be > 0")
+        if s.ttft_critical_threshold < s.ttft_threshold:
+            raise ConfigError(f"--ttft-critical-threshold: {s.ttft_critical_threshold} must be >= "
+                              f"--ttft-threshold ({s.ttft_threshold})")
+        if s.degraded_factor <= 1:
+            raise ConfigError(f"--degraded-factor: {s.degraded_factor} must be > 1 (a multiple of the baseline)")
+        assert s.degraded_window is not None
+        if parse_duration(s.degraded_baseline, "--degraded-baseline") < 2 * parse_duration(s.degraded_window, "--degraded-window"):
+            raise ConfigError(f"--degraded-baseline: {s.degraded_baseline} must be at least twice --degraded-window "
+                              f"({s.degraded_window})")
+        _check_tiers(s)
         if not 0 < s.error_rate_threshold < 1:
             raise ConfigError(f"--error-rate-threshold: {s.error_rate_threshold} must be in (0, 1)")
         if s.preemption_rate_threshold < 0:
@@ -279,6 +362,10 @@ class RuleSettings:
         return f"{self.kv_threshold * 100:g}"
 
     @property
+    def kv_critical_percent(self) -> str:
+        return f"{self.kv_critical_threshold * 100:g}"
+
+    @property
     def error_rate_percent(self) -> str:
         return f"{self.error_rate_threshold * 100:g}"
 
@@ -287,11 +374,18 @@ class RuleSettings:
         return MIN_SCRAPES_PER_WINDOW
 
     def severity_for(self, alert: str, default: str) -> str:
-        return dict(self.severity).get(alert, default)
+        """The severity of `alert` (of its level `default`: a tiered alert's further levels are keyed
+        ALERT:DEFAULT in --severity)."""
+        key = alert
+        if alert in TIERED_ALERTS and default != TIERED_ALERTS[alert][0]:
+            key = f"{alert}:{default}"
+        return dict(self.severity).get(key, default)
 
     def alert_labels(self, alert: str, severity: str, own: dict[str, str] | None = None) -> str:
         """An alert's `labels:` block: its severity (--severity), its own fixed labels, then every
         --extra-label (values JSON-quoted, which is a double-quoted YAML string)."""
+        if alert in TIERED_ALERTS:
+            assert severity in TIERED_ALERTS[alert], (alert, severity)
         lines = ["        labels:", f"          severity: {self.severity_for(alert, severity)}"]
         lines += [f"          {key}: {value}" for key, value in (own or {}).items()]
         lines += [f"          {key}: {json.dumps(value)}" for key, value in self.extra_labels]
@@ -313,6 +407,19 @@ class RuleSettings:
     def labels(self, *names: str) -> str:
         """The group labels followed by `names`, comma separated: the inside of a by (...)/on (...)."""
         return ", ".join((*self.group_labels, *names))
+
+    def engine_selector(self, engine: str) -> str:
+        """The label matchers of an engine's own series. SGLang: tp_rank 0 / pp_rank 0 only (every rank
+        repeats the scheduler's series; `=~"|0"` also matches pages without the labels)."""
+        if engine == "sglang":
+            return f'{self.sglang_selector}, tp_rank=~"|0", pp_rank=~"|0"'
+        return str(getattr(self, f"{engine}_selector"))
+
+    def hist(self, kind: str, suffix: str, window: str, fn: str = "rate") -> str:
+        """`fn(<histogram>_<suffix>{selector}[window])` of every engine's histogram of `kind`
+        (LATENCY_HISTOGRAMS), joined by `or` one per line: the first name present wins per target."""
+        return "\nor ".join(f"{fn}({name}_{suffix}{{{self.engine_selector(engine)}}}[{window}])"
+                            for engine, name in LATENCY_HISTOGRAMS[kind])
 
 
 def _check_handler_regex(value: object, flag: str) -> None:
@@ -340,14 +447,27 @@ def _check_severities(value: object, flag: str) -> None:
     if not isinstance(value, tuple):
         raise ConfigError(f"{flag}: {value!r} must be ALERT=LEVEL pairs")
     seen: set[str] = set()
+    levels = {f"{a}:{level}" for a, tiers in TIERED_ALERTS.items() for level in tiers[1:]}
     for alert, level in value:
-        if alert not in ALERT_NAMES:
-            raise ConfigError(f"{flag}: no alert named {alert!r} (one of {', '.join(ALERT_NAMES)})")
+        if alert not in ALERT_NAMES and alert not in levels:
+            raise ConfigError(f"{flag}: no alert named {alert!r} (one of {', '.join(ALERT_NAMES)}; "
+                              f"the second level of a two-level alert: {', '.join(sorted(levels))})")
         if not SEVERITY_RE.match(level):
             raise ConfigError(f"{flag}: {level!r} for {alert} must be a lowercase word like critical or page")
         if alert in seen:
             raise ConfigError(f"{flag}: {alert} given twice")
         seen.add(alert)
+
+
+def _check_tiers(s: RuleSettings) -> None:
+    """The levels of one tiered alert keep distinct severities (two rules of one name with the same labels
+    would write the same ALERTS series)."""
+    for alert, tiers in TIERED_ALERTS.items():
+        resolved = [s.severity_for(alert, level) for level in tiers]
+        if len(set(resolved)) != len(resolved):
+            raise ConfigError(f"--severity: the levels of {alert} ({', '.join(tiers)}) would all be "
+                              f"{resolved[0]}; give each its own (e.g. {alert}={tiers[0]} and "
+                              f"{alert}:{tiers[1]}=page)")
 
 
 def _check_extra_labels(value: object, flag: str, group_labels: tuple[str, ...]) -> None:
@@ -418,6 +538,7 @@ def _environment() -> jinja2.Environment:
         autoescape=False,
     )
     env.filters["in_service"] = in_service
+    env.filters["num"] = lambda value: f"{value:g}"   # 30.0 -> 30, 0.95 -> 0.95
     return env
 
 

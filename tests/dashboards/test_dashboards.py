@@ -178,12 +178,71 @@ def test_verdict_panels_map_every_verdict_code(dashboards: dict[str, dict[str, A
         assert len(set(colours)) == len(colours), "each verdict needs its own colour"
 
 
-def test_kv_panel_has_a_threshold_line_at_085(dashboards: dict[str, dict[str, Any]]) -> None:
+def test_kv_panel_has_threshold_lines_at_both_levels(dashboards: dict[str, dict[str, Any]]) -> None:
     panel = next(p for p in iter_panels(dashboards["llm-health-fleet.json"]) if p["title"] == "KV cache usage")
     defaults = panel["fieldConfig"]["defaults"]
     assert defaults["custom"]["thresholdsStyle"]["mode"] == "line"
-    assert [s["value"] for s in defaults["thresholds"]["steps"]] == [None, 0.85]
+    assert [s["value"] for s in defaults["thresholds"]["steps"]] == [None, 0.9, 0.95]
     assert defaults["unit"] == "percentunit"
+
+
+# The saturation and latency panels: (title prefix, the recording rules they read, the alert they link to).
+SATURATION_PANELS = [
+    ("Queue depth", ["backend_model:llm_requests_waiting:sum"], "LLMQueueDepthHigh"),
+    ("Mean queue time", ["backend_model:llm_queue_time_seconds:mean_queue_time_window"], "LLMQueueTimeHigh"),
+    ("Requests waiting with none running", ["backend:llm_requests_waiting:sum", "backend:llm_requests_in_flight:sum"],
+     "LLMBackendAdmissionStalled"),
+    ("Prefix-cache hit rate", ["backend:llm_prefix_cache_hits:ratio_latency_window"], None),
+    ("Time to first token", ["backend_model:llm_time_to_first_token_seconds:p95",
+                             "backend:llm_time_to_first_token_seconds:p99"], "LLMTimeToFirstTokenHigh"),
+    ("TTFT p95 over", ["backend:llm_time_to_first_token_seconds:p95_ttft_slo_window"], "LLMTimeToFirstTokenSLOBreach"),
+    ("End-to-end request latency", ["backend_model:llm_e2e_request_latency_seconds:p95"], None),
+    ("Inter-token latency against its baseline", ["backend:llm_inter_token_latency_seconds:mean_degraded_window",
+                                                  "backend:llm_inter_token_latency_seconds:baseline",
+                                                  "backend_model:llm_inter_token_latency_seconds:p95"],
+     "LLMBackendDegraded"),
+]
+
+
+def panel_titled(dashboard: dict[str, Any], prefix: str) -> dict[str, Any]:
+    (panel,) = [p for p in iter_panels(dashboard) if p["title"].startswith(prefix)]
+    return panel
+
+
+@pytest.mark.parametrize(("prefix", "records", "alert"), SATURATION_PANELS, ids=[p[0] for p in SATURATION_PANELS])
+def test_saturation_and_latency_panels_read_their_records(dashboards: dict[str, dict[str, Any]], prefix: str,
+                                                          records: list[str], alert: str | None) -> None:
+    panel = panel_titled(dashboards["llm-health-fleet.json"], prefix)
+    text = "\n".join(t["expr"] for t in panel["targets"])
+    for record in records:
+        assert re.search(re.escape(record) + r'\{[^}]*backend=~"\$backend"', text), (prefix, record, text)
+        if record.startswith("backend_model:"):
+            assert re.search(re.escape(record) + r'\{[^}]*model_name=~"\$model"', text), (prefix, record)
+    if alert:
+        assert any(link["url"].endswith("#" + alert.lower()) for link in panel["links"]), prefix
+
+
+def test_the_affinity_payoff_sits_next_to_the_time_to_first_token() -> None:
+    fleet = rendered()["llm-health-fleet.json"]
+    hits, ttft = panel_titled(fleet, "Prefix-cache hit rate"), panel_titled(fleet, "Time to first token")
+    assert hits["gridPos"]["y"] == ttft["gridPos"]["y"] and hits["gridPos"]["x"] + hits["gridPos"]["w"] == ttft["gridPos"]["x"]
+
+
+def test_saturation_threshold_lines_follow_the_rule_settings() -> None:
+    fleet = rendered(queue_depth_threshold=80, queue_time_threshold=12.5, ttft_threshold=4.0,
+                     ttft_critical_threshold=9.0, ttft_slo_threshold=2.0, degraded_factor=2.5,
+                     kv_threshold=0.8, kv_critical_threshold=0.9)["llm-health-fleet.json"]
+
+    def steps(prefix: str) -> list[float | None]:
+        return [s["value"] for s in panel_titled(fleet, prefix)["fieldConfig"]["defaults"]["thresholds"]["steps"]]
+
+    assert steps("Queue depth") == [None, 80]
+    assert steps("Mean queue time") == [None, 12.5]
+    assert steps("Time to first token") == [None, 4.0, 9.0]
+    assert steps("TTFT p95 over") == [None, 2.0]
+    assert steps("KV cache usage") == [None, 0.8, 0.9]
+    baseline = panel_titled(fleet, "Inter-token latency against its baseline")
+    assert any(t["expr"].endswith("} * 2.5") for t in baseline["targets"])
 
 
 @pytest.mark.parametrize(
@@ -196,6 +255,12 @@ def test_kv_panel_has_a_threshold_line_at_085(dashboards: dict[str, dict[str, An
             "changes(process_start_time_seconds", "resets(vllm:generation_tokens_total",
             "llm_health_remediator_restarts_total", "llm_health_probes_total",
             "llm_health_readings_total", "llm_health_schedule_lag_seconds",
+            "backend_model:llm_requests_waiting:sum", "backend_model:llm_queue_time_seconds:mean_queue_time_window",
+            "backend_model:llm_time_to_first_token_seconds:p95", "backend:llm_time_to_first_token_seconds:p99",
+            "backend:llm_time_to_first_token_seconds:p95_ttft_slo_window",
+            "backend_model:llm_e2e_request_latency_seconds:p95", "backend_model:llm_inter_token_latency_seconds:p95",
+            "backend:llm_inter_token_latency_seconds:mean_degraded_window",
+            "backend:llm_inter_token_latency_seconds:baseline", "backend:llm_prefix_cache_hits:ratio_latency_window",
         ]),
         ("llm-health-remediator.json", [
             "llm_health_remediator_alerts_received_total", "llm_health_remediator_decisions_total",

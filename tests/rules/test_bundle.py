@@ -16,7 +16,16 @@ from llm_health import cli
 from llm_health.config import ConfigError
 from llm_health.render import rules as cli_rules
 from llm_health.render.rules import RuleSettings, render, write_rendered
-from tests.support.promtool import AMTOOL, PROMTOOL, REPO, RULE_FILES, RULES_DIR, alert_rules, all_exprs
+from tests.support.promtool import (
+    AMTOOL,
+    PROMTOOL,
+    REPO,
+    RULE_FILES,
+    RULES_DIR,
+    alert_rule_list,
+    alert_rules,
+    all_exprs,
+)
 
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (make debs)")
 needs_amtool = pytest.mark.skipif(AMTOOL is None, reason="amtool not installed (make debs)")
@@ -26,6 +35,8 @@ REQUIRED_ALERTS = {
     "LLMBackendStalled", "LLMBackendDown", "LLMBackendRestarted", "LLMBackendRestartLoop", "LLMKVCachePressure",
     "LLMPreemptions", "LLMMetricsBehindProxy", "LLMProxyDown", "LLMHealthExporterDown",
     "LLMHealthProbeSentToBusyBackend", "LLMBackendErrorRate",
+    "LLMQueueDepthHigh", "LLMQueueTimeHigh", "LLMTimeToFirstTokenHigh", "LLMTimeToFirstTokenSLOBreach",
+    "LLMBackendAdmissionStalled", "LLMBackendDegraded",
 }
 FLEET_ALERTS = {"LLMProxyDown", "LLMHealthExporterDown", "LLMTooFewBackendsUp"}
 
@@ -39,7 +50,8 @@ def test_alert_conventions() -> None:
     rules = alert_rules()
     assert REQUIRED_ALERTS <= set(rules)
     runbooks = (REPO / "docs" / "runbooks.md").read_text()
-    for name, rule in rules.items():
+    for rule in alert_rule_list():   # every level of a two-level alert too
+        name = rule["alert"]
         assert re.fullmatch(r"LLM[A-Z][A-Za-z]+", name)
         labels = rule.get("labels") or {}
         assert labels.get("severity") in {"critical", "warning", "info"}, name
@@ -60,7 +72,7 @@ def test_recording_rule_names_follow_level_metric_operations() -> None:
         for group in yaml.safe_load(path.read_text())["groups"]:
             for rule in group["rules"]:
                 if "record" in rule:
-                    assert re.fullmatch(r"backend(_instance(_engine)?)?:[a-z0-9_]+:[a-z0-9_]+", rule["record"]), rule["record"]
+                    assert re.fullmatch(r"backend(_instance(_engine)?|_model)?:[a-z0-9_]+:[a-z0-9_]+", rule["record"]), rule["record"]
 
 
 @needs_promtool
@@ -122,6 +134,18 @@ def test_render_with_custom_settings_via_cli(tmp_path: Path, capsys: pytest.Capt
         RuleSettings(error_rate_handlers='/v1/completions"}) or vector(1) or ({x="'),
         RuleSettings(error_rate_handlers="/v1/(completions"),
         RuleSettings(error_rate_handlers=""),
+        RuleSettings(kv_critical_threshold=0.8),          # below the warning level (0.9)
+        RuleSettings(kv_critical_threshold=1.5),
+        RuleSettings(ttft_critical_threshold=5.0),        # below the warning level (10 s)
+        RuleSettings(queue_depth_threshold=0),
+        RuleSettings(queue_time_threshold=-1.0),
+        RuleSettings(ttft_slo_threshold=0.0),
+        RuleSettings(degraded_factor=1.0),                # "slower than itself" needs a factor above 1
+        RuleSettings(degraded_baseline="45m"),            # shorter than twice the 30m window
+        RuleSettings(degraded_min_tokens=0),
+        RuleSettings(scrape_interval="1m", latency_window="3m"),
+        RuleSettings(severity=(("LLMKVCachePressure", "critical"),)),   # both levels critical
+        RuleSettings(severity=(("LLMQueueDepthHigh:critical", "page"),)),  # one level only
     ],
 )
 def test_bad_settings_are_refused_and_write_nothing(settings: RuleSettings, tmp_path: Path) -> None:
@@ -321,6 +345,14 @@ def test_alertmanager_example_passes_amtool() -> None:
         (["alertname=LLMBackendRestartLoop", "backend=a", "severity=warning"], "operators"),
         (["alertname=LLMHealthProbeSentToBusyBackend", "backend=a", "severity=warning"], "operators"),
         (["alertname=LLMBackendErrorRate", "backend=a", "severity=warning", "category=error-rate"], "operators"),
+        # saturation and latency: signals for people only, whatever their severity
+        (["alertname=LLMQueueDepthHigh", "backend=a", "severity=warning"], "operators"),
+        (["alertname=LLMQueueTimeHigh", "backend=a", "severity=warning"], "operators"),
+        (["alertname=LLMKVCachePressure", "backend=a", "severity=critical"], "operators"),
+        (["alertname=LLMTimeToFirstTokenHigh", "backend=a", "severity=critical"], "operators"),
+        (["alertname=LLMTimeToFirstTokenSLOBreach", "backend=a", "severity=warning"], "operators"),
+        (["alertname=LLMBackendAdmissionStalled", "backend=a", "severity=critical"], "operators"),
+        (["alertname=LLMBackendDegraded", "backend=a", "severity=warning"], "operators"),
         # info is a record, not a page
         (["alertname=LLMBackendRestarted", "backend=a", "severity=info"], "operators-info"),
         # the Watchdog: the remediator (its own dead man's switch) and the dead man's switch, never people
@@ -345,7 +377,24 @@ def test_alertmanager_example_shape() -> None:
     inhibits = {(tuple(r["source_matchers"]), tuple(r["target_matchers"])) for r in config["inhibit_rules"]}
     assert (('alertname="LLMBackendDown"',), ('alertname="LLMBackendStalled"',)) in inhibits
     # backend plus the group labels: one cluster's down backend never silences the same name in another
-    assert all(r["equal"] == ["backend", "cluster", "namespace"] for r in config["inhibit_rules"])
+    # (the two-level alerts' critical-inhibits-warning rule also keeps the alert name)
+    assert all(r["equal"][-3:] == ["backend", "cluster", "namespace"] and r["equal"][:-3] in ([], ["alertname"])
+               for r in config["inhibit_rules"])
+    levels = [r for r in config["inhibit_rules"] if 'severity="critical"' in r["source_matchers"]]
+    assert len(levels) == 1 and levels[0]["equal"][0] == "alertname"
+    assert 'severity="warning"' in levels[0]["target_matchers"]
+    tiered = re.compile(r'alertname=~"([^"]+)"')
+    for side in ("source_matchers", "target_matchers"):
+        (names,) = [tiered.fullmatch(m).group(1) for m in levels[0][side] if tiered.fullmatch(m)]
+        assert set(names.split("|")) == set(cli_rules.TIERED_ALERTS), side
+    # a restarting or down backend's queue and first-token symptoms are inhibited; the stall inhibits admission
+    for source in ('alertname="LLMBackendRestarted"', 'alertname="LLMBackendDown"'):
+        (rule,) = [r for r in config["inhibit_rules"] if r["source_matchers"] == [source]
+                   and "LLMBackendNoMetrics" in r["target_matchers"][0]]
+        (targets,) = rule["target_matchers"]
+        for name in ("LLMQueueDepthHigh", "LLMQueueTimeHigh", "LLMTimeToFirstTokenHigh", "LLMBackendAdmissionStalled"):
+            assert re.search(rf"[~|\"]{name}[|\"]", targets), (source, name)
+    assert (('alertname="LLMBackendStalled"',), ('alertname="LLMBackendAdmissionStalled"',)) in inhibits
     # A restarting backend inhibits its error-rate alerts (tests/e2e/test_alertmanager_inhibit.py runs it).
     assert (('alertname=~"LLMBackendRestarted|LLMBackendDown"',), ('category="error-rate"',)) in inhibits
     assert "category: error-rate" in AM_CONFIG.read_text()  # the header tells operators how to opt in
@@ -375,7 +424,8 @@ def test_dashboards_use_only_defined_recording_rules() -> None:
         for rule in group["rules"]
         if "record" in rule
     }
-    used = {name for _, expr in dashboard_exprs() for name in re.findall(r"\bbackend(?:_instance(?:_engine)?)?:[a-z0-9_]+:[a-z0-9_]+", expr)}
+    used = {name for _, expr in dashboard_exprs()
+            for name in re.findall(r"\bbackend(?:_instance(?:_engine)?|_model)?:[a-z0-9_]+:[a-z0-9_]+", expr)}
     assert used - defined == set()
 
 

@@ -25,6 +25,7 @@ from tests.support.promtool import (
     VALUE,
     N,
     Scenario,
+    alert_levels,
     alert_rules,
     error_rate_quiet,
     exporter_series,
@@ -36,7 +37,8 @@ from tests.support.promtool import (
 
 pytestmark = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (make debs)")
 
-THRESHOLD_ALERTS = {"LLMKVCachePressure", "LLMPreemptions", "LLMBackendErrorRate"}
+THRESHOLD_ALERTS = {"LLMKVCachePressure", "LLMPreemptions", "LLMBackendErrorRate", "LLMQueueDepthHigh", "LLMQueueTimeHigh",
+                    "LLMTimeToFirstTokenHigh", "LLMTimeToFirstTokenSLOBreach", "LLMBackendDegraded"}
 
 
 def rules_with(tmp_path: Path, **changes: Any) -> list[Path]:
@@ -204,15 +206,23 @@ def test_severity_override_and_extra_labels_reach_the_alerts(tmp_path: Path) -> 
 
 def test_cli_severity_and_extra_label_flags(tmp_path: Path) -> None:
     done = subprocess.run(
-        llm_health("rules", "render", "--out", tmp_path, "--severity", "LLMKVCachePressure=critical",
+        llm_health("rules", "render", "--out", tmp_path, "--severity", "LLMKVCachePressure=page",
+                   "--severity", "LLMTimeToFirstTokenHigh:critical=page",
                    "--extra-label", "team=ml", "--extra-label", "env=prod", "--keep-firing-for", "10m", "--check"),
         capture_output=True, text=True, timeout=60, check=False,
     )
     assert done.returncode == 0, done.stderr
     rules = alert_rules(sorted(tmp_path.glob("*.yml")))
-    assert rules["LLMKVCachePressure"]["labels"] == {"severity": "critical", "team": "ml", "env": "prod"}
+    assert rules["LLMKVCachePressure"]["labels"] == {"severity": "page", "team": "ml", "env": "prod"}
     assert rules["LLMKVCachePressure"]["keep_firing_for"] == "10m"
+    levels = alert_levels(sorted(tmp_path.glob("*.yml")))
+    # a two-level alert: ALERT=LEVEL is its first level, ALERT:critical=LEVEL its second
+    assert [r["labels"]["severity"] for r in levels["LLMKVCachePressure"]] == ["page", "critical"]
+    assert [r["labels"]["severity"] for r in levels["LLMTimeToFirstTokenHigh"]] == ["warning", "page"]
     for flags, word in ((["--severity", "LLMNope=critical"], "no alert named"),
+                        (["--severity", "LLMKVCachePressure=critical"], "would all be critical"),
+                        (["--severity", "LLMKVCachePressure:warning=page"], "no alert named"),
+                        (["--severity", "LLMBackendStalled:critical=page"], "no alert named"),
                         (["--severity", "LLMKVCachePressure=Very Bad"], "lowercase"),
                         (["--extra-label", "severity=x"], "set by the rules"),
                         (["--extra-label", "remediation=restart"], "set by the rules"),

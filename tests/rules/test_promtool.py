@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from llm_health.render.rules import TIERED_ALERTS
 from tests.support.promtool import (
     EXPORTER,
     PROMTOOL,
@@ -22,9 +23,11 @@ from tests.support.promtool import (
     VALUE,
     N,
     Scenario,
+    alert_rule_list,
     alert_rules,
     error_rate_quiet,
     exporter_series,
+    histogram_series,
     http_series,
     llamacpp_backend,
     promtool_document,
@@ -325,8 +328,8 @@ def probes_sent() -> Scenario:
 
 def capacity() -> Scenario:
     s = Scenario("KV pressure (no double counting of the two KV names), preemptions, no metrics, unknown")
-    s.add(vllm_backend("kvboth", running=f"4x{N}", waiting=f"0x{N}", progress=f"0+100x{N}", up=f"1x{N}", kv=f"0.9x{N}"))
-    s.add(series("vllm:gpu_cache_usage_perc", vllm_labels("kvboth"), f"0.9x{N}"))
+    s.add(vllm_backend("kvboth", running=f"4x{N}", waiting=f"0x{N}", progress=f"0+100x{N}", up=f"1x{N}", kv=f"0.92x{N}"))
+    s.add(series("vllm:gpu_cache_usage_perc", vllm_labels("kvboth"), f"0.92x{N}"))
     s.add(vllm_backend("kvv0", v1=False, running=f"4x{N}", waiting=f"0x{N}", progress=f"0+100x{N}", up=f"1x{N}", kv=f"0.5x{N}"))
     s.add(vllm_backend("preempt", running=f"4x{N}", waiting=f"5x{N}", progress=f"0+100x{N}", up=f"1x{N}"))
     s.add(series("vllm:num_preemptions_total", vllm_labels("preempt"), f"0+1x{N}"))
@@ -335,11 +338,12 @@ def capacity() -> Scenario:
     s.add(exporter_series("llm_health_verdict_code", {"backend": "unk"}, f"0x{N}"))
     s.add(exporter_series("llm_health_proxy_up", {"proxy": "lb"}, f"1x8 0x{N}"))
     s.value("1m", 'backend:vllm_kv_cache_usage:max{backend=~"kv.*"}', [
-        ('backend:vllm_kv_cache_usage:max{backend="kvboth"}', 0.9),
+        ('backend:vllm_kv_cache_usage:max{backend="kvboth"}', 0.92),
         ('backend:vllm_kv_cache_usage:max{backend="kvv0"}', 0.5),
     ])
     s.silent("9m", "LLMKVCachePressure")
-    s.expect("11m", "LLMKVCachePressure", {"backend": "kvboth", VALUE: 0.9})
+    # 92% on both names: one series, warning (over 90%) only; added up it would read 184%, critical
+    s.expect("11m", "LLMKVCachePressure", {"backend": "kvboth", "severity": "warning", VALUE: 0.92})
     s.silent("9m", "LLMPreemptions")
     s.expect("12m", "LLMPreemptions", {"backend": "preempt", VALUE: 1 / 15})
     s.silent("4m", "LLMBackendNoMetrics")
@@ -460,7 +464,7 @@ def other_engines() -> Scenario:
     s.expect("11m", "LLMBackendRestarted", {"backend": "sgrestart"}, {"backend": "lcrestart"})
     s.silent("16m", "LLMBackendRestarted")
     s.silent("9m", "LLMKVCachePressure")
-    s.expect("11m", "LLMKVCachePressure", {"backend": "sgkv", VALUE: 0.95})
+    s.expect("11m", "LLMKVCachePressure", {"backend": "sgkv", "severity": "warning", VALUE: 0.95})
     s.silent("29m", "LLMHealthProbeSentToBusyBackend")
     s.expect("32m", "LLMHealthProbeSentToBusyBackend", {"backend": "lcbusy"}, {"backend": "sgbusy"})
     for at in ("6m", "20m"):
@@ -560,8 +564,208 @@ def retired() -> Scenario:
     return s
 
 
+# --- saturation and latency: signals, never restarts --------------------------------------------------
+
+def latency(backend: str, metric: str, segments: list[tuple[int, float, float]], **kw: object) -> list[dict[str, str]]:
+    """A vLLM histogram of `backend` (series labels as vllm_backend's)."""
+    return histogram_series(metric, vllm_labels(backend), segments, **kw)  # type: ignore[arg-type]
+
+
+def busy(backend: str, *, waiting: str = f"0x{N}", running: str = f"4x{N}", n: int = N, **kw: object) -> list[dict[str, str]]:
+    """A vLLM target serving steadily (its counters move: never stalled)."""
+    return vllm_backend(backend, running=running, waiting=waiting, progress=f"0+100x{n}", up=f"1x{n}",
+                        **kw)  # type: ignore[arg-type]
+
+
+def saturation() -> Scenario:
+    """Queue depth, mean queue time (also when the queue stands still), TTFT p99 at both levels, the TTFT
+    SLO over 1h, admission stalled per engine, KV at both levels; the traps stay silent: short spikes
+    under `for`, idle backends, a sleeping and a retired backend, a brief burst inside the SLO's hour."""
+    s = Scenario("saturation and latency signals: queue, queue time, TTFT, SLO, admission, KV levels")
+    s.add(busy("deepq", waiting=f"60x{N}", running=f"8x{N}"))
+    s.add(busy("qspike", waiting=f"60x16 5x{N}", running=f"8x{N}"))          # 4 minutes above 50
+    q = "vllm:request_queue_time_seconds"
+    s.add(busy("slowq", waiting=f"5x{N}"))
+    s.add(latency("slowq", q, [(N, 1, 40.0)], buckets=None))                   # every request queued 40 s
+    s.add(busy("fastq", waiting=f"5x{N}"))
+    s.add(latency("fastq", q, [(N, 1, 2.0)], buckets=None))
+    # requests finish with 1 s of queue time for 20 minutes, then none finishes while 5 keep waiting: the
+    # mean is 0/0 (empty) exactly when the queue stands still; the alert must not go quiet then
+    s.add(busy("frozenq", waiting=f"5x{N}", running=f"1x{N}"))
+    s.add(latency("frozenq", q, [(80, 1, 1.0), (N - 80, 0, 0.0)], buckets=None))
+    s.add(busy("idleq", waiting=f"0x{N}", running=f"0x{N}"))                   # the same counters, no queue
+    s.add(latency("idleq", q, [(80, 1, 1.0), (N - 80, 0, 0.0)], buckets=None))
+    t = "vllm:time_to_first_token_seconds"
+    s.add(busy("slowttft"))
+    s.add(latency("slowttft", t, [(N, 1, 12.0)]))                              # p99 19.9 s: warning only
+    s.add(busy("veryslowttft"))
+    s.add(latency("veryslowttft", t, [(N, 1, 35.0)]))                          # p99 39.8 s: both levels
+    s.add(busy("ttftspike"))
+    s.add(latency("ttftspike", t, [(20, 1, 0.3), (4, 1, 12.0), (N - 24, 1, 0.3)]))  # one minute of 12 s
+    s.add(busy("sloburn"))
+    s.add(latency("sloburn", t, [(N, 1, 4.0)]))                                # p95 4.875 s > 3 s
+    s.add(busy("sloblip"))
+    s.add(latency("sloblip", t, [(40, 1, 0.3), (8, 1, 4.0), (N - 48, 1, 0.3)]))  # 2 minutes of 4 s in the hour
+    s.add(busy("ttftidle"))
+    s.add(latency("ttftidle", t, [(N, 0, 0.0)]))                               # no request at all
+    # admission: waiting, none running (a scheduler that steps but admits nothing: a counter moves)
+    s.add(busy("admit", waiting=f"3x{N}", running=f"0x{N}"))
+    s.add(busy("admitblip", waiting=f"3x{N}", running=f"0x16 1x{N}"))          # 4 minutes, then one runs
+    s.add(sglang_backend("sgadmit", running=f"0x{N}", queue=f"3x{N}", up=f"1x{N}", passes=f"0+40x{N}", tp_size=2))
+    s.add(llamacpp_backend("lcadmit", processing=f"0x{N}", deferred=f"2x{N}", up=f"1x{N}", decodes=f"0+300x{N}",
+                           predicted=f"0x{N}"))
+    s.add(busy("admitretired", waiting=f"3x{N}", running=f"0x{N}"))
+    s.add(series("llm_health_remediator_admin_state", {**REMEDIATOR, "backend": "admitretired", "state": "retired"},
+                 f"1x{N}"))
+    asleep = vllm_labels("admitasleep")
+    s.add(busy("admitasleep", waiting=f"2x{N}", running=f"0x{N}"))
+    s.add(series("vllm:engine_sleep_state", {**asleep, "sleep_state": "awake"}, f"0x{N}"))
+    # KV: 92% (warning after 10m), 97% (critical after 5m, warning too after 10m), 97% for 3 minutes
+    s.add(busy("kvwarn", kv=f"0.92x{N}"))
+    s.add(busy("kvfull", kv=f"0.97x{N}"))
+    s.add(busy("kvspike", kv=f"0.97x12 0.5x{N}"))
+    s.add(series("up", EXPORTER, f"1x{N}"))
+
+    s.silent("4m30s", "LLMQueueDepthHigh")
+    s.expect("6m", "LLMQueueDepthHigh", {"backend": "deepq", VALUE: 60})
+    s.expect("20m", "LLMQueueDepthHigh", {"backend": "deepq", VALUE: 60})
+    s.silent("5m", "LLMQueueTimeHigh")
+    s.expect("6m", "LLMQueueTimeHigh", {"backend": "slowq", VALUE: 40})
+    s.expect("34m", "LLMQueueTimeHigh", {"backend": "slowq", VALUE: 40})        # frozenq: 1 s until 35m
+    s.expect("41m", "LLMQueueTimeHigh", {"backend": "frozenq", VALUE: 900}, {"backend": "slowq", VALUE: 40})
+    s.expect("70m", "LLMQueueTimeHigh", {"backend": "frozenq", VALUE: 900}, {"backend": "slowq", VALUE: 40})
+    s.value("30m", 'backend:llm_queue_time_seconds:mean_queue_time_window{backend=~"fastq|frozenq|idleq"}',
+            [('backend:llm_queue_time_seconds:mean_queue_time_window{backend="fastq"}', 2),
+             ('backend:llm_queue_time_seconds:mean_queue_time_window{backend="frozenq"}', 1),
+             ('backend:llm_queue_time_seconds:mean_queue_time_window{backend="idleq"}', 1)])
+    s.value("40m", 'backend:llm_queue_time_seconds:mean_queue_time_window{backend=~"frozenq|idleq"}', [])
+    s.silent("5m", "LLMTimeToFirstTokenHigh")
+    s.expect("6m", "LLMTimeToFirstTokenHigh", {"backend": "veryslowttft", "severity": "critical", VALUE: 39.8})
+    s.expect("11m", "LLMTimeToFirstTokenHigh",
+             {"backend": "slowttft", "severity": "warning", VALUE: 19.9},
+             {"backend": "veryslowttft", "severity": "warning", VALUE: 39.8},
+             {"backend": "veryslowttft", "severity": "critical", VALUE: 39.8})
+    # the spike is above the warning threshold for ~6 minutes (its minute plus the 5m window): under `for`
+    s.value("10m", 'backend:llm_time_to_first_token_seconds:p99{backend="ttftspike"} > bool 10',
+            [('{backend="ttftspike"}', 1)])
+    s.expect("12m", "LLMTimeToFirstTokenHigh",
+             {"backend": "slowttft", "severity": "warning", VALUE: 19.9},
+             {"backend": "veryslowttft", "severity": "warning", VALUE: 39.8},
+             {"backend": "veryslowttft", "severity": "critical", VALUE: 39.8})
+    s.value("20m", 'backend:llm_time_to_first_token_seconds:p95{backend=~"slowttft|ttftidle"}',
+            [('backend:llm_time_to_first_token_seconds:p95{backend="slowttft"}', 19.5)])
+    s.value("20m", 'backend_model:llm_time_to_first_token_seconds:p95{backend="slowttft"}',
+            [('backend_model:llm_time_to_first_token_seconds:p95{backend="slowttft", model_name="m"}', 19.5)])
+    s.silent("15m", "LLMTimeToFirstTokenSLOBreach")
+    s.expect("16m", "LLMTimeToFirstTokenSLOBreach",
+             {"backend": "sloburn", VALUE: 4.875}, {"backend": "slowttft", VALUE: 19.5},
+             {"backend": "veryslowttft", VALUE: 39})
+    s.expect("60m", "LLMTimeToFirstTokenSLOBreach",
+             {"backend": "sloburn", VALUE: 4.875}, {"backend": "slowttft", VALUE: 19.5},
+             {"backend": "veryslowttft", VALUE: 39})
+    s.silent("4m30s", "LLMBackendAdmissionStalled")
+    s.expect("6m", "LLMBackendAdmissionStalled",
+             {"backend": "admit", VALUE: 3}, {"backend": "sgadmit", VALUE: 3}, {"backend": "lcadmit", VALUE: 2})
+    s.expect("30m", "LLMBackendAdmissionStalled",
+             {"backend": "admit", VALUE: 3}, {"backend": "sgadmit", VALUE: 3}, {"backend": "lcadmit", VALUE: 2})
+    s.silent("4m30s", "LLMKVCachePressure")
+    s.expect("6m", "LLMKVCachePressure", {"backend": "kvfull", "severity": "critical", VALUE: 0.97})
+    s.expect("11m", "LLMKVCachePressure",
+             {"backend": "kvwarn", "severity": "warning", VALUE: 0.92},
+             {"backend": "kvfull", "severity": "warning", VALUE: 0.97},
+             {"backend": "kvfull", "severity": "critical", VALUE: 0.97})
+    for at in ("6m", "30m"):
+        s.silent(at, "LLMBackendStalled")
+    s.value("20m", 'backend:llm_requests_waiting:sum{backend=~"deepq|sgadmit|lcadmit"}',
+            [('backend:llm_requests_waiting:sum{backend="deepq"}', 60),
+             ('backend:llm_requests_waiting:sum{backend="lcadmit"}', 2),
+             ('backend:llm_requests_waiting:sum{backend="sgadmit"}', 3)])   # tp_rank 0 only: not 6
+    s.value("20m", 'backend_model:llm_requests_waiting:sum{backend="deepq"}',
+            [('backend_model:llm_requests_waiting:sum{backend="deepq", model_name="m"}', 60)])
+    return s
+
+
+def sglang_and_llamacpp_latency() -> Scenario:
+    """SGLang's latency histograms (tokenizer side, its queue time per TP rank: read rank 0 only) and
+    llama.cpp's mean time per predicted token from its two counters."""
+    s = Scenario("SGLang latency histograms and llama.cpp's predict time: the records per backend and model")
+    s.add(sglang_backend("sglat", running=f"4x{N}", queue=f"1x{N}", up=f"1x{N}", passes=f"0+40x{N}", tp_size=2))
+    tok = {"job": "sglang", "backend": "sglat", "instance": "sglat.example:30000", "model_name": "m"}
+    s.add(histogram_series("sglang:time_to_first_token_seconds", {**tok, "engine_type": "unified"}, [(N, 1, 12.0)]))
+    s.add(histogram_series("sglang:inter_token_latency_seconds", tok, [(N, 50, 0.04)]))
+    s.add(histogram_series("sglang:e2e_request_latency_seconds", tok, [(N, 1, 30.0)]))
+    for rank in ("0", "1"):        # every TP rank observes it: the mean must not change, the rate not double
+        sl = {**tok, "engine_type": "unified", "tp_rank": rank, "pp_rank": "0", "moe_ep_rank": "0"}
+        s.add(histogram_series("sglang:queue_time_seconds", sl, [(N, 1, 45.0 if rank == "0" else 1.0)],
+                               buckets=None))
+    lc = {"job": "llamacpp", "backend": "lclat", "instance": "lclat.example:8080"}
+    s.add(llamacpp_backend("lclat", processing=f"1x{N}", deferred=f"0x{N}", up=f"1x{N}", decodes=f"0+300x{N}",
+                           predicted=f"0+20x{N}"))
+    s.add(series("llamacpp:tokens_predicted_seconds_total", lc, f"0+1x{N}"))      # 50 ms per token
+    s.add(series("up", EXPORTER, f"1x{N}"))
+    for name, backend, value in (
+        ("backend:llm_time_to_first_token_seconds:p99", "sglat", 19.9),
+        ("backend:llm_e2e_request_latency_seconds:p95", "sglat", 39),
+        ("backend:llm_inter_token_latency_seconds:p95", "sglat", 0.0488),
+        ("backend:llm_inter_token_latency_seconds:mean", "sglat", 0.04),
+        ("backend:llm_queue_time_seconds:mean_queue_time_window", "sglat", 45),
+        ("backend:llm_inter_token_latency_seconds:mean", "lclat", 0.05),
+        ("backend:llm_inter_token_latency_seconds:mean_degraded_window", "lclat", 0.05),
+    ):
+        query = f'{name}{{backend="{backend}"}}'
+        s.value("20m", f"round({query}, 0.0001)", [(f'{{backend="{backend}"}}', value)])
+    s.value("20m", 'round(backend_model:llm_inter_token_latency_seconds:mean{backend=~"sglat|lclat"}, 0.0001)',
+            [('{backend="lclat"}', 0.05), ('{backend="sglat", model_name="m"}', 0.04)])
+    s.expect("11m", "LLMTimeToFirstTokenHigh", {"backend": "sglat", "severity": "warning", VALUE: 19.9})
+    s.expect("6m", "LLMQueueTimeHigh", {"backend": "sglat", VALUE: 45})
+    s.silent("30m", "LLMBackendAdmissionStalled")
+    s.silent("30m", "LLMBackendDegraded")
+    return s
+
+
+DEGRADED_N = 900   # 3h45m at 15 s
+
+
+def degraded() -> Scenario:
+    """LLMBackendDegraded: slower than the backend's own history (docs/runbooks.md). Inter-token latency
+    31 ms at 100 tokens per scrape interval; "latched" at 62 ms (half speed, 50 tokens) from 2h on, until
+    the end (the report: until the pod restarted). Must not fire: steady, idle, a fresh backend without a
+    baseline, a trickle of traffic, a slowdown shorter than `for`."""
+    n = DEGRADED_N
+    s = Scenario("decode latched at half speed: degraded against its own baseline; the traps stay silent", )
+    itl = "vllm:inter_token_latency_seconds"
+    normal, slow = (1, 100, 0.031), (1, 50, 0.062)
+
+    def backend(name: str, segments: list[tuple[int, float, float]], start: int = 0) -> None:
+        up = f"_x{start} 1x{n - start}" if start else f"1x{n}"
+        s.add(vllm_backend(name, running=up.replace("1x", "4x"), waiting=up.replace("1x", "0x"),
+                           progress=f"_x{start} 0+100x{n - start}" if start else f"0+100x{n}", up=up,
+                           kv=up.replace("1x", "0.3x"), start_time=up.replace("1x", "1000x")))
+        s.add(histogram_series(itl, vllm_labels(name), segments, start=start, buckets=None))
+
+    backend("latched", [(480, *normal[1:]), (n - 480, *slow[1:])])
+    backend("steady", [(n, *normal[1:])])
+    backend("idlebase", [(480, *normal[1:]), (n - 480, 0, 0.0)])                  # no traffic from 2h
+    backend("fresh", [(20, *normal[1:]), (n - 500, *slow[1:])], start=480)        # born at 2h: no baseline
+    backend("trickle", [(480, *normal[1:]), (n - 480, 0.5, 0.062)])               # 60 tokens per 30m
+    backend("blip", [(480, *normal[1:]), (140, *slow[1:]), (n - 620, *normal[1:])])  # 35 minutes slow
+    s.add(series("up", EXPORTER, f"1x{n}"))
+    s.silent("2h", "LLMBackendDegraded")
+    s.silent("2h40m", "LLMBackendDegraded")          # above 1.8x since 2h26m40s: not yet 15m
+    s.expect("2h45m", "LLMBackendDegraded", {"backend": "latched", VALUE: 2})
+    s.expect("3h30m", "LLMBackendDegraded", {"backend": "latched", VALUE: 2})   # the median keeps the baseline
+    s.value("3h30m", 'round(backend:llm_inter_token_latency_seconds:baseline{backend=~"latched|steady"}, 0.0001)',
+            [('{backend="latched"}', 0.031), ('{backend="steady"}', 0.031)])
+    s.value("2h50m", 'backend:llm_inter_token_latency_seconds:baseline{backend="fresh"}', [])   # 20m of history
+    s.value("3h", 'backend:llm_inter_token_latency_seconds:mean_degraded_window{backend="idlebase"}', [])
+    for at in ("1h", "2h"):
+        s.silent(at, "LLMBackendStalled")
+    return s
+
+
 SCENARIOS = [sleep_and_long_steps, other_engines, sglang_without_rank_labels, busy_and_probes, stalls, traps, restarts_and_proxies, down_and_gone, all_gone, all_down, capacity, exporter_down,
-             busy_timeouts, all_busy_unreachable, probes_sent, error_rates, error_rate_quiet, retired]
+             busy_timeouts, all_busy_unreachable, probes_sent, error_rates, error_rate_quiet, retired,
+             saturation, sglang_and_llamacpp_latency, degraded]
 
 
 def build_document(rule_files: list[Path] | None = None, written_as: list[str] | None = None) -> dict:
@@ -594,6 +798,22 @@ def test_every_alert_has_a_firing_case_and_a_trap() -> None:
     names = set(alert_rules())
     assert names - fires == set(), f"alerts never shown firing: {sorted(names - fires)}"
     assert names - silent == set(), f"alerts never shown silent: {sorted(names - silent)}"
+    # every level of a two-level alert fires somewhere
+    levels = {(r["alert"], r["labels"]["severity"]) for r in alert_rule_list()}
+    shown = {(case["alertname"], labels.get("severity", "warning")) for make in SCENARIOS
+             for case in make().alerts for labels in case["exp_alerts"]}
+    assert {lv for lv in levels if lv[0] in TIERED_ALERTS} - shown == set()
+    assert TIERED_ALERTS and all(len(levels & {(a, t) for t in tiers}) == len(tiers) for a, tiers in TIERED_ALERTS.items())
+
+
+def test_saturation_signals_never_carry_a_restart_label() -> None:
+    """The saturation and latency alerts are signals: no remediation label on any of their levels, so no
+    route of deploy/alertmanager sends them to the remediator (tests/rules/test_bundle.py, amtool)."""
+    signals = {"LLMQueueDepthHigh", "LLMQueueTimeHigh", "LLMTimeToFirstTokenHigh", "LLMTimeToFirstTokenSLOBreach",
+               "LLMBackendAdmissionStalled", "LLMBackendDegraded", "LLMKVCachePressure"}
+    rules = [r for r in alert_rule_list() if r["alert"] in signals]
+    assert {r["alert"] for r in rules} == signals
+    assert all("remediation" not in r["labels"] for r in rules)
 
 
 def test_promtool_reports_a_wrong_expectation(tmp_path: Path) -> None:

@@ -56,6 +56,33 @@ def value(s: Scenario, at: str, name: str, backend: str, expected: float) -> Non
     s.value(at, query, [(query, expected)])
 
 
+def total(text: str, name: str, rank: str | None = "0") -> float:
+    """The sum of `name` on the page (of TP rank `rank` where the series carry one)."""
+    return sum(v for (n, labels), v in page_samples(text).items()
+               if n == name and (rank is None or ("tp_rank", rank) in labels or not any(k == "tp_rank" for k, _ in labels)))
+
+
+def delta_mean(before: str, after: str, histogram: str) -> float:
+    """The mean of the observations between two pages: d(_sum) / d(_count)."""
+    return ((total(after, histogram + "_sum") - total(before, histogram + "_sum"))
+            / (total(after, histogram + "_count") - total(before, histogram + "_count")))
+
+
+def delta_ratio(before: str, after: str, part: str, whole: str) -> float:
+    return (total(after, part) - total(before, part)) / (total(after, whole) - total(before, whole))
+
+
+def waiting(text: str) -> float:
+    return sum(total(text, n) for n in ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred"))
+
+
+def rounded(s: Scenario, at: str, name: str, backend: str, expected: float) -> None:
+    """`name` of `backend` at `at` is `expected` within a relative 1e-9 (rate() and the page's own numbers
+    round differently)."""
+    query = f'abs({name}{{backend="{backend}"}} - {expected!r}) <= bool {abs(expected) * 1e-9 + 1e-15!r}'
+    s.value(at, query, [(f'{{backend="{backend}"}}', 1)])
+
+
 def real_page_scenario() -> Scenario:
     busy_work = in_flight(BUSY.read_text())
     stalled_work = in_flight(STALLED.read_text())
@@ -82,6 +109,19 @@ def real_page_scenario() -> Scenario:
         value(s, "16m", "backend:llm_health_state:code", backend, 3)               # counters went back
         value(s, "16m", "backend:llm_restarts:count_recent", backend, 1)
         value(s, "22m", "backend:llm_health_state:code", backend, 1)               # idle again
+        # saturation and latency on the real page (idle -> busy at 5m): its waiting requests of tp_rank 0 only,
+        # the mean queue time (a scheduler series, repeated per TP rank), TTFT / e2e quantiles, prefix-cache hits
+        # (at 5m15s the windows hold the idle, busy and first stalled pages; at 15m the 15m window starts at
+        # the first scrape, so rate() extrapolates neither _sum nor _count)
+        idle, stalled = IDLE.read_text(), STALLED.read_text()
+        rounded(s, "5m15s", "backend:llm_requests_waiting:sum", backend, waiting(stalled))
+        rounded(s, "15m", "backend:llm_queue_time_seconds:mean_queue_time_window", backend,
+                delta_mean(idle, stalled, "sglang:queue_time_seconds"))
+        rounded(s, "5m15s", "backend:llm_prefix_cache_hits:ratio_latency_window", backend,
+                delta_ratio(idle, stalled, "sglang:cached_tokens_total", "sglang:prompt_tokens_total"))
+        for name in ("backend:llm_time_to_first_token_seconds:p95", "backend:llm_e2e_request_latency_seconds:p95",
+                     "backend_model:llm_time_to_first_token_seconds:p95"):
+            s.value("5m15s", f'count({name}{{backend="{backend}"}} > 0)', [("{}", 1)])
     backends = [{"backend": "sgreal"}, {"backend": "sgrealtp2"}]
     s.silent("7m", "LLMBackendStalled")
     s.expect("14m", "LLMBackendStalled", *backends)
@@ -167,8 +207,44 @@ def test_vllm_and_llamacpp_rules_on_their_real_pages(tmp_path: Path, engine: str
         s.value(at, q, [(q, code)])
     q = series_text("backend:llm_requests_in_flight:sum", {"backend": backend})
     s.value("5m", q, [(q, busy_work)])
+    # saturation and latency from the real pages (idle -> busy at 5m)
+    rounded(s, "5m", "backend:llm_requests_waiting:sum", backend, waiting(busy))
+    if engine == "vllm":
+        rounded(s, "5m", "backend:llm_queue_time_seconds:mean_queue_time_window", backend,
+                delta_mean(idle, busy, "vllm:request_queue_time_seconds"))
+        rounded(s, "5m", "backend:llm_inter_token_latency_seconds:mean", backend,
+                delta_mean(idle, busy, "vllm:inter_token_latency_seconds"))
+        rounded(s, "5m", "backend:llm_prefix_cache_hits:ratio_latency_window", backend,
+                delta_ratio(idle, busy, "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"))
+        for name in ("backend:llm_time_to_first_token_seconds:p95", "backend:llm_time_to_first_token_seconds:p99",
+                     "backend:llm_e2e_request_latency_seconds:p95", "backend:llm_inter_token_latency_seconds:p95",
+                     "backend_model:llm_inter_token_latency_seconds:p95"):
+            s.value("5m", f'count({name}{{backend="{backend}"}} > 0)', [("{}", 1)])
+    else:   # llama.cpp: no histograms; predict time per predicted token from its two counters
+        rounded(s, "5m", "backend:llm_inter_token_latency_seconds:mean", backend,
+                delta_ratio(idle, busy, "llamacpp:tokens_predicted_seconds_total", "llamacpp:tokens_predicted_total"))
+    # frozen pages: no new observations in the latency window, so no latency at all (never a latency of 0)
+    s.value("12m", f'backend:llm_time_to_first_token_seconds:p95{{backend="{backend}"}}', [])
     s.silent("6m", "LLMBackendStalled")
     s.expect("14m", "LLMBackendStalled", {"backend": backend})
     s.expect("16m", "LLMBackendRestarted", {"backend": backend})
     result = run_promtool_tests(promtool_document([s]), tmp_path / f"{engine}_real_pages_test.yml")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_latency_histogram_the_rules_read_is_on_a_captured_page_or_known_older() -> None:
+    """The saturation records read these histograms (llm_health/render/rules.py LATENCY_HISTOGRAMS): each is on a
+    real page captured here, with the labels the records expect, except the names only older releases export
+    (named here with the release: vLLM's time_per_output_token_seconds was renamed in 0.11, absent in 0.33)."""
+    from llm_health.render.rules import LATENCY_HISTOGRAMS
+
+    older = {"vllm:time_per_output_token_seconds": "vLLM <= 0.11 (hidden 0.12-0.14)"}
+    pages = {p.name: p.read_text() for p in sorted(FIXTURES.glob("*.txt"))}
+    names = {name for kinds in LATENCY_HISTOGRAMS.values() for _, name in kinds}
+    assert names >= set(older)
+    for name in sorted(names - set(older)):
+        assert any(f"{name}_count" in page for page in pages.values()), f"{name} is on no captured page"
+    for name in older:
+        assert not any(f"{name}_count" in page for page in pages.values()), f"{name} was captured: test it on its page"
+    # SGLang's queue time is a scheduler series (one per TP rank): the records read tp_rank 0, like the gauges
+    assert 'sglang:queue_time_seconds_count{engine_type="unified",model_name="tiny-llama",moe_ep_rank="0",pp_rank="0",tp_rank="0"}' in pages[BUSY.name]

@@ -17,6 +17,7 @@ from tests.support.promtool import (
     RULES_DIR,
     VALUE,
     Scenario,
+    alert_levels,
     alert_rules,
     run_promtool_tests,
     series,
@@ -235,7 +236,7 @@ SCENARIOS = [remediator_down, remediator_absent, remediator_unhealthy, breaker, 
 
 def document(rule_files: list[Path], written_as: list[str] | None = None,
              scenarios: list[Scenario] | None = None) -> dict[str, Any]:
-    rules = alert_rules(rule_files)
+    rules = alert_levels(rule_files)
     return {
         "rule_files": written_as or [str(p) for p in rule_files],
         "evaluation_interval": "15s",

@@ -15,14 +15,19 @@ runbook-base-url: https://llm-health.example.com/runbooks
 group-labels: [cluster, namespace]
 vllm-selector: 'job="vllm-prod"'
 min-backends-up: 2
-kv-threshold: 0.9
+kv-threshold: 0.8
+queue-depth-threshold: 80
+degraded-factor: 2
+ttft-slo-window: 2h
 watchdog: true
-severity: {LLMTooFewBackendsUp: page}
+severity: {LLMTooFewBackendsUp: page, LLMKVCachePressure:critical: page}
 extra-label: {team: ml-platform}
 """
 FLAGS = ["--runbook-base-url", "https://llm-health.example.com/runbooks", "--group-labels", "cluster,namespace",
-         "--vllm-selector", 'job="vllm-prod"', "--min-backends-up", "2", "--kv-threshold", "0.9", "--watchdog",
-         "--severity", "LLMTooFewBackendsUp=page", "--extra-label", "team=ml-platform"]
+         "--vllm-selector", 'job="vllm-prod"', "--min-backends-up", "2", "--kv-threshold", "0.8", "--queue-depth-threshold", "80",
+         "--degraded-factor", "2", "--ttft-slo-window", "2h", "--watchdog",
+         "--severity", "LLMTooFewBackendsUp=page", "--severity", "LLMKVCachePressure:critical=page",
+         "--extra-label", "team=ml-platform"]
 RENDERS = [["rules", "render"], ["rules", "render", "--format", "prometheusrule"],
            ["dashboards", "render"], ["dashboards", "render", "--format", "configmap"]]
 

@@ -25,14 +25,23 @@ VLLM_JOB = 'job="vllm"'
 EXPORTER = {"job": "llm-health-exporter", "instance": "127.0.0.1:9410"}
 
 
+def alert_rule_list(rule_files: list[Path] | None = None) -> list[dict[str, Any]]:
+    """Every alerting rule, in file order (a two-level alert such as LLMKVCachePressure is two rules)."""
+    return [rule for path in rule_files or RULE_FILES for group in yaml.safe_load(path.read_text())["groups"]
+            for rule in group["rules"] if "alert" in rule]
+
+
+def alert_levels(rule_files: list[Path] | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Alert name -> its rules (one per level; most alerts have one)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for rule in alert_rule_list(rule_files):
+        out.setdefault(rule["alert"], []).append(rule)
+    return out
+
+
 def alert_rules(rule_files: list[Path] | None = None) -> dict[str, dict[str, Any]]:
-    rules: dict[str, dict[str, Any]] = {}
-    for path in rule_files or RULE_FILES:
-        for group in yaml.safe_load(path.read_text())["groups"]:
-            for rule in group["rules"]:
-                if "alert" in rule:
-                    rules[rule["alert"]] = rule
-    return rules
+    """Alert name -> its rule (a two-level alert: its first level, the warning)."""
+    return {name: rules[0] for name, rules in alert_levels(rule_files).items()}
 
 
 def all_exprs(rule_files: list[Path] | None = None) -> list[str]:
@@ -230,7 +239,7 @@ class Scenario:
             [(f'backend:llm_health_state:code{{backend="{backend}"}}', code)],
         )
 
-    def as_dict(self, rules: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    def as_dict(self, rules: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "interval": self.interval, "input_series": self.input_series}
         if self.alerts:
             out["alert_rule_test"] = [
@@ -242,7 +251,14 @@ class Scenario:
         return out
 
 
-def _expected(rule: dict[str, Any], labels: dict[str, Any]) -> dict[str, Any]:
+def _expected(levels: list[dict[str, Any]], labels: dict[str, Any]) -> dict[str, Any]:
+    """The expected alert: the rule of the level whose severity the label set names (a one-level alert: its
+    only rule; a two-level one must say which, e.g. {"severity": "critical"})."""
+    if len(levels) == 1:
+        rule = levels[0]
+    else:
+        assert "severity" in labels, f"{levels[0]['alert']} has {len(levels)} levels: name the severity expected"
+        (rule,) = [r for r in levels if r["labels"]["severity"] == labels["severity"]]
     own = {k: v for k, v in labels.items() if k != VALUE}
     full = {**own, **(rule.get("labels") or {})}
     return {"exp_labels": full, "exp_annotations": expand_annotations(rule, full, labels.get(VALUE))}
@@ -254,7 +270,7 @@ def promtool_document(
     """The promtool test file for `rule_files` (default: the checked-in rules); `written_as` replaces
     the paths written into the file (e.g. relative ones for the checked-in test file)."""
     files = rule_files or RULE_FILES
-    rules = alert_rules(files)
+    rules = alert_levels(files)
     return {
         "rule_files": written_as or [str(p) for p in files],
         "evaluation_interval": "15s",
@@ -301,3 +317,36 @@ def http_series(backend: str, status: str, values: str, handler: str = "/v1/chat
     """vLLM's http_requests_total (prometheus-fastapi-instrumentator, grouped status codes like "5xx")."""
     labels = {**target_labels(backend), "handler": handler, "method": "POST", "status": status}
     return series("http_requests_total", labels, values)
+
+
+def _num(x: float) -> str:
+    return f"{x:.12g}"
+
+
+def counter_values(segments: list[tuple[int, float]], start: int = 0) -> str:
+    """promtool values of a counter: `start` missing samples (`_`), then per segment (samples, increase per
+    sample) from 0; `(k, 0)` holds it still."""
+    parts = [f"_x{start}"] if start else []
+    value: float | None = None
+    for samples, inc in segments:
+        first = 0.0 if value is None else value + inc
+        parts.append(f"{_num(first)}+{_num(inc)}x{samples - 1}")
+        value = first + inc * (samples - 1)
+    return " ".join(parts)
+
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+
+
+def histogram_series(name: str, labels: dict[str, str], segments: list[tuple[int, float, float]], *,
+                     start: int = 0, buckets: tuple[float, ...] | None = LATENCY_BUCKETS) -> list[dict[str, str]]:
+    """One histogram's wire series (`name` without suffix) from segments of (samples, observations per
+    sample, the value observed): every observation of a segment has the same value. `buckets=None`: only
+    _sum and _count (as the means read them)."""
+    out = [series(f"{name}_count", labels, counter_values([(k, n) for k, n, _ in segments], start)),
+           series(f"{name}_sum", labels, counter_values([(k, n * v) for k, n, v in segments], start))]
+    for le in (*(buckets or ()), *(("+Inf",) if buckets else ())):
+        inc = [(k, n if le == "+Inf" or v <= le else 0.0) for k, n, v in segments]
+        out.append(series(f"{name}_bucket", {**labels, "le": le if le == "+Inf" else _num(le)},
+                          counter_values(inc, start)))
+    return out

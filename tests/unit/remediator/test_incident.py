@@ -14,7 +14,9 @@ from llm_health.config import Config, parse_config
 from llm_health.remediator.alert import parse_notification
 from llm_health.remediator.incident import ingest
 from llm_health.remediator.store import IncidentState, SqliteStore
+from llm_health.render.rules import REMEDIATION_ALERTS
 from tests.support.alerts import alert, payload
+from tests.support.promtool import alert_rule_list
 from tests.support.remediator import AUTH, World, four_backends
 
 WINDOW = 60.0
@@ -136,6 +138,21 @@ def test_signal_only_alert_never_restarts(w: World) -> None:
     w.run()
     assert w.calls == [] and w.incident() is None
     assert w.kinds("gpu-a") == ["signal"]
+
+
+def test_every_rendered_signal_alert_is_recorded_and_never_restarts(w: World) -> None:
+    """The alerts as the rules render them (every level of the two-level ones), posted to the webhook as a
+    catch-all route would: all but the two restart alerts are signals; no incident, no restart argv run."""
+    rules = [r for r in alert_rule_list() if r["alert"] not in REMEDIATION_ALERTS]
+    names = {r["alert"] for r in rules}
+    assert {"LLMQueueDepthHigh", "LLMQueueTimeHigh", "LLMTimeToFirstTokenHigh", "LLMTimeToFirstTokenSLOBreach",
+            "LLMBackendAdmissionStalled", "LLMBackendDegraded", "LLMKVCachePressure"} <= names
+    sent = [alert(alertname=r["alert"], restart=False, **r["labels"]) for r in rules]
+    assert any(a["labels"]["severity"] == "critical" for a in sent)     # severity never decides a restart
+    w.post(payload(*sent))
+    w.run()
+    assert w.calls == [] and w.incident() is None
+    assert w.kinds("gpu-a") == ["signal"] * len(sent)
 
 
 def test_unknown_backend_and_shell_metacharacters_change_nothing(w: World) -> None:
