@@ -313,8 +313,15 @@ def test_request_with_session_sticks_while_another_server_is_less_loaded(rig: Ri
 
 
 def test_drained_or_down_server_gets_no_request_without_session(rig: Rig) -> None:
+    """least_loaded skips servers that take no new requests, even idle ones; with none up, the 503 reply."""
     rig.hold_on("gpu-a", 2, "busy")             # gpu-a is the busier one ...
     rig.set_status("gpu-b", AgentStatus(S.DRAINING, 0.1, "restart"), lambda st: st.draining, "DRAIN")
     assert Counter(rig.served_by(None) for _ in range(5)) == Counter({"gpu-a": 5})    # ... but gpu-b drains
     rig.set_status("gpu-b", AgentStatus(S.ERROR, None, "warm-up timeout"), lambda st: st.down, "DOWN")
     assert Counter(rig.served_by(None) for _ in range(5)) == Counter({"gpu-a": 5})
+    # no server up at all: the same 503, with or without a session
+    rig.set_status("gpu-a", AgentStatus(S.ERROR, None, "warm-up timeout"), lambda st: st.down, "DOWN")
+    for session in (None, "s-any"):
+        sent = rig.send(session)
+        assert_shed(sent.result(10))
+        assert sent.elapsed < AT_ONCE
