@@ -33,8 +33,15 @@ def engine_slots(text: str) -> int:
     return found.pop()
 
 
-def servers(text: str) -> list[str]:
-    return re.findall(r"^\s*server\s+(\S+)", text, re.M)
+def servers(text: str, section: str = "backend vllm") -> list[tuple[str, str]]:
+    """(name, address) of the section's server lines."""
+    found, inside = [], False
+    for raw in text.splitlines():
+        if raw and not raw[0].isspace():
+            inside = raw.strip() == section
+        elif inside and raw.split()[:1] == ["server"]:
+            found.append((raw.split()[1], raw.split()[2]))
+    return found
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=ids)
@@ -79,5 +86,21 @@ def test_requests_without_a_session_take_the_least_loaded_path(path: Path) -> No
     assert f"lua-load-per-thread {LEAST_LOADED_LUA.name}" in globals_
     directives = backend_directives(text)
     assert "http-request lua.least_loaded if !{ req.hdr(X-Session-Id) -m found }" in directives
-    assert [line for line in directives if line.startswith("use-server ")] == use_server_lines(servers(text))
+    names = [name for name, _ in servers(text)]
+    assert [line for line in directives if line.startswith("use-server ")] == use_server_lines(names)
     assert "balance hdr(X-Session-Id)" in directives and "hash-balance-factor 150" in directives
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=ids)
+def test_requests_that_generate_nothing_take_no_slot(path: Path) -> None:
+    """GET /v1/models (the exporter's proxy check) must not wait for a generation slot or get the 503: the
+    frontend sends everything but POST to vllm-meta, the same servers tracking vllm's, without maxconn."""
+    text = path.read_text()
+    assert [line.split("#")[0].strip() for line in backend_directives(text, "frontend llm")[1:]] == [
+        "use_backend vllm-meta unless METH_POST", "default_backend vllm"]
+    meta = servers(text, "backend vllm-meta")
+    assert meta == servers(text)
+    for name, _ in meta:
+        (line,) = [raw for raw in text.splitlines() if raw.split()[:2] == ["server", name] and "track" in raw]
+        assert line.split()[3:5] == ["track", f"vllm/{name}"] and "maxconn" not in line
+    assert server_limits(text, "backend vllm-meta") == {}

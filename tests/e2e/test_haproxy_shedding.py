@@ -258,6 +258,12 @@ def test_full_fleet_answers_503_with_retry_after_at_once_instead_of_queueing(rig
     assert refused.elapsed < AT_ONCE, refused.elapsed
     assert_shed(refused.result())
 
+    # a request that generates nothing (the exporter's proxy check) needs no slot: answered at once
+    started = time.monotonic()
+    models = requests.get(rig.url + "/v1/models", timeout=10)
+    assert models.status_code == 200 and models.json()["data"][0]["id"] in NAMES, models.text
+    assert time.monotonic() - started < AT_ONCE
+
     # nothing waits without end: after `timeout queue` every waiting request has its 503 too
     for sent in waiting + sticky:
         resp = sent.result(TIMEOUT_QUEUE + 30)

@@ -100,8 +100,9 @@ class Sim:
 
 def render_config(fe_port: int, socket_path: str, agent_port: int, backends: dict[str, Sim],
                   slots: int | None = None, timeout_queue: str | None = None) -> str:
-    """A test HAProxy: the shipped backend's directives (hash, bounded load, 503 reply, least-loaded path,
-    queue bound, health check) around the test servers, with test intervals and addresses.
+    """A test HAProxy: the shipped frontend's routing and backend's directives (hash, bounded load, 503 reply,
+    least-loaded path, queue bound, health check) around the test servers, with test intervals and
+    addresses; and the shipped vllm-meta backend (requests that generate nothing) over the same servers.
 
     The per-server limits are the shipped ones, or with `slots` those of the sizing rule for that many
     engine slots - but only the limits the shipped config sets, so an older config without them stays
@@ -124,6 +125,12 @@ def render_config(fe_port: int, socket_path: str, agent_port: int, backends: dic
         f'agent-send "{name}\\n"'
         for name, b in backends.items()
     )
+    frontend = "\n    ".join(line for line in backend_directives(shipped, "frontend llm") if line.split()[0] != "bind")
+    meta = ""
+    if "backend vllm-meta" in shipped.splitlines():     # requests that generate nothing: servers tracking vllm's
+        meta_lines = [*backend_directives(shipped, "backend vllm-meta"),
+                      *(f"server {name} 127.0.0.1:{b.port} track vllm/{name}" for name, b in backends.items())]
+        meta = "backend vllm-meta\n    " + "\n    ".join(meta_lines) + "\n"
     return f"""\
 global
     maxconn 256
@@ -138,9 +145,9 @@ defaults
 {"    option redispatch" if redispatch else ""}
 frontend llm
     bind 127.0.0.1:{fe_port}
-    default_backend vllm
+    {frontend}
 backend vllm
     {directives}
     default-server inter 200ms fall 1 rise 1 weight 100 agent-inter 200ms{limit_words}
     {servers}
-"""
+{meta}"""
