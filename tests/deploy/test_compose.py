@@ -24,6 +24,7 @@ import yaml
 
 from llm_health.cli import COMMANDS, build_parser
 from llm_health.config import Config, load_config
+from tests.support.haproxy import Sizing, server_limits
 from tests.support.paths import REPO
 
 ROOT = REPO
@@ -350,12 +351,35 @@ def test_haproxy_balances_the_backends_of_its_stack(
         assert_reachable(services, host, port, f"{haproxy} server {name}")
 
 
+HAPROXY_DIR = "/usr/local/etc/haproxy"
+
+
 @pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy not installed")
 @pytest.mark.parametrize("haproxy", ["haproxy", "haproxy-gpu"])
-def test_haproxy_config_is_valid(services: dict[str, dict[str, Any]], haproxy: str) -> None:
-    cfg = mounted_file(services[haproxy], "/usr/local/etc/haproxy/haproxy.cfg")
-    result = subprocess.run(["haproxy", "-c", "-f", str(cfg)], capture_output=True, text=True, timeout=30)
+def test_haproxy_config_is_valid(services: dict[str, dict[str, Any]], haproxy: str, tmp_path: Path) -> None:
+    """`haproxy -c` on the container's config folder as mounted: the config loads least_loaded.lua from
+    next to itself (default-path config), so the Lua file must be mounted there too."""
+    for bind in binds(services[haproxy]):
+        if bind.target.startswith(HAPROXY_DIR + "/"):
+            dest = tmp_path / bind.target.removeprefix(HAPROXY_DIR + "/")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(ROOT / bind.source, dest)
+    assert (tmp_path / "least_loaded.lua").is_file(), f"{haproxy}: least_loaded.lua is not mounted next to its config"
+    result = subprocess.run(["haproxy", "-c", "-f", str(tmp_path / "haproxy.cfg")], capture_output=True, text=True,
+                            timeout=30)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(("haproxy", "engines"), [("haproxy", ("sim-a", "sim-b")), ("haproxy-gpu", ("vllm-a", "vllm-b"))])
+def test_haproxy_limits_are_sized_from_the_engines_slots(
+    services: dict[str, dict[str, Any]], haproxy: str, engines: tuple[str, ...]
+) -> None:
+    """maxconn/maxqueue follow the sizing rule for the --max-num-seqs the stack starts its engines with."""
+    (slots,) = {int(flag_value(services[name]["command"], "--max-num-seqs")) for name in engines}
+    cfg = mounted_file(services[haproxy], f"{HAPROXY_DIR}/haproxy.cfg").read_text()
+    size = Sizing(slots)
+    assert server_limits(cfg) == {"maxconn": size.maxconn, "maxqueue": size.maxqueue}, (haproxy, slots)
+    assert f"{{ avg_queue gt {size.maxqueue} }}" in cfg
 
 
 # -- Prometheus ------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.haproxy import LEAST_LOADED_LUA
 from tests.support.paths import REPO
 
 ROOT = REPO
@@ -152,6 +153,11 @@ def test_shipped_config_survives_a_minute_of_slow_health(path: Path) -> None:
 
 @pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy not installed")
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(ROOT)))
-def test_shipped_config_passes_haproxy_check(path: Path) -> None:
-    result = subprocess.run(["haproxy", "-c", "-f", str(path)], capture_output=True, text=True, timeout=30)
+def test_shipped_config_passes_haproxy_check(path: Path, tmp_path: Path) -> None:
+    """Checked beside least_loaded.lua, which each config loads from its own folder (deploy/haproxy/ has it;
+    docker-compose.yml mounts it next to the compose configs, tests/deploy/test_compose.py)."""
+    shutil.copyfile(path, tmp_path / "haproxy.cfg")
+    shutil.copyfile(LEAST_LOADED_LUA, tmp_path / LEAST_LOADED_LUA.name)
+    result = subprocess.run(["haproxy", "-c", "-f", str(tmp_path / "haproxy.cfg")], capture_output=True, text=True,
+                            timeout=30)
     assert result.returncode == 0, result.stdout + result.stderr

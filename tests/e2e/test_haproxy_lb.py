@@ -1,8 +1,9 @@
 """A real HAProxy 2.6 process steered by our agent-check server, in front of two small HTTP backends.
 
-The backend section's directives (balance, hash-type, hash-balance-factor, httpchk) are taken from the
-shipped deploy/haproxy/haproxy.cfg, so these tests exercise that file; only addresses and check
-intervals are test-specific. Waiting is polling `show stat` on the stats socket with a deadline.
+The backend section's directives (balance, hash-type, hash-balance-factor, the 503 reply, the least-loaded
+path for requests without a session, the queue bound, httpchk) and the servers' maxconn/maxqueue are taken
+from the shipped deploy/haproxy/haproxy.cfg, so these tests exercise that file; only addresses and check
+intervals are test-specific. Shedding and least-loaded placement under load: test_haproxy_shedding.py. Waiting is polling `show stat` on the stats socket with a deadline.
 """
 
 from __future__ import annotations
@@ -162,10 +163,10 @@ def test_same_session_sticks_to_one_server(lb: LB) -> None:
     assert set(seen) == set(NAMES), f"20 sessions should spread over both servers: {seen}"
 
 
-def test_proxy_health_path_and_no_header_round_robin(lb: LB) -> None:
+def test_proxy_health_path_and_no_header_spreads(lb: LB) -> None:
     lb.all_ready()
     got = {lb.served_by(None) for _ in range(6)}
-    assert got == set(NAMES)          # no X-Session-Id: HAProxy falls back to round robin
+    assert got == set(NAMES)          # no X-Session-Id: least loaded, and equal loads take turns
     models = requests.get(lb.url + "/v1/models", timeout=5)          # what the exporter checks on a proxy
     assert models.status_code == 200 and models.json()["data"][0]["id"] in NAMES
 
