@@ -118,6 +118,27 @@ class Retention:
 
 
 @dataclass(frozen=True)
+class RolloutSettings:
+    """Rolling operations (remediator/rollout/): the gate's Prometheus and the defaults of a rollout; a rollout
+    keeps the values it started with (`llm-health ctl rollout` flags or a plan override them)."""
+
+    prometheus_url: str = ""             # the gate's Prometheus; empty = discovery.prometheus_url
+    query_timeout: float = 10.0          # one gate query, whole
+    soak: float = 600.0                  # seconds a canary is watched before the rest follow
+    canary: int = 1                      # canaries (the first members; one per host)
+    canary_weight: int = 25              # percent of its HAProxy weight a soaking canary gets
+    member_timeout: float = 0.0          # a member's restart not over by then fails (0: drain + action + warm-up + 5 min)
+    gate_interval: float = 30.0          # between two gate measurements during the soak
+    ttft_p95_ratio: float = 1.5          # canary TTFT p95 at most this x the fleet's
+    e2e_p95_ratio: float = 1.5           # canary end-to-end p95 at most this x the fleet's
+    latency_slack: float = 0.05          # seconds: a canary within this of the fleet's p95 passes
+    error_ratio_delta: float = 0.01      # canary error ratio at most the fleet's + this
+    min_requests: int = 10               # user requests (besides our probes) the canary must serve during the soak
+    max_query_errors: int = 4            # gate queries failing in a row that fail the gate
+    max_inconclusive: int = 3            # gate measurements in a row without a verdict that fail the gate
+
+
+@dataclass(frozen=True)
 class RemediatorSettings:
     listen: str = "127.0.0.1:9411"
     state: str = "var/remediator.db"     # SQLite file
@@ -170,6 +191,7 @@ class RemediatorSettings:
     budget: Budget = field(default_factory=Budget)
     breaker: Breaker = field(default_factory=Breaker)
     retention: Retention = field(default_factory=Retention)
+    rollout: RolloutSettings = field(default_factory=RolloutSettings)
     group_labels: groups.Labels = ()     # the group this remediator serves, e.g. {cluster: eu-1}: a restart
     #                                      alert must carry these values (a mapping in the file)
 
@@ -417,6 +439,13 @@ def _check_remediator(r: RemediatorSettings) -> None:
         raise ConfigError("remediator.retention: page_size, max_events and max_actions must be at least 1")
     if r.retention.max_age < 3600 or r.retention.interval <= 0:
         raise ConfigError("remediator.retention: max_age must be at least 3600 seconds, interval > 0")
+    ro = r.rollout
+    if ro.prometheus_url:
+        _check_url(ro.prometheus_url, "remediator.rollout.prometheus_url")
+    if ro.query_timeout <= 0 or ro.soak <= 0 or ro.gate_interval <= 0:
+        raise ConfigError("remediator.rollout: query_timeout, soak and gate_interval must be > 0 seconds")
+    if not 1 <= ro.canary_weight <= 100:
+        raise ConfigError("remediator.rollout.canary_weight: must be a percentage in [1, 100]")
 
 
 #: settings of older versions that are refused with a message saying what to write instead

@@ -5,7 +5,8 @@ incidents (so every process gives the same answer), plus a fresh KV-cache readin
 /metrics (cached a few seconds) for the weight of a backend answered `up`:
 
 * DRAINING -> `drain` (the authority's min_ready floor already allowed the drain)
-* lifecycle READY and no reason to take it out -> `ready up W%`
+* lifecycle READY and no reason to take it out -> `ready up W%` (a rollout's canary during its soak: at
+  most remediator.rollout.canary_weight %, so a bad new version meets a reduced share of the traffic)
 * reasons to take a server out (`down #reason`), and only these:
   - READY, and the authority's latest verification of its active incident (open / needs_ack / observed)
     is `down`, `no_progress` or `unresponsive`. A firing alert alone never takes a server out: when
@@ -87,6 +88,7 @@ class AgentAnswers:
             hold = rd.admin(name)
             floored = hold is None and not r.dry_run and why is not None and state == S.READY
             others_up = self.others_up(rd, name) if floored else 0
+            cap = r.rollout.canary_weight if weigh and why is None and rd.soaking(name) is not None else 100
 
         def kv() -> float | None:
             return self.kv(name, backend.url) if weigh else None
@@ -98,8 +100,8 @@ class AgentAnswers:
             return AgentStatus(state, kv(), f"dry run: kept up ({why or state.value})", keep_up=True)
         if state == S.DRAINING:
             return AgentStatus(S.DRAINING, None, "draining")
-        if why is None:
-            return AgentStatus(S.READY, kv())
+        if why is None:        # a rollout's canary during its soak: a reduced share of the traffic
+            return AgentStatus(S.READY, kv(), "canary soaking" if cap < 100 else "", weight_cap=cap)
         if floored and others_up < r.min_ready:   # the floor keeps a READY backend in, never a non-READY one
             return AgentStatus(state, kv(), f"{why}; kept up: only {others_up} other backend(s) ready and up, "
                                f"min_ready {r.min_ready}", keep_up=True)

@@ -58,6 +58,7 @@ class AgentStatus:
     healthy: bool = True            # False when the exporter's verdict is stalled or down
     keep_up: bool = False           # answer `ready up W%` (dry run; a READY backend kept by the min_ready floor)
     admin: AdminState = AdminState.IN_SERVICE   # an operator's hold wins over everything else
+    weight_cap: int = 100           # percent: a rollout's soaking canary is held at a reduced weight
 
 
 StatusFor = Callable[[str], AgentStatus | None]
@@ -100,7 +101,7 @@ def agent_reply(status: AgentStatus | None) -> str:
         operational = "up" if state == LifecycleState.READY and status.healthy else "down"
         return f"{operational} drain #{sanitize_reason(status.reason or 'drained')}"
     if takes_traffic(status):
-        return f"ready up {weight_percent(status.kv_usage)}%"
+        return f"ready up {min(weight_percent(status.kv_usage), max(1, status.weight_cap))}%"
     if state == LifecycleState.DRAINING:
         return "drain"
     default = "unhealthy" if state == LifecycleState.READY else state.value

@@ -28,6 +28,7 @@ from llm_health.remediator.store import StateError, StateStore, store_for
 from llm_health.remediator.web.api import api
 from llm_health.remediator.web.context import WebContext
 from llm_health.remediator.web.guard import error
+from llm_health.remediator.web.rollouts import rollouts
 from llm_health.remediator.web.status import status
 from llm_health.remediator.web.tokens import check_exposure, read_token
 from llm_health.remediator.web.webhook import webhook
@@ -67,7 +68,7 @@ def create_app(
     app.config["MAX_CONTENT_LENGTH"] = config.remediator.max_body_bytes
     app.extensions["remediator"] = WebContext(config, store, token, clock, services,
                                               reload_status or ReloadStatus.loaded(clock()))
-    for blueprint in (webhook, api, status, runbooks):
+    for blueprint in (webhook, api, rollouts, status, runbooks):
         app.register_blueprint(blueprint)
 
     @app.errorhandler(HTTPException)

@@ -7,6 +7,8 @@ holder of the store's lease acts. The parts, each in its own module:
 * recovery.py: the first thing a new holder does: collect the outcome of actions a previous one left;
 * restart/: ONE incident's procedure, one module per step; `Reconciler.look(incident)` picks the step;
 * lifecycle_watch.py: backends outside any restart (first seen, ERROR);
+* rollout/: rolling operations, one key per active rollout (`rollout:<id>`): they ask for restarts, the
+  restarts themselves go through the same incidents, gates and claims as every other;
 * scheduler.py: many keys at once: a keyed queue (one key per backend, never two threads on one key) and
   `max_concurrent_incidents` workers; a resync every poll_interval adds every key that is due;
 * backend_io.py: the checks and the runner (injectable; the defaults count their probes).
@@ -46,8 +48,20 @@ from llm_health.remediator.restart.context import Context
 from llm_health.remediator.restart.reconcile import Reconciler
 from llm_health.remediator.restart.result import seconds_until
 from llm_health.remediator.restart.silences import SILENCE_TIMEOUT
+from llm_health.remediator.rollout.procedure import GateQueries, Procedure
 from llm_health.remediator.scheduler import Scheduler
 from llm_health.remediator.store import StateStore
+
+ROLLOUT_KEY = "rollout:"         # a rollout's scheduler key (a backend's name never holds ':', config.NAME_RE)
+
+
+def rollout_key(rollout_id: int) -> str:
+    return f"{ROLLOUT_KEY}{rollout_id}"
+
+
+def rollout_of_key(key: str) -> int | None:
+    return int(key[len(ROLLOUT_KEY):]) if key.startswith(ROLLOUT_KEY) else None
+
 
 LOOK_SLACK = 60.0              # seconds a look may need beyond its I/O deadlines (SQLite busy, a loaded CPU)
 
@@ -66,6 +80,7 @@ class Authority:
         first_seen_check: WarmupCheck | None = None,
         in_flight: InFlightReader | None = None,
         mono: Callable[[], float] | None = None,
+        gate: GateQueries | None = None,
     ) -> None:
         r = config.remediator
         self.store = store
@@ -83,6 +98,7 @@ class Authority:
         self.ctx.on_abort_unrecorded = self.recovery.again
         self.reconciler = Reconciler(self.ctx)
         self.lifecycles = LifecycleWatch(self.ctx)
+        self.rollouts = Procedure(self.ctx, gate)
         self.scheduler = Scheduler(keys=self.due_keys, work=self.work, workers=r.max_concurrent_incidents,
                                    resync_every=r.poll_interval, clock=self.clocks.mono)
         self.last_pass = time.monotonic()        # end of the latest resync; read by /healthz (health.py)
@@ -114,6 +130,7 @@ class Authority:
         incidents = [inc.backend for inc in self.store.active_incidents()]
         busy = set(incidents)
         keys = incidents + [name for name in self.lifecycles.due() if name not in busy]
+        keys += [rollout_key(r.id) for r in self.store.active_rollouts()]
         self.last_pass = time.monotonic()
         return keys
 
@@ -121,6 +138,9 @@ class Authority:
         """One look at one backend; seconds until it wants another look (None: at the next resync)."""
         if self._stop.is_set() or not self.lease.holding.is_set():
             return None
+        rollout_id = rollout_of_key(key)
+        if rollout_id is not None:
+            return self.rollouts.look(rollout_id)
         inc = self.store.active_incident(key)
         if inc is None:
             self.lifecycles.look(key)

@@ -3,6 +3,7 @@
     llm-health ctl (--config FILE | --remediator URL [--token-file F]) status [BACKEND]
     llm-health ctl ... drain|undrain|retire|activate|restart BACKEND --reason TEXT [--force] [--by WHO]
     llm-health ctl ... diagnostics BACKEND      (what was captured before its latest restart)
+    llm-health ctl ... rollout ...              (a rolling restart or upgrade: remediator/ctl_rollout.py)
 
 Every command goes through the remediator's API (POST /api/backends/<name>/<command>, bearer token), so
 it follows the same rules as the authority and lands in its audit log with who asked (`--by`, default
@@ -26,6 +27,7 @@ from llm_health.config import load_config
 from llm_health.exporter.backend import load_api_key
 from llm_health.http_client import HttpFailure, fetch
 from llm_health.redact import redact
+from llm_health.remediator import ctl_rollout
 from llm_health.remediator.commands import Command
 
 REFUSED_EXIT = 1
@@ -43,6 +45,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     status = sub.add_parser("status", help="the fleet as a table: lifecycle, since, operator state, incident, "
                             "last action, who")
     status.add_argument("backend", nargs="?", help="only this backend")
+    ctl_rollout.configure(sub)
     diag = sub.add_parser("diagnostics", help="the latest diagnostics captured before a restart (needs the token)")
     diag.add_argument("backend")
     for command, text in ((Command.DRAIN, "no new requests until undrained (the agent answers drain)"),
@@ -82,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
             return 0
         if args.ctl == "diagnostics":
             return show_diagnostics(url, token, args)
+        if args.ctl == "rollout":
+            return ctl_rollout.run(url, token, args)
         return send(url, token, Command(args.ctl), args)
     except HttpFailure as exc:
         print(redact(f"llm-health ctl: the remediator did not answer: {exc.kind.value}: {exc.detail}"), file=sys.stderr)

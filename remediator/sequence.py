@@ -33,11 +33,14 @@ def has_restart(backend: Backend) -> bool:
     return bool(backend.restart or backend.start)
 
 
-def restart_argv(backend: Backend, r: RemediatorSettings) -> tuple[str, ...]:
-    """What the action wrapper runs to restart `backend`."""
+def restart_argv(backend: Backend, r: RemediatorSettings, command: Sequence[str] | None = None) -> tuple[str, ...]:
+    """What the action wrapper runs to restart `backend`. `command`: the backend's stored command (a
+    rollout set it, remediator/rollout/): it takes the place of `restart`, or of `start` for a backend
+    restarted in three steps (the stop and the headroom check still come first)."""
     if not backend.start:
-        return backend.restart
-    steps = {"stop": list(backend.stop), "headroom": list(backend.headroom), "start": list(backend.start)}
+        return tuple(command) if command else backend.restart
+    start = list(command) if command else list(backend.start)
+    steps = {"stop": list(backend.stop), "headroom": list(backend.headroom), "start": start}
     return (sys.executable, "-m", "llm_health.remediator.sequence", "--wait", f"{r.headroom_wait:g}",
             "--poll", f"{r.headroom_poll:g}", "--check-timeout", f"{r.headroom_timeout:g}", json.dumps(steps))
 

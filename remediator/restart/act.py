@@ -30,7 +30,7 @@ from llm_health.remediator.restart.notes import escalate
 from llm_health.remediator.restart.result import DONE, LookAgain, StepResult
 from llm_health.remediator.restart.silences import silence, unsilence_safely
 from llm_health.remediator.sequence import restart_argv
-from llm_health.remediator.store import ActionResultKind, Incident, IncidentState, Transaction
+from llm_health.remediator.store import ActionResultKind, Incident, IncidentState, Reads, Transaction
 
 log = logging.getLogger("llm_health.remediator")
 NO_HEADROOM = "no_headroom"     # the decision and event of a restart whose headroom check never passed
@@ -40,9 +40,14 @@ IS = IncidentState
 
 
 def claim(ctx: Context, tx: Transaction, incident_id: int, backend: Backend, d: policy.Decision, now: float) -> int:
-    """Record the intent (and where the action's exit status will go) and move to RESTARTING."""
-    action_id = tx.add_action(incident_id, backend.name, " ".join(restart_argv(backend, ctx.r))[:2000], ctx.holder, now,
-                              ctx.clocks.mono(), ctx.clocks.boot)
+    """Record the intent (and where the action's exit status will go) and move to RESTARTING. A restart
+    that changes the backend's command (a rollout's) stores the new command in the same transaction: the
+    intent and the command it runs are one fact, and every later restart of the backend runs it too."""
+    inc = tx.incident(incident_id)
+    if inc is not None and inc.command is not None:
+        tx.set_command(backend.name, inc.command.argv, now, inc.command.rollout_id)
+    action_id = tx.add_action(incident_id, backend.name, " ".join(stored_argv(tx, backend, ctx))[:2000], ctx.holder,
+                              now, ctx.clocks.mono(), ctx.clocks.boot)
     files = action_files(ctx, action_id)
     if files is not None:
         tx.set_status_path(action_id, str(files.status))
@@ -57,6 +62,12 @@ def claim(ctx: Context, tx: Transaction, incident_id: int, backend: Backend, d: 
     tx.move_incident(incident_id, now, IS.RESTARTING, last_decision=policy.RESTART, last_note="")
     tx.event(now, "restarting", backend.name, incident_id, reason=d.reason, action_id=action_id)
     return action_id
+
+
+def stored_argv(rd: Reads, backend: Backend, ctx: Context) -> tuple[str, ...]:
+    """The argv a restart of `backend` runs now: its stored command (a rollout's) or the configured one."""
+    row = rd.command(backend.name)
+    return restart_argv(backend, ctx.r, row.argv if row is not None else None)
 
 
 def action_files(ctx: Context, action_id: int) -> act.ActionFiles | None:
@@ -79,7 +90,7 @@ def carry_out(ctx: Context, incident_id: int, action_id: int, backend: Backend, 
         before_kill(ctx, incident_id, backend)       # bounded; never stops the restart
         env = {"LLM_HEALTH_BACKEND": backend.name, "LLM_HEALTH_INCIDENT": str(incident_id),
                "LLM_HEALTH_ACTION": str(action_id)}
-        result = ctx.io.runner(restart_argv(backend, ctx.r), ctx.r.action_timeout, env)
+        result = ctx.io.runner(stored_argv(ctx.store, backend, ctx), ctx.r.action_timeout, env)
         record_result(ctx, incident_id, action_id, backend.name, result)
     except Exception as exc:  # noqa: BLE001 - the state machine must always reach a resting state
         log.exception("restart of %s (incident %s, action %s) failed", backend.name, incident_id, action_id)

@@ -26,10 +26,13 @@ def facts(ctx: Context, rd: Reads, backend: Backend, now: float,
     if busy_dir is not None:
         markers += file_markers(busy_dir, backend.name, ctx.r.busy_file_ttl, ctx.r.marker_max_ttl, now=now)
     clock = {"now": now, "mono": ctx.clocks.mono() - (ctx.clocks.wall() - now), "boot": ctx.clocks.boot}
+    # a rollout's planned restarts (remediator/rollout/) are no evidence of trouble: the budget, the backoff
+    # and the breaker count only the others (an open breaker still holds a rollout back)
     return policy.Facts(
         now=now, backend=backend.name,
-        restarts=rd.restart_times(backend.name, include_dry_run=dry, **clock),
-        fleet_restarts=rd.restart_times(None, include_dry_run=dry, after_action=br.reset_after_action, **clock),
+        restarts=rd.restart_times(backend.name, include_dry_run=dry, planned=False, **clock),
+        fleet_restarts=rd.restart_times(None, include_dry_run=dry, after_action=br.reset_after_action, planned=False,
+                                        **clock),
         breaker_open=br.open, markers=markers, has_action=has_restart(backend), dry_run=dry,
         unresponsive_since=unresponsive_since,
     )

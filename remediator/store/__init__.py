@@ -14,7 +14,9 @@ from llm_health.config import Config
 from llm_health.remediator.store.base import Reads, StateError, StateStore, Transaction
 from llm_health.remediator.store.rows import (
     ACKNOWLEDGEABLE,
+    ACTIVE_ROLLOUT_STATES,
     ACTIVE_STATES,
+    CHANGED_STEPS,
     NO_RESTART_UNDER_WAY,
     RESTART_UNDER_WAY,
     Action,
@@ -24,6 +26,8 @@ from llm_health.remediator.store.rows import (
     BreakerState,
     CaptureResult,
     CaptureRow,
+    CommandChange,
+    CommandRow,
     Event,
     Heard,
     Incident,
@@ -31,12 +35,17 @@ from llm_health.remediator.store.rows import (
     LastHeard,
     Lease,
     LifecycleRow,
+    MemberStep,
+    Rollout,
+    RolloutMember,
+    RolloutState,
     Silence,
 )
 from llm_health.remediator.store.sqlite import SqliteStore
 
 __all__ = [
-    "ACKNOWLEDGEABLE", "ACTIVE_STATES", "NO_RESTART_UNDER_WAY", "RESTART_UNDER_WAY", "Action", "ActionResultKind",
+    "ACKNOWLEDGEABLE", "ACTIVE_ROLLOUT_STATES", "ACTIVE_STATES", "CHANGED_STEPS", "CommandChange", "CommandRow",
+    "MemberStep", "Rollout", "RolloutMember", "RolloutState", "NO_RESTART_UNDER_WAY", "RESTART_UNDER_WAY", "Action", "ActionResultKind",
     "AdminRow", "AdminState", "CaptureResult", "CaptureRow",
     "BreakerState", "Event", "Heard", "Incident", "IncidentState", "LastHeard", "Lease", "LifecycleRow", "Reads",
     "Silence", "SqliteStore", "StateError", "StateStore", "Transaction", "state_path", "store_for",

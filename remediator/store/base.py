@@ -21,6 +21,7 @@ monotonic (remediator/clock.py), as the columns are documented in rows.py.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -36,6 +37,8 @@ from llm_health.remediator.store.rows import (
     BreakerState,
     CaptureResult,
     CaptureRow,
+    CommandChange,
+    CommandRow,
     Event,
     Heard,
     Incident,
@@ -43,6 +46,9 @@ from llm_health.remediator.store.rows import (
     LastHeard,
     Lease,
     LifecycleRow,
+    Rollout,
+    RolloutMember,
+    RolloutState,
     Silence,
 )
 
@@ -76,11 +82,11 @@ class Reads(Protocol):
     # -- restart actions --------------------------------------------------------------------------------
     def restart_times(self, backend: str | None, since: float = 0.0, include_dry_run: bool = False, *,
                       now: float | None = None, mono: float | None = None, boot: str = "",
-                      after_action: int | None = None) -> tuple[float, ...]:
+                      after_action: int | None = None, planned: bool = True) -> tuple[float, ...]:
         """When the restarts of `backend` (None: every backend) started, as wall times for the policy. With
         `now` and `mono`, a restart of this boot is placed by its monotonic age (a step of the wall clock
         moves no window); `after_action`: only actions with a larger id, else `since` filters on the wall
-        start."""
+        start. `planned=False` leaves out the planned restarts (a rollout's, which change the command)."""
 
     def restart_counts(self, backend: str | None = None) -> dict[tuple[str, str], int]:
         """{(backend, result or 'running'): n} of the actions in the store, dry runs left out."""
@@ -88,6 +94,7 @@ class Reads(Protocol):
     def action(self, action_id: int) -> Action | None: ...
     def unfinished_actions(self) -> list[Action]: ...
     def unfinished_action(self, incident_id: int) -> Action | None: ...   # the incident's latest
+    def latest_action(self, incident_id: int) -> Action | None: ...       # finished or not
     def latest_unfinished_start(self, holder: str) -> float | None: ...   # of `holder`'s running actions
 
     # -- lifecycle, markers, breaker, silences, lease ---------------------------------------------------
@@ -107,6 +114,15 @@ class Reads(Protocol):
     # -- diagnostics captured before a restart ----------------------------------------------------------
     def captures(self, incident_id: int) -> list[CaptureRow]: ...        # oldest first
     def latest_capture(self, backend: str) -> CaptureRow | None: ...
+
+    # -- rolling operations (remediator/rollout/) ------------------------------------------------------
+    def rollout(self, rollout_id: int) -> Rollout | None: ...
+    def rollouts(self, limit: int = 20) -> list[Rollout]: ...           # newest first
+    def active_rollouts(self) -> list[Rollout]: ...                     # running, paused, rolling back
+    def rollout_members(self, rollout_id: int) -> list[RolloutMember]: ...   # in the rollout's order
+    def soaking(self, backend: str) -> RolloutMember | None: ...        # the backend as a soaking canary
+    def command(self, backend: str) -> CommandRow | None: ...           # None: the configured command
+    def commands(self) -> dict[str, CommandRow]: ...
 
     # -- audit log and counters -------------------------------------------------------------------------
     def events(self, backend: str = "", limit: int = 100, kind: str = "", before: int | None = None) -> list[Event]:
@@ -137,8 +153,9 @@ class Transaction(Reads, Protocol):
     def remember_resolved(self, fingerprint: str, starts_at: str, at: float) -> None: ...
     def open_incident(self, backend: str, at: float, labels: Labels = ()) -> int:
         """A new OPEN incident of `backend`, recording the group labels of the alert that opened it."""
-    def request_restart(self, backend: str, at: float, by: str, force: bool) -> int:
-        """The backend's active incident (a new one if none) becomes a restart `by` asked for, OPEN now."""
+    def request_restart(self, backend: str, at: float, by: str, force: bool, command: CommandChange | None = None) -> int:
+        """The backend's active incident (a new one if none) becomes a restart `by` asked for, OPEN now;
+        with `command`, its claim changes the backend's stored command to it."""
     def alert_firing(self, incident_id: int, fingerprint: str, starts_at: str, alertname: str) -> None: ...
     def alert_resolves(self, incident_id: int, fingerprint: str, starts_at: str) -> None:
         """Mark the incident's alert resolved (every firing of it when `starts_at` is '')."""
@@ -211,6 +228,22 @@ class Transaction(Reads, Protocol):
 
     def set_admin(self, backend: str, state: AdminState, at: float, by: str, reason: str) -> None:
         """An operator's hold (IN_SERVICE removes it); the caller records the event."""
+
+    # -- rolling operations -------------------------------------------------------------------------------
+    def add_rollout(self, rollout: Rollout, members: Sequence[RolloutMember]) -> int:
+        """A new rollout and its members (the ids in the arguments are ignored); returns its id."""
+
+    def move_rollout(self, rollout_id: int, at: float, state: RolloutState, note: str | None = None) -> None:
+        """Its state (a final one stamps finished_at) and, when given, its note."""
+
+    def note_rollout(self, rollout_id: int, at: float, note: str) -> None: ...
+
+    def update_member(self, rollout_id: int, backend: str, **values: Any) -> None:
+        """Set the named fields of a member (step, incident_id, changed_at, soak_started_at, query_errors,
+        inconclusive, note); any other name raises ValueError."""
+
+    def set_command(self, backend: str, argv: tuple[str, ...] | None, at: float, rollout_id: int | None) -> None:
+        """The backend's stored command (None: none, the configured one again)."""
 
     # -- retention --------------------------------------------------------------------------------------
     def prune(self, now: float, *, max_age: float, max_events: int, max_actions: int,

@@ -25,7 +25,7 @@ def action_of(r: sqlite3.Row | None) -> Action | None:
 class ActionReads(Connected):
     def restart_times(self, backend: str | None, since: float = 0.0, include_dry_run: bool = False, *,
                       now: float | None = None, mono: float | None = None, boot: str = "",
-                      after_action: int | None = None) -> tuple[float, ...]:
+                      after_action: int | None = None, planned: bool = True) -> tuple[float, ...]:
         sql = "SELECT started_at, started_mono, boot FROM actions WHERE "
         if after_action is not None:
             sql += "id > ?"
@@ -39,6 +39,8 @@ class ActionReads(Connected):
         if not include_dry_run:
             sql += " AND (result IS NULL OR result != ?)"
             args.append(DRY_RUN)
+        if not planned:
+            sql += " AND incident_id NOT IN (SELECT id FROM incidents WHERE command != '')"
         return tuple(placed(float(r["started_at"]), r["started_mono"], r["boot"], now=now, mono=mono, this_boot=boot)
                      for r in self._db().execute(sql, args).fetchall())
 
@@ -62,6 +64,10 @@ class ActionReads(Connected):
     def unfinished_action(self, incident_id: int) -> Action | None:
         return action_of(self._db().execute("SELECT * FROM actions WHERE incident_id = ? AND result IS NULL "
                                             "ORDER BY id DESC LIMIT 1", (incident_id,)).fetchone())
+
+    def latest_action(self, incident_id: int) -> Action | None:
+        return action_of(self._db().execute("SELECT * FROM actions WHERE incident_id = ? ORDER BY id DESC LIMIT 1",
+                                            (incident_id,)).fetchone())
 
     def latest_unfinished_start(self, holder: str) -> float | None:
         at = self._db().execute("SELECT max(started_at) FROM actions WHERE holder = ? AND result IS NULL",

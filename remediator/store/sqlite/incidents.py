@@ -11,7 +11,7 @@ from typing import Any
 
 from llm_health.exporter.observation import VerifyOutcome
 from llm_health.groups import Labels
-from llm_health.remediator.store.rows import Incident, IncidentState
+from llm_health.remediator.store.rows import CommandChange, Incident, IncidentState
 from llm_health.remediator.store.sqlite.connected import Connected
 
 IS = IncidentState
@@ -32,7 +32,20 @@ def incident_of(r: sqlite3.Row | None) -> Incident | None:
         labels=tuple(sorted(json.loads(r["labels"] or "{}").items())),
         workload=r["workload"], members=tuple(json.loads(r["members"] or "[]")), replacement=r["replacement"],
         requested_by=r["requested_by"], requested_force=bool(r["requested_force"]),
+        command=command_change_of(r["command"]),
     )
+
+
+def command_change_of(text: str) -> CommandChange | None:
+    if not text:
+        return None
+    raw = json.loads(text)
+    argv = raw.get("argv")
+    return CommandChange(tuple(argv) if argv is not None else None, raw.get("rollout_id"))
+
+
+def encode_command_change(change: CommandChange | None) -> str:
+    return "" if change is None else json.dumps(change.as_dict())
 
 
 class IncidentReads(Connected):
@@ -98,17 +111,18 @@ class IncidentWrites(Connected):
                                                         json.dumps(dict(labels), sort_keys=True)))
         return int(cur.lastrowid or 0)
 
-    def request_restart(self, backend: str, at: float, by: str, force: bool) -> int:
+    def request_restart(self, backend: str, at: float, by: str, force: bool, command: CommandChange | None = None) -> int:
         """The backend's active incident (opened if there is none) becomes a restart asked for by `by`:
-        OPEN, looked at at once. The caller checked that no restart is under way."""
+        OPEN, looked at at once; with `command`, the restart changes the backend's command to it. The caller
+        checked that no restart is under way."""
         r = self._db().execute("SELECT id FROM incidents WHERE backend = ? AND state != ?", (backend, CLOSED)).fetchone()
         if r is None:
             incident_id = self.open_incident(backend, at)
         else:
             incident_id = int(r[0])
         self._db().execute("UPDATE incidents SET state = ?, updated_at = ?, requested_by = ?, requested_force = ?, "
-                           "next_check_at = 0, last_note = '' WHERE id = ?",
-                           (IS.OPEN.value, at, by, int(force), incident_id))
+                           "next_check_at = 0, last_note = '', command = ? WHERE id = ?",
+                           (IS.OPEN.value, at, by, int(force), encode_command_change(command), incident_id))
         return incident_id
 
     def alert_firing(self, incident_id: int, fingerprint: str, starts_at: str, alertname: str) -> None:

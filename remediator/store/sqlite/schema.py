@@ -15,7 +15,7 @@ from collections.abc import Callable
 from llm_health.remediator.store.base import StateError
 
 #: the schema this remediator writes; bump it with a new step in MIGRATIONS
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS deliveries (key TEXT PRIMARY KEY, first_seen REAL NOT NULL);
@@ -166,12 +166,33 @@ def _operators(c: sqlite3.Connection) -> None:
             c.execute(f"ALTER TABLE incidents ADD COLUMN {column} {decl}")
 
 
+def _rollouts(c: sqlite3.Connection) -> None:
+    """Version 5: rolling operations (remediator/rollout/): a rollout, its members and their steps, each
+    backend's stored command (set by a rollout's restart), and on an incident the command its restart
+    changes the backend to."""
+    c.execute("CREATE TABLE IF NOT EXISTS rollouts (id INTEGER PRIMARY KEY AUTOINCREMENT, state TEXT NOT NULL, "
+              "argv TEXT NOT NULL, canary INTEGER NOT NULL, per_host INTEGER NOT NULL, soak REAL NOT NULL, "
+              "gate TEXT NOT NULL, by TEXT NOT NULL DEFAULT '', reason TEXT NOT NULL DEFAULT '', "
+              "created_at REAL NOT NULL, updated_at REAL NOT NULL, finished_at REAL, note TEXT NOT NULL DEFAULT '')")
+    c.execute("CREATE TABLE IF NOT EXISTS rollout_members (rollout_id INTEGER NOT NULL, backend TEXT NOT NULL, "
+              "host TEXT NOT NULL DEFAULT '', position INTEGER NOT NULL, canary INTEGER NOT NULL, step TEXT NOT NULL, "
+              "argv TEXT NOT NULL, previous TEXT NOT NULL, incident_id INTEGER, changed_at REAL, "
+              "soak_started_at REAL, query_errors INTEGER NOT NULL DEFAULT 0, "
+              "inconclusive INTEGER NOT NULL DEFAULT 0, note TEXT NOT NULL DEFAULT '', "
+              "PRIMARY KEY (rollout_id, backend))")
+    c.execute("CREATE TABLE IF NOT EXISTS commands (backend TEXT PRIMARY KEY, argv TEXT NOT NULL, since REAL NOT NULL, "
+              "rollout_id INTEGER)")
+    if "command" not in {r[1] for r in c.execute("PRAGMA table_info(incidents)").fetchall()}:
+        c.execute("ALTER TABLE incidents ADD COLUMN command TEXT NOT NULL DEFAULT ''")
+
+
 #: (version, step): the step brings a state file of version - 1 to `version`
 MIGRATIONS: tuple[tuple[int, Callable[[sqlite3.Connection], None]], ...] = (
     (1, _baseline),
     (2, _group_labels),
     (3, _heard),
     (4, _operators),
+    (5, _rollouts),
 )
 
 

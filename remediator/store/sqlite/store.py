@@ -35,11 +35,12 @@ from llm_health.remediator.store.sqlite.lease import LeaseReads, LeaseWrites
 from llm_health.remediator.store.sqlite.lifecycle import LifecycleReads, LifecycleWrites
 from llm_health.remediator.store.sqlite.markers import MarkerReads, MarkerWrites
 from llm_health.remediator.store.sqlite.retention import RetentionWrites
+from llm_health.remediator.store.sqlite.rollouts import RolloutReads, RolloutWrites
 from llm_health.remediator.store.sqlite.silences import SilenceReads, SilenceWrites
 
 
 class ReadVerbs(IncidentReads, ActionReads, LifecycleReads, MarkerReads, BreakerReads, SilenceReads, LeaseReads,
-                EventReads, HeardReads, AdminReads, CaptureReads):
+                EventReads, HeardReads, AdminReads, CaptureReads, RolloutReads):
     """Every read verb (store/base.py Reads); the connection comes from the concrete class."""
 
 
@@ -55,7 +56,7 @@ class SqliteReads(ReadVerbs):
 
 class SqliteTx(SqliteReads, IncidentWrites, ActionWrites, LifecycleWrites, MarkerWrites, BreakerWrites,
                SilenceWrites, LeaseWrites, EventWrites, HeardWrites, AdminWrites, CaptureWrites, RetentionWrites,
-               SharedVerbs):
+               RolloutWrites, SharedVerbs):
     """Every verb (store/base.py Transaction) inside one BEGIN IMMEDIATE transaction."""
 
 
