@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 from llm_health.httpserver import QuietHandler
 from llm_health.simulator.engine import Engine, RequestState, SimRequest
-from llm_health.simulator.metrics import ENGINES, Flavour, render
+from llm_health.simulator.metrics import ENGINES, Flavour, http_handler, http_status, render
 
 FAULTS = ("none", "stall", "wedge", "hang", "crash", "restart", "slow_metrics", "error")
 ERROR_MESSAGE = "simulated engine error: the request failed"
@@ -112,7 +112,8 @@ class SimConfig:
 
 
 class SimProcess:
-    """One life of the simulated vLLM process: its engines, clock origin and start time."""
+    """One life of the simulated vLLM process: its engines, clock origin, start time and the API server's
+    HTTP request counts (http_requests_total: a new process starts from zero)."""
 
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
@@ -136,6 +137,14 @@ class SimProcess:
         self.created = self.start_time + 0.5  # metric objects are created after start-up work
         self.dead: str | None = None  # "crash" / "restart" once this life is over
         self._rr = itertools.cycle(self.engines)
+        # (handler, method, grouped status) -> (count, time the labelled child was created)
+        self.http_requests: dict[tuple[str, str, str], tuple[int, float]] = {}
+
+    def count_http(self, handler: str, method: str, status: int) -> None:
+        """One answered request (the caller holds the simulator's lock)."""
+        key = (handler, method, http_status(status))
+        n, created = self.http_requests.get(key, (0, time.time()))
+        self.http_requests[key] = (n + 1, created)
 
     def engine_time(self) -> float:
         return (time.monotonic() - self.t0) * self.cfg.time_scale
@@ -407,7 +416,8 @@ class Simulator:
         proc = self.process
         if proc.running + proc.waiting == 0:
             return None
-        return render(proc.engines, self._flavour(), process_start_time=proc.start_time, created=proc.created)
+        return render(proc.engines, self._flavour(), process_start_time=proc.start_time, created=proc.created,
+                      http_requests=proc.http_requests)
 
     def _flavour(self) -> Flavour:
         return Flavour(engine=self.cfg.engine, multiprocess=self.cfg.multiprocess, model=self.cfg.model,
@@ -546,7 +556,12 @@ class Simulator:
     def metrics_page(self) -> str:
         with self.cond:
             proc = self.process
-            return render(proc.engines, self._flavour(), process_start_time=proc.start_time, created=proc.created)
+            return render(proc.engines, self._flavour(), process_start_time=proc.start_time, created=proc.created,
+                          http_requests=proc.http_requests)
+
+    def count_http(self, proc: SimProcess, handler: str, method: str, status: int) -> None:
+        with self.cond:
+            proc.count_http(handler, method, status)
 
     def stats_json(self) -> dict[str, Any]:
         with self.cond:
@@ -654,6 +669,9 @@ class _Handler(QuietHandler):
     server: _Listener
     server_version = "uvicorn"
     sys_version = ""
+    # the process and handler label that count this request's answer in http_requests_total (None: not
+    # counted: the control port, /sim/*, the excluded handlers, a request that never reached a route)
+    _http: tuple[SimProcess, str] | None = None
 
     # ------------------------------------------------------------------ plumbing
     @property
@@ -679,6 +697,12 @@ class _Handler(QuietHandler):
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise BadRequest(f"malformed JSON: {exc}") from None
 
+    def send_response(self, code: int, message: str | None = None) -> None:
+        super().send_response(code, message)
+        counted, self._http = self._http, None  # once per request
+        if counted is not None:
+            self.sim.count_http(counted[0], counted[1], self.command, code)
+
     def _drop(self) -> None:
         """Close the connection without an answer (the server is gone)."""
         self.close_connection = True
@@ -698,6 +722,7 @@ class _Handler(QuietHandler):
     # ------------------------------------------------------------------ routing
     def _dispatch(self, method: str) -> None:
         path = urlsplit(self.path).path
+        self._http = None
         try:
             if path in ("/sim/fault", "/sim/stats"):
                 self._sim_route(method, path)
@@ -760,6 +785,9 @@ class _Handler(QuietHandler):
                        "/is_sleeping": ("GET", lambda: self.reply_json(200, {"is_sleeping": sim.asleep}))}
         if sim.cfg.engine == "llamacpp":
             routes["/props"] = ("GET", self._props)
+        handler = http_handler(path, path in routes)
+        if handler is not None:
+            self._http = (sim.process, handler)  # what this process answers, 4xx and 5xx included
         route = routes.get(path)
         if route is None:
             self.reply_json(404, {"detail": "Not Found"})

@@ -449,3 +449,75 @@ def test_restart_settings_sent_during_a_restart_apply_to_the_process_it_starts(
     back_up(sim, 1)
     assert requests.get(sim.url + "/version", timeout=5).json() == {"version": "0.5.4-canary"}
     assert stats(sim)["step_seconds"] == 0.2 and all(e.step_seconds == 0.2 for e in sim.process.engines)
+
+
+# --- vLLM's http_requests_total (prometheus-fastapi-instrumentator, vLLM >= 0.8) -----------------------
+
+
+def http_counts(url: str) -> dict[tuple[str, str, str], float]:
+    text = requests.get(url + "/metrics", timeout=5).text
+    assert "# HELP http_requests_total Total number of requests by method, status and handler.\n" in text
+    assert "# TYPE http_requests_total counter\n" in text
+    return {(s.labels["handler"], s.labels["method"], s.labels["status"]): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples if s.name == "http_requests_total"}
+
+
+def test_http_requests_total_counts_answers_by_handler_and_grouped_status(make_sim: Callable[..., Simulator]) -> None:
+    sim = make_sim(time_scale=10)
+    assert http_counts(sim.url) == {}  # /health and /metrics so far: excluded handlers
+    for _ in range(3):
+        assert requests.post(sim.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=10).ok
+    with requests.post(sim.url + "/v1/completions", json={"prompt": "x", "max_tokens": 3, "stream": True},
+                       stream=True, timeout=10) as r:
+        assert r.status_code == 200 and list(r.iter_lines())
+    assert requests.post(sim.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, headers=PROBE,
+                         timeout=10).ok  # our probe is a completion like any other to vLLM
+    assert requests.post(sim.url + "/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}, timeout=10).ok
+    assert requests.get(sim.url + "/v1/models", timeout=5).ok
+    for path in ("/health", "/ping", "/version", "/metrics", "/sim/stats"):  # excluded (and the simulator's own)
+        assert requests.get(sim.url + path, timeout=5).ok
+    assert requests.post(sim.url + "/v1/completions", data="{not json", timeout=5).status_code == 400
+    assert requests.post(sim.url + "/v1/completions", json={"model": "other", "prompt": "x"}, timeout=5).status_code == 404
+    assert requests.get(sim.url + "/v1/completions", timeout=5).status_code == 405
+    assert requests.get(sim.url + "/nope", timeout=5).status_code == 404  # no route: handler "none"
+    assert fault(sim.control_url, {"fault": "error"}).ok
+    for _ in range(2):
+        assert requests.post(sim.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1},
+                             timeout=10).status_code == 500
+    assert requests.post(sim.url + "/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}, timeout=10).status_code == 500
+    assert http_counts(sim.url) == {
+        ("/v1/completions", "POST", "2xx"): 5,
+        ("/v1/chat/completions", "POST", "2xx"): 1,
+        ("/v1/models", "GET", "2xx"): 1,
+        ("/v1/completions", "POST", "4xx"): 2,
+        ("/v1/completions", "GET", "4xx"): 1,
+        ("none", "GET", "4xx"): 1,
+        ("/v1/completions", "POST", "5xx"): 2,
+        ("/v1/chat/completions", "POST", "5xx"): 1,
+    }
+    assert metric(sim.url, "http_requests_created", handler="/v1/completions", method="POST", status="5xx") > 0
+    # a new process (a restart also clears the error fault): the counter starts again from nothing
+    assert fault(sim.control_url, {"fault": "restart", "seconds": 0}).ok
+    wait_until(lambda: stats(sim)["restarts"] == 1 and stats(sim)["port_open"], what="restarted")
+    wait_until(lambda: requests.get(sim.url + "/health", timeout=1).ok, what="main port back")
+    assert http_counts(sim.url) == {}
+    assert requests.post(sim.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=10).ok
+    assert http_counts(sim.url) == {("/v1/completions", "POST", "2xx"): 1}
+    assert stats(sim)["requests"]["POST /v1/completions"] == 10  # the simulator's own stats survive
+
+
+@pytest.mark.parametrize("engine", ["v0", "sglang", "llamacpp"])
+def test_http_requests_total_is_on_the_vllm_v1_page_only(make_sim: Callable[..., Simulator], engine: str) -> None:
+    sim = make_sim(engine=engine, time_scale=10)
+    assert requests.get(sim.url + "/v1/models", timeout=5).ok
+    text = requests.get(sim.url + "/metrics", timeout=5).text
+    assert not [ln for ln in text.splitlines() if ln.startswith(("http_requests", "# HELP http_requests"))]
+
+
+def test_http_requests_total_multiprocess_has_no_created(make_sim: Callable[..., Simulator]) -> None:
+    sim = make_sim(time_scale=10, multiprocess=True)
+    assert requests.get(sim.url + "/v1/models", timeout=5).ok
+    assert http_counts(sim.url) == {("/v1/models", "GET", "2xx"): 1}
+    assert "http_requests_created" not in requests.get(sim.url + "/metrics", timeout=5).text
