@@ -706,6 +706,7 @@ class _Handler(QuietHandler):
     def _drop(self) -> None:
         """Close the connection without an answer (the server is gone)."""
         self.close_connection = True
+        self._http = None
 
     def do_GET(self) -> None:  # noqa: N802 - stdlib name
         self._dispatch("GET")

@@ -498,14 +498,19 @@ def test_http_requests_total_counts_answers_by_handler_and_grouped_status(make_s
         ("/v1/chat/completions", "POST", "5xx"): 1,
     }
     assert metric(sim.url, "http_requests_created", handler="/v1/completions", method="POST", status="5xx") > 0
-    # a new process (a restart also clears the error fault): the counter starts again from nothing
+    # a new process (a restart also clears the error fault): the counter starts again from nothing; the 500
+    # of a completion the restart failed was the old process's answer
+    assert fault(sim.control_url, {"fault": "none"}).ok
+    in_flight = completion(sim.url, 5000)
+    wait_until(lambda: stats(sim)["running"] == 1, what="a long completion running")
     assert fault(sim.control_url, {"fault": "restart", "seconds": 0}).ok
+    assert in_flight.done.wait(10) and in_flight.result.status_code == 500
     wait_until(lambda: stats(sim)["restarts"] == 1 and stats(sim)["port_open"], what="restarted")
     wait_until(lambda: requests.get(sim.url + "/health", timeout=1).ok, what="main port back")
     assert http_counts(sim.url) == {}
     assert requests.post(sim.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=10).ok
     assert http_counts(sim.url) == {("/v1/completions", "POST", "2xx"): 1}
-    assert stats(sim)["requests"]["POST /v1/completions"] == 10  # the simulator's own stats survive
+    assert stats(sim)["requests"]["POST /v1/completions"] == 11  # the simulator's own stats survive
 
 
 @pytest.mark.parametrize("engine", ["v0", "sglang", "llamacpp"])
