@@ -33,17 +33,17 @@ VERSION_MAX_CHARS = 64
 RESTART_SETTINGS = ("step_seconds", "version")  # what a restart may change for the new process
 
 
-def check_step_seconds(value: Any, what: str = "step_seconds") -> float:
+def check_step_seconds(value: Any) -> float:
     """A positive finite number of engine seconds per step; ValueError otherwise."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{what} must be a positive finite number; got {value!r}")
+        raise ValueError(f"step_seconds must be a positive finite number; got {value!r}")
     return float(value)
 
 
-def check_version(value: Any, what: str = "version") -> str:
+def check_version(value: Any) -> str:
     """A short printable version string (1 to VERSION_MAX_CHARS characters); ValueError otherwise."""
     if not isinstance(value, str) or not value or len(value) > VERSION_MAX_CHARS or not value.isprintable():
-        raise ValueError(f"{what} must be a printable string of 1 to {VERSION_MAX_CHARS} characters; got {value!r}")
+        raise ValueError(f"version must be a printable string of 1 to {VERSION_MAX_CHARS} characters; got {value!r}")
     return value
 
 
