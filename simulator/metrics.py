@@ -5,6 +5,9 @@ Two engine flavours (see docs/reference/vllm-metrics-facts.md):
   prefix-cache counters, `vllm:engine_sleep_state`, `*_created` series (single process).
 * `v0` (like 0.6-0.7 with the in-process frontend): label `model_name` only,
   `vllm:gpu_cache_usage_perc`, `vllm:num_requests_swapped`, no `*_created`.
+`v1` also has the API server's `http_requests_total{handler,method,status}` (prometheus-fastapi-
+instrumentator, vLLM >= 0.8; status grouped "2xx"/"4xx"/"5xx", HTTP_EXCLUDED_HANDLERS not counted) when
+the caller passes the counts (`render(..., http_requests=...)`; the server does, per process).
 `multiprocess=True` drops `process_*`, `python_*` and `*_created` and orders the page like
 prometheus_client's MultiProcessCollector (counters, gauges, histograms; `_sum` before buckets).
 
@@ -24,7 +27,7 @@ import gc
 import os
 import platform
 import resource
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client.utils import floatToGoString
@@ -36,6 +39,26 @@ Labels = dict[str, str]
 
 ENGINES = ("v0", "v1", "sglang", "llamacpp")
 MULTIPROCESS_HELP = "Multiprocess metric"
+# vLLM's Instrumentator(excluded_handlers=[...]) (vllm/entrypoints/openai/api_server.py, >= 0.8): regexes
+# searched in the route path, so probes and scrapes never appear in http_requests_total
+HTTP_EXCLUDED_HANDLERS = ("/metrics", "/health", "/load", "/ping", "/version", "/server_info")
+HTTP_REQUESTS_HELP = "Total number of requests by method, status and handler."
+
+# (handler, method, grouped status) -> (count, creation time of the labelled child)
+HttpCounts = Mapping[tuple[str, str, str], tuple[int, float]]
+
+
+def http_handler(path: str, templated: bool) -> str | None:
+    """The instrumentator's handler label of a request: the route's path, "none" for a path no route
+    matches (should_group_untemplated), None when excluded (not counted)."""
+    if any(pattern in path for pattern in HTTP_EXCLUDED_HANDLERS):
+        return None
+    return path if templated else "none"
+
+
+def http_status(status: int) -> str:
+    """should_group_status_codes: 200 -> "2xx", 404 -> "4xx", 500 -> "5xx"."""
+    return f"{str(status)[0]}xx"
 
 
 @dataclass(frozen=True)
@@ -204,6 +227,17 @@ def vllm_families(engines: Sequence[Engine], flavour: Flavour, created: float) -
     if v1:
         fams.append(cache_info)
     return fams
+
+
+def http_requests_family(counts: HttpCounts, with_created: bool) -> Family:
+    """http_requests_total of the API server, its children in the order they were first used."""
+    fam = Family("http_requests", "counter", HTTP_REQUESTS_HELP)
+    for (handler, method, status), (n, created) in counts.items():
+        labels = {"handler": handler, "method": method, "status": status}
+        fam.samples.append(("http_requests_total", labels, float(n)))
+        if with_created:
+            fam.created.append((labels, created))
+    return fam
 
 
 def sglang_families(engines: Sequence[Engine], flavour: Flavour) -> list[Family]:
@@ -405,8 +439,12 @@ def render(
     *,
     process_start_time: float = 0.0,
     created: float | None = None,
+    http_requests: HttpCounts | None = None,
 ) -> str:
-    """The exposition text of a server with these engines (one per DP rank, `engine="0"`...)."""
+    """The exposition text of a server with these engines (one per DP rank, `engine="0"`...).
+
+    `http_requests`: the API server's request counts (v1 only; None: no http_requests_total family, an
+    empty mapping: the family's HELP and TYPE without samples, as on a server that only got probes)."""
     if isinstance(engines, Engine):
         engines = [engines]
     if isinstance(flavour, str):
@@ -423,4 +461,6 @@ def render(
     if not flavour.multiprocess:
         fams.extend(process_families(process_start_time))
     fams.extend(vllm_families(engines, flavour, process_start_time if created is None else created))
+    if flavour.engine == "v1" and http_requests is not None:
+        fams.append(http_requests_family(http_requests, with_created=not flavour.multiprocess))
     return format_families(fams, flavour.multiprocess)

@@ -13,14 +13,14 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
 from llm_health.httpserver import QuietHandler
 from llm_health.simulator.engine import Engine, RequestState, SimRequest
-from llm_health.simulator.metrics import ENGINES, Flavour, render
+from llm_health.simulator.metrics import ENGINES, Flavour, http_handler, http_status, render
 
 FAULTS = ("none", "stall", "wedge", "hang", "crash", "restart", "slow_metrics", "error")
 ERROR_MESSAGE = "simulated engine error: the request failed"
@@ -29,6 +29,22 @@ VERSIONS = {"v0": "0.6.6.post1", "v1": "0.11.2", "sglang": "0.5.3", "llamacpp": 
 LLAMACPP_START_HEADER = "Process-Start-Time-Unix"  # llama-server: in fact monotonic microseconds since boot
 SGLANG_HEALTH_TIMEOUT = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT: /health waits this long for any engine output
 GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
+VERSION_MAX_CHARS = 64
+RESTART_SETTINGS = ("step_seconds", "version")  # what a restart may change for the new process
+
+
+def check_step_seconds(value: Any) -> float:
+    """A positive finite number of engine seconds per step; ValueError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"step_seconds must be a positive finite number; got {value!r}")
+    return float(value)
+
+
+def check_version(value: Any) -> str:
+    """A short printable version string (1 to VERSION_MAX_CHARS characters); ValueError otherwise."""
+    if not isinstance(value, str) or not value or len(value) > VERSION_MAX_CHARS or not value.isprintable():
+        raise ValueError(f"version must be a printable string of 1 to {VERSION_MAX_CHARS} characters; got {value!r}")
+    return value
 
 
 class BadRequest(ValueError):
@@ -60,6 +76,7 @@ class SimConfig:
     idle_log_seconds: float = 10.0
     tp_size: int = 1             # sglang: tensor-parallel ranks exporting the scheduler series
     load_seconds: float = 0.0    # sglang / llamacpp: answer 503 while "loading the model" after each start
+    version: str | None = None   # what /version answers (None: the engine's default, VERSIONS)
 
     def validate(self) -> None:
         if self.engine not in ENGINES:
@@ -86,10 +103,17 @@ class SimConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
         if self.step_seconds <= 0:
             raise ValueError("--step-seconds must be positive")
+        if self.version is not None:
+            check_version(self.version)
+
+    @property
+    def effective_version(self) -> str:
+        return self.version if self.version is not None else VERSIONS[self.engine]
 
 
 class SimProcess:
-    """One life of the simulated vLLM process: its engines, clock origin and start time."""
+    """One life of the simulated vLLM process: its engines, clock origin, start time and the API server's
+    HTTP request counts (http_requests_total: a new process starts from zero)."""
 
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
@@ -113,6 +137,14 @@ class SimProcess:
         self.created = self.start_time + 0.5  # metric objects are created after start-up work
         self.dead: str | None = None  # "crash" / "restart" once this life is over
         self._rr = itertools.cycle(self.engines)
+        # (handler, method, grouped status) -> (count, time the labelled child was created)
+        self.http_requests: dict[tuple[str, str, str], tuple[int, float]] = {}
+
+    def count_http(self, handler: str, method: str, status: int) -> None:
+        """One answered request (the caller holds the simulator's lock)."""
+        key = (handler, method, http_status(status))
+        n, created = self.http_requests.get(key, (0, time.time()))
+        self.http_requests[key] = (n + 1, created)
 
     def engine_time(self) -> float:
         return (time.monotonic() - self.t0) * self.cfg.time_scale
@@ -195,6 +227,7 @@ class Simulator:
         self.wedged_page = ""               # what /metrics shows while wedged (frozen at the wedge)
         self._fault_timer: threading.Timer | None = None
         self._fault_epoch = 0
+        self._next_settings: dict[str, Any] = {}  # restart settings for the next process (RESTART_SETTINGS)
         self.main: _Listener | None = None
         self.control: _Listener | None = None
         self.port = cfg.port
@@ -300,19 +333,36 @@ class Simulator:
         self._fault_timer.daemon = True
         self._fault_timer.start()
 
-    def set_fault(self, name: str, seconds: float | None = None) -> dict[str, Any]:
+    def set_fault(self, name: str, seconds: float | None = None, *, step_seconds: float | None = None,
+                  version: str | None = None) -> dict[str, Any]:
         """Apply a fault (already validated); slow parts run in the background.
 
         `seconds`: for stall/wedge/hang, clear the fault after that long; for crash, restart after that
         long; for restart, the downtime (default --restart-seconds); for slow_metrics, the delay.
         All are engine seconds (divided by --time-scale). Raises FaultConflict when the main
         port is down and the fault needs it up.
+
+        `step_seconds` and `version` (restart only): the new process runs with that step time and answers
+        that version, and so does every later one until a restart sets them again (a deployed new
+        version). A restart already in progress takes them for the process it is about to start.
+        Raises BadRequest (nothing changed) for a bad value or for these settings on another fault.
         """
+        settings: dict[str, Any] = {}
+        try:
+            if step_seconds is not None:
+                settings["step_seconds"] = check_step_seconds(step_seconds)
+            if version is not None:
+                settings["version"] = check_version(version)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        if settings and name != "restart":
+            raise BadRequest(f"{', '.join(settings)} only apply to the restart fault, not {name!r}")
         with self.cond:
             previous = self.fault
             scaled = None if seconds is None else seconds / self.cfg.time_scale
             down = previous in ("crash", "restart")
             if name == "restart" and previous == "restart":
+                self._next_settings.update(settings)  # the process about to start takes them
                 return self._fault_answer(previous)  # already restarting
             if down and name not in ("none", "restart"):
                 raise FaultConflict(f"the main port is down ({previous}); send restart or none first")
@@ -323,6 +373,7 @@ class Simulator:
                 else:
                     downtime = 0.0
                 self.fault = "restart"
+                self._next_settings.update(settings)
                 if self.main is not None:
                     self.main.alive = False
                 self._kill_process("restart")
@@ -365,7 +416,8 @@ class Simulator:
         proc = self.process
         if proc.running + proc.waiting == 0:
             return None
-        return render(proc.engines, self._flavour(), process_start_time=proc.start_time, created=proc.created)
+        return render(proc.engines, self._flavour(), process_start_time=proc.start_time, created=proc.created,
+                      http_requests=proc.http_requests)
 
     def _flavour(self) -> Flavour:
         return Flavour(engine=self.cfg.engine, multiprocess=self.cfg.multiprocess, model=self.cfg.model,
@@ -402,6 +454,11 @@ class Simulator:
         if self._stopping.is_set():
             return
         with self.cond:
+            if self._next_settings:
+                # a new command: this process and the later ones run with it (replace, never mutate: the
+                # dying process keeps the config it was started with)
+                self.cfg = replace(self.cfg, **self._next_settings)
+                self._next_settings = {}
             self.process = SimProcess(self.cfg)
             self.stats.restarts += 1
             self.fault = "none"
@@ -491,10 +548,20 @@ class Simulator:
                 e.sleep_level = 0
             self.cond.notify_all()
 
+    @property
+    def version(self) -> str:
+        """What /version answers: the restart's `version`, else the engine's default."""
+        return self.cfg.effective_version
+
     def metrics_page(self) -> str:
         with self.cond:
             proc = self.process
-            return render(proc.engines, self._flavour(), process_start_time=proc.start_time, created=proc.created)
+            return render(proc.engines, self._flavour(), process_start_time=proc.start_time, created=proc.created,
+                          http_requests=proc.http_requests)
+
+    def count_http(self, proc: SimProcess, handler: str, method: str, status: int) -> None:
+        with self.cond:
+            proc.count_http(handler, method, status)
 
     def stats_json(self) -> dict[str, Any]:
         with self.cond:
@@ -515,18 +582,24 @@ class Simulator:
                 "restarts": st.restarts,
                 "process_start_time": self.process.start_time,
                 "engine": self.cfg.engine,
+                "step_seconds": self.cfg.step_seconds,
+                "version": self.version,
                 "loading": self.process.loading,
                 "url": self.url,
                 "port_open": self.main is not None,
             }
 
 
-def parse_fault(body: Any) -> tuple[str, float | None]:
+def parse_fault(body: Any) -> tuple[str, float | None, dict[str, Any]]:
+    """(fault, seconds, restart settings) of a POST /sim/fault body; BadRequest if malformed.
+
+    The settings (`step_seconds`, `version`; only with "restart") are the keyword arguments of set_fault."""
     if not isinstance(body, dict):
         raise BadRequest('body must be a JSON object like {"fault": "stall", "seconds": 5}')
-    unknown = set(body) - {"fault", "seconds"}
+    allowed = ("fault", "seconds", *RESTART_SETTINGS)
+    unknown = set(body) - set(allowed)
     if unknown:
-        raise BadRequest(f"unknown field(s): {', '.join(sorted(unknown))} (allowed: fault, seconds)")
+        raise BadRequest(f"unknown field(s): {', '.join(sorted(unknown))} (allowed: {', '.join(allowed)})")
     name = body.get("fault")
     if not isinstance(name, str) or name not in FAULTS:
         raise BadRequest(f"fault must be one of {', '.join(FAULTS)}; got {name!r}")
@@ -537,7 +610,17 @@ def parse_fault(body: Any) -> tuple[str, float | None]:
         if seconds < 0:
             raise BadRequest(f"seconds must be >= 0; got {seconds!r}")
         seconds = float(seconds)
-    return name, seconds
+    settings: dict[str, Any] = {}
+    try:
+        if body.get("step_seconds") is not None:
+            settings["step_seconds"] = check_step_seconds(body["step_seconds"])
+        if body.get("version") is not None:
+            settings["version"] = check_version(body["version"])
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+    if settings and name != "restart":
+        raise BadRequest(f"{', '.join(settings)} only apply to the restart fault, not {name!r}")
+    return name, seconds, settings
 
 
 def parse_generation(path: str, body: Any, model: str) -> tuple[Any, int, bool]:
@@ -586,6 +669,9 @@ class _Handler(QuietHandler):
     server: _Listener
     server_version = "uvicorn"
     sys_version = ""
+    # the process and handler label that count this request's answer in http_requests_total (None: not
+    # counted: the control port, /sim/*, the excluded handlers, a request that never reached a route)
+    _http: tuple[SimProcess, str] | None = None
 
     # ------------------------------------------------------------------ plumbing
     @property
@@ -611,9 +697,16 @@ class _Handler(QuietHandler):
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise BadRequest(f"malformed JSON: {exc}") from None
 
+    def send_response(self, code: int, message: str | None = None) -> None:
+        super().send_response(code, message)
+        counted, self._http = self._http, None  # once per request
+        if counted is not None:
+            self.sim.count_http(counted[0], counted[1], self.command, code)
+
     def _drop(self) -> None:
         """Close the connection without an answer (the server is gone)."""
         self.close_connection = True
+        self._http = None
 
     def do_GET(self) -> None:  # noqa: N802 - stdlib name
         self._dispatch("GET")
@@ -630,6 +723,7 @@ class _Handler(QuietHandler):
     # ------------------------------------------------------------------ routing
     def _dispatch(self, method: str) -> None:
         path = urlsplit(self.path).path
+        self._http = None
         try:
             if path in ("/sim/fault", "/sim/stats"):
                 self._sim_route(method, path)
@@ -668,9 +762,9 @@ class _Handler(QuietHandler):
         if method != "POST":
             self.reply_json(405, {"error": 'use POST /sim/fault with {"fault": NAME, "seconds"?: n}'})
             return
-        name, seconds = parse_fault(self._read_json())
+        name, seconds, settings = parse_fault(self._read_json())
         try:
-            answer = self.sim.set_fault(name, seconds)
+            answer = self.sim.set_fault(name, seconds, **settings)
         except FaultConflict as exc:
             self._error(409, str(exc))
             return
@@ -681,7 +775,7 @@ class _Handler(QuietHandler):
         routes: dict[str, tuple[str, Callable[[], None]]] = {
             "/health": ("GET", self._health),
             "/ping": ("GET", self._health),
-            "/version": ("GET", lambda: self.reply_json(200, {"version": VERSIONS[sim.cfg.engine]})),
+            "/version": ("GET", lambda: self.reply_json(200, {"version": sim.version})),
             "/v1/models": ("GET", self._models),
             "/metrics": ("GET", self._metrics),
             "/v1/completions": ("POST", lambda: self._generate(path)),
@@ -692,6 +786,9 @@ class _Handler(QuietHandler):
                        "/is_sleeping": ("GET", lambda: self.reply_json(200, {"is_sleeping": sim.asleep}))}
         if sim.cfg.engine == "llamacpp":
             routes["/props"] = ("GET", self._props)
+        handler = http_handler(path, path in routes)
+        if handler is not None:
+            self._http = (sim.process, handler)  # what this process answers, 4xx and 5xx included
         route = routes.get(path)
         if route is None:
             self.reply_json(404, {"detail": "Not Found"})
@@ -722,7 +819,7 @@ class _Handler(QuietHandler):
         cfg = sim.cfg
         self.reply_json(200, {"default_generation_settings": {"n_ctx": cfg.kv_blocks * cfg.block_size // cfg.max_num_seqs},
                               "total_slots": cfg.max_num_seqs, "is_sleeping": sim.asleep,
-                              "model_alias": cfg.model, "build_info": VERSIONS["llamacpp"]})
+                              "model_alias": cfg.model, "build_info": sim.version})
 
     def _loading(self) -> bool:
         """sglang / llamacpp while the model loads: 503 (llama-server's "Loading model")."""

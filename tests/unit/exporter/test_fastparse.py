@@ -75,6 +75,10 @@ PAGES_BUILT = {
     "bench-full": page_variants(2)[1],
     "bench-simulator": page_variants(2, full=False)[1],
     "sim-v0": render(_busy("v0"), "v0", process_start_time=1.7e9),
+    # with the API server's http_requests_total (and its _created), and with the family still empty
+    "sim-v1-http": render(_busy("v1"), "v1", process_start_time=1.7e9, http_requests={
+        ("/v1/completions", "POST", "2xx"): (3, 1.7e9), ("/v1/completions", "POST", "5xx"): (1, 1.7e9 + 1)}),
+    "sim-v1-http-empty": render(_busy("v1"), "v1", process_start_time=1.7e9, http_requests={}),
     "sim-v1-mp": render(_busy("v1"), Flavour("v1", multiprocess=True)),
     "sim-sglang": render(_busy("sglang"), "sglang"),
     "sim-llamacpp": render(_busy("llamacpp"), "llamacpp"),

@@ -52,9 +52,17 @@ def _busy_engine(flavour: str, index: int = 0) -> Engine:
     return e
 
 
+# the API server's http_requests_total as the simulator server passes it (v1 only)
+HTTP = {("/v1/completions", "POST", "2xx"): (3, 1.7e9), ("/v1/models", "GET", "2xx"): (1, 1.7e9 + 1),
+        ("/v1/completions", "POST", "5xx"): (2, 1.7e9 + 2), ("none", "GET", "4xx"): (1, 1.7e9 + 3)}
+
+
 def _sim_pages() -> dict[str, str]:
     return {
         "v1": render(_busy_engine("v1"), "v1", process_start_time=1.7e9),
+        "v1-http": render(_busy_engine("v1"), "v1", process_start_time=1.7e9, http_requests=HTTP),
+        "v1-http-empty": render(_busy_engine("v1"), "v1", process_start_time=1.7e9, http_requests={}),
+        "v1-mp-http": render(_busy_engine("v1"), Flavour("v1", multiprocess=True), http_requests=HTTP),
         "v0": render(_busy_engine("v0"), "v0", process_start_time=1.7e9),
         "v1-mp": render(_busy_engine("v1"), Flavour("v1", multiprocess=True)),
         "v0-mp": render(_busy_engine("v0"), Flavour("v0", multiprocess=True)),
@@ -79,7 +87,8 @@ def test_every_capture_parses_like_prometheus_client(path: Path) -> None:
     read_text(text)  # and a Reading is built without error
 
 
-@pytest.mark.parametrize("name", ["v1", "v0", "v1-mp", "v0-mp", "v1-2engines"])
+@pytest.mark.parametrize("name", ["v1", "v1-http", "v1-http-empty", "v1-mp-http", "v0", "v1-mp", "v0-mp",
+                                  "v1-2engines"])
 def test_simulator_pages_parse_like_prometheus_client(name: str) -> None:
     text = _sim_pages()[name]
     _same(_ours(text), _reference(text))

