@@ -82,6 +82,10 @@ def run(args: argparse.Namespace) -> int:
         url, token = endpoint(args)
         if args.ctl == "status":
             print(status_table(get_backends(url, args.timeout), args.backend))
+            latest = ctl_rollout.latest(url, args.timeout)
+            if latest is not None and not args.backend:
+                print()
+                print(ctl_rollout.summary(latest))
             return 0
         if args.ctl == "diagnostics":
             return show_diagnostics(url, token, args)

@@ -138,6 +138,15 @@ def show(url: str, args: argparse.Namespace) -> int:
     return 0
 
 
+def latest(url: str, timeout: float) -> dict[str, Any] | None:
+    """The latest rollout (None: none yet, or a remediator without rollouts)."""
+    resp = fetch("GET", f"{url}/api/rollouts", timeout=timeout)
+    if resp.status != 200:
+        return None
+    found = resp.json().get("rollouts") or []
+    return found[0] if found else None
+
+
 def _when(t: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(float(t))) if t else "-"
 

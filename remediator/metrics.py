@@ -22,7 +22,7 @@ from llm_health.buildinfo import BuildInfoCollector
 from llm_health.config import Config
 from llm_health.remediator.backend_io import VERIFY, WARMUP
 from llm_health.remediator.lifecycle import UNSEEN, LifecycleState
-from llm_health.remediator.store import AdminState, IncidentState, StateStore
+from llm_health.remediator.store import AdminState, IncidentState, MemberStep, RolloutState, StateStore
 
 
 class StateCollector(Collector):
@@ -99,6 +99,8 @@ class StateCollector(Collector):
                     "1 while the backend waits for a person because its old process did not go away: the headroom "
                     "check never passed after the stop, nothing was started.", names, held_room)
 
+        yield from rollout_metrics(store)
+
         esc = store.counters("escalations")
         m = CounterMetricFamily("llm_health_remediator_escalations",
                                 "Restarts that need a person (warm-up timeout, action timeout, never ready).",
@@ -152,6 +154,37 @@ class StateCollector(Collector):
                                       "fails while > 0).")
                 g.add_metric([], float(report.get("stuck_looks", 0)))
                 yield g
+
+
+def rollout_metrics(store: StateStore) -> Iterator[Metric]:
+    """The latest rollout (remediator/rollout/): its state and its members' steps; finished ones by result."""
+    latest = store.rollouts(limit=1)
+    state = GaugeMetricFamily("llm_health_remediator_rollout_state",
+                              "1 for the state the latest rollout is in (running, paused, rolling_back, succeeded, "
+                              "rolled_back, failed), 0 for the others.", labels=["rollout", "state"])
+    steps = GaugeMetricFamily("llm_health_remediator_rollout_members",
+                              "Members of the latest rollout, by step.", labels=["rollout", "step"])
+    soaking = GaugeMetricFamily("llm_health_remediator_rollout_canary_soaking",
+                                "1 while the backend is a rollout's canary in its soak (the gate watches it).",
+                                labels=["backend"])
+    if latest:
+        r = latest[0]
+        for st in RolloutState:
+            state.add_metric([str(r.id), st.value], int(st == r.state))
+        members = store.rollout_members(r.id)
+        for step in MemberStep:
+            steps.add_metric([str(r.id), step.value], sum(1 for m in members if m.step == step))
+        for m in members:
+            if m.step == MemberStep.SOAKING and r.active:
+                soaking.add_metric([m.backend], 1)
+    yield state
+    yield steps
+    yield soaking
+    ended = store.rollout_counts()
+    m = CounterMetricFamily("llm_health_remediator_rollouts", "Rollouts that ended, by result.", labels=["result"])
+    for st in (RolloutState.SUCCEEDED, RolloutState.ROLLED_BACK, RolloutState.FAILED):
+        m.add_metric([st.value], ended.get(st, 0))
+    yield m
 
 
 def registry_for(config: Config, store: StateStore, health: Callable[[], dict[str, Any]] | None = None) -> CollectorRegistry:

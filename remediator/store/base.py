@@ -119,6 +119,7 @@ class Reads(Protocol):
     def rollout(self, rollout_id: int) -> Rollout | None: ...
     def rollouts(self, limit: int = 20) -> list[Rollout]: ...           # newest first
     def active_rollouts(self) -> list[Rollout]: ...                     # running, paused, rolling back
+    def rollout_counts(self) -> dict[RolloutState, int]: ...            # rollouts by state
     def rollout_members(self, rollout_id: int) -> list[RolloutMember]: ...   # in the rollout's order
     def soaking(self, backend: str) -> RolloutMember | None: ...        # the backend as a soaking canary
     def command(self, backend: str) -> CommandRow | None: ...           # None: the configured command

@@ -12,6 +12,7 @@ from llm_health import groups
 from llm_health.exposition import metrics_answer
 from llm_health.redact import redact
 from llm_health.remediator.web.context import ctx
+from llm_health.remediator.web.rollouts import rollout_view
 from llm_health.remediator.web.views import backends_view, fmt_time, public_event
 
 status = Blueprint("status", __name__)
@@ -39,6 +40,9 @@ def page() -> Any:
     authed = c.authenticated()
     events = [public_event(e, authed) for e in c.store.events(limit=50)]
     br = redact(c.store.breaker().as_dict())
-    return render_template("status.html", backends=backends_view(c), events=events, breaker=br,
+    with c.store.reader() as rd:
+        latest = rd.rollouts(limit=1)
+        rollout = rollout_view(rd, latest[0]) if latest else None
+    return render_template("status.html", backends=backends_view(c), events=events, breaker=br, rollout=rollout,
                            dry_run=c.config.remediator.dry_run, now=c.clock(), fmt=fmt_time,
                            group=groups.shown(c.config.remediator.group_labels))

@@ -54,6 +54,10 @@ class RolloutReads(Connected):
         rows = self._db().execute(f"SELECT * FROM rollouts WHERE state IN ({marks}) ORDER BY id", _ACTIVE).fetchall()
         return [rollout_of(r) for r in rows]
 
+    def rollout_counts(self) -> dict[RolloutState, int]:
+        return {RolloutState(r[0]): int(r[1]) for r in
+                self._db().execute("SELECT state, count(*) FROM rollouts GROUP BY state").fetchall()}
+
     def rollout_members(self, rollout_id: int) -> list[RolloutMember]:
         rows = self._db().execute("SELECT * FROM rollout_members WHERE rollout_id = ? ORDER BY position",
                                   (rollout_id,)).fetchall()

@@ -66,6 +66,19 @@ def test_the_config_says_what_a_headroom_needs() -> None:
     assert argv[1:3] == ("-m", "llm_health.remediator.sequence") and json.loads(argv[-1])["start"] == ["go"]
 
 
+
+def test_a_stored_command_takes_the_place_of_start_or_restart() -> None:
+    """A rollout's command (remediator/rollout/): for a three-step backend it is the new `start` (the stop and
+    the headroom check still come first); for a one-argv backend it is the new `restart`."""
+    base = {"name": "gpu-a", "url": "http://127.0.0.1:1"}
+    three = parse_config({"backends": [{**base, "stop": ["s"], "headroom": ["h"], "start": ["go"]}]})
+    steps = json.loads(restart_argv(three.backends[0], three.remediator, ("go", "--v2"))[-1])
+    assert steps == {"stop": ["s"], "headroom": ["h"], "start": ["go", "--v2"]}
+    one = parse_config({"backends": [{**base, "restart": ["r"]}]})
+    assert restart_argv(one.backends[0], one.remediator, ("r", "--v2")) == ("r", "--v2")
+    assert restart_argv(one.backends[0], one.remediator, None) == ("r",)
+
+
 def test_a_restart_whose_headroom_never_passed_waits_for_a_person(tmp_path: Path) -> None:
     w = fleet(tmp_path, ("gpu-a", "gpu-b", "gpu-c"), min_ready=1)
     import dataclasses

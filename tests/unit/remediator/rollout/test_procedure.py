@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from llm_health.exporter.verdict import Verdict
+from llm_health.remediator.agent import AgentAnswers
+from llm_health.remediator.agent_check import agent_reply
 from llm_health.remediator.rollout.gate import Measurement, Summary
 from llm_health.remediator.rollout.procedure import Procedure
 from tests.support.alerts import alert, payload
@@ -97,6 +99,12 @@ def test_a_rollout_goes_canary_first_then_one_per_host_never_below_min_ready(tmp
     kinds = w.kinds()
     assert kinds.index("rollout_started") < kinds.index("rollout_soak_started") < kinds.index("rollout_gate_passed")
     assert kinds[-1] == "rollout_succeeded"
+    page = w.client.get("/").get_data(as_text=True)
+    assert f"Rollout {rid}: SUCCEEDED" in page and "deploy --version 2 {backend} {host}" in page
+    metrics = w.client.get("/metrics").get_data(as_text=True)
+    assert f'llm_health_remediator_rollout_state{{rollout="{rid}",state="succeeded"}} 1.0' in metrics
+    assert f'llm_health_remediator_rollout_members{{rollout="{rid}",step="done"}} 4.0' in metrics
+    assert 'llm_health_remediator_rollouts_total{result="succeeded"} 1.0' in metrics
     # a later automatic restart (an alert, verified stuck) runs the command the backend was rolled to
     w.calls.clear()
     w.deliver(payload(alert("b2")))
@@ -109,12 +117,16 @@ def test_a_canary_failing_its_gate_is_rolled_back_and_the_others_untouched(tmp_p
     w = world(tmp_path, gate)
     rid = start(w).get_json()["id"]
     w.run_until(lambda: steps(w, rid)["a1"] == "soaking", "soaking")
+    answers = AgentAnswers(w.store, w.config, kv_reader=lambda url: 0.2)
+    assert agent_reply(answers.status_for("a1")) == "ready up 25%"            # a reduced share while it soaks
+    assert agent_reply(answers.status_for("a2")) == "ready up 100%"
     gate.verdict = Verdict.STALLED
     w.run_until(lambda: rollout(w, rid)["state"] == "rolled_back", "rolled back", timeout=60)
     assert w.restarted == ["a1", "a1"]
     assert w.calls[1] == ("restart-a1",)                  # back to the configured command
     assert steps(w, rid) == {"a1": "rolled_back", "a2": "pending", "b1": "pending", "b2": "pending"}
     assert w.client.get("/api/rollouts").get_json()["commands"] == {}
+    assert agent_reply(answers.status_for("a1")) == "ready up 100%"
     failed = w.events("a1", "rollout_gate_failed")[0]
     assert "stalled" in failed.reason
 
