@@ -135,7 +135,8 @@ class RolloutSettings:
     error_ratio_delta: float = 0.01      # canary error ratio at most the fleet's + this
     min_requests: int = 10               # user requests (besides our probes) the canary must serve during the soak
     max_query_errors: int = 4            # gate queries failing in a row that fail the gate
-    max_inconclusive: int = 3            # gate measurements in a row without a verdict that fail the gate
+    max_inconclusive: int = 5            # gate measurements in a row without a verdict that fail the gate (x gate_interval
+    #                                      should outlast the exporter's stall_after, so a stall is named as one)
 
 
 @dataclass(frozen=True)

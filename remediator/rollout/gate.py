@@ -52,7 +52,7 @@ class Bounds:
     min_requests: int = 10             # user requests the canary must have served during the soak
     pass_without_traffic: bool = False  # a canary without user traffic passes (said in the reason)
     max_query_errors: int = 4          # consecutive failed queries that fail the gate
-    max_inconclusive: int = 3          # consecutive measurements without an answer that fail the gate
+    max_inconclusive: int = 5          # consecutive measurements without an answer that fail the gate
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -5,9 +5,18 @@ from __future__ import annotations
 import pytest
 
 from llm_health.exporter.verdict import Verdict
-from llm_health.remediator.rollout.gate import Bounds, BoundsError, GateVerdict, Measurement, Summary, final, watch
+from llm_health.remediator.rollout.gate import (
+    Bounds,
+    BoundsError,
+    GateVerdict,
+    Measurement,
+    Summary,
+    final,
+    watch,
+)
 
-B = Bounds(min_requests=10, ttft_p95_ratio=1.5, e2e_p95_ratio=1.5, latency_slack=0.05, error_ratio_delta=0.01)
+B = Bounds(min_requests=10, ttft_p95_ratio=1.5, e2e_p95_ratio=1.5, latency_slack=0.05, error_ratio_delta=0.01,
+           max_inconclusive=3)
 GOOD = Summary(requests=40, probes=2, error_ratio=0.0, fleet_error_ratio=0.0, ttft_p95=0.2, fleet_ttft_p95=0.2,
                e2e_p95=2.0, fleet_e2e_p95=2.0, fleet=3)
 
