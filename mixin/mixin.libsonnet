@@ -623,6 +623,19 @@
             },
           },
           {
+            "alert": "LLMHealthRolloutFailed",
+            "expr": "max by (job, rollout) (llm_health_remediator_rollout_state{" + $._config.remediatorSelector + ", state=\"failed\"}) == 1\n",
+            "for": "1m",
+            "labels": {
+              "severity": "critical",
+            },
+            "annotations": {
+              "summary": "Rollout {{ $labels.rollout }} could not roll back: a backend runs neither its new nor its previous command",
+              "description": "A rollout's gate failed (or it was aborted) and at least one changed member did not come back with its previous command; the remediator stopped the rollout and waits for a person (llm-health ctl rollout status).",
+              "runbook_url": $._config.runbookBaseUrl + "#llmhealthrolloutfailed",
+            },
+          },
+          {
             "alert": "LLMHealthBackendNeedsAck",
             "expr": "(max by (backend) (llm_health_remediator_needs_ack{" + $._config.remediatorSelector + "}) == 1)\nor on (backend)\n(max by (backend) (llm_health_remediator_lifecycle_state{" + $._config.remediatorSelector + ", state=\"error\"}) == 1)\n",
             "for": $._config.needsAckFor,
@@ -853,6 +866,36 @@
             "useValueForTime": false,
           },
           {
+            "name": "Rollouts",
+            "datasource": {
+              "type": "prometheus",
+              "uid": "${datasource}",
+            },
+            "enable": true,
+            "hide": false,
+            "iconColor": "blue",
+            "expr": "max by (rollout, state) (llm_health_remediator_rollout_state{" + $._config.remediatorSelector + "}) == 1 and max by (rollout, state) (changes(llm_health_remediator_rollout_state{" + $._config.remediatorSelector + "}[$__rate_interval])) > 0",
+            "titleFormat": "rollout {{rollout}} {{state}}",
+            "textFormat": "A rollout changed state (llm-health ctl rollout status)",
+            "tagKeys": "rollout,state",
+            "useValueForTime": false,
+          },
+          {
+            "name": "Canary soaking",
+            "datasource": {
+              "type": "prometheus",
+              "uid": "${datasource}",
+            },
+            "enable": true,
+            "hide": false,
+            "iconColor": "yellow",
+            "expr": "max by (backend) (llm_health_remediator_rollout_canary_soaking{" + $._config.remediatorSelector + ", backend=~\"$backend\"}) == 1",
+            "titleFormat": "canary {{backend}} soaking",
+            "textFormat": "The rollout's gate watches this canary (reduced HAProxy weight)",
+            "tagKeys": "backend",
+            "useValueForTime": false,
+          },
+          {
             "name": "LLM alerts firing",
             "datasource": {
               "type": "prometheus",
@@ -861,7 +904,7 @@
             "enable": true,
             "hide": false,
             "iconColor": "red",
-            "expr": "ALERTS{alertname=~\"LLMBackendStalled|LLMBackendDown|LLMBackendRestarted|LLMBackendRestartLoop|LLMKVCachePressure|LLMPreemptions|LLMBackendErrorRate|LLMMetricsBehindProxy|LLMBackendNoMetrics|LLMBackendVerdictUnknown|LLMBackendTargetMissing|LLMTooFewBackendsUp|LLMProxyDown|LLMHealthExporterDown|LLMHealthProbeSentToBusyBackend|LLMQueueDepthHigh|LLMQueueTimeHigh|LLMTimeToFirstTokenHigh|LLMTimeToFirstTokenSLOBreach|LLMBackendAdmissionStalled|LLMBackendDegraded|LLMHealthRemediatorDown|LLMHealthRemediatorUnhealthy|LLMHealthBreakerOpen|LLMHealthBackendNeedsAck|LLMHealthHostNeedsAttention|LLMHealthRestartsFailing|LLMHealthWebhookDeliveryFailing|LLMHealthRemediatorNotHearingAlertmanager|LLMHealthRemediatorConfigReloadFailed|LLMHealthExporterConfigReloadFailed|LLMHealthDiscoveryStale|LLMHealthDiscoveryDuplicateNames|LLMHealthBackendNotJudged\", alertstate=\"firing\", backend=~\"$backend|\"}",
+            "expr": "ALERTS{alertname=~\"LLMBackendStalled|LLMBackendDown|LLMBackendRestarted|LLMBackendRestartLoop|LLMKVCachePressure|LLMPreemptions|LLMBackendErrorRate|LLMMetricsBehindProxy|LLMBackendNoMetrics|LLMBackendVerdictUnknown|LLMBackendTargetMissing|LLMTooFewBackendsUp|LLMProxyDown|LLMHealthExporterDown|LLMHealthProbeSentToBusyBackend|LLMQueueDepthHigh|LLMQueueTimeHigh|LLMTimeToFirstTokenHigh|LLMTimeToFirstTokenSLOBreach|LLMBackendAdmissionStalled|LLMBackendDegraded|LLMHealthRemediatorDown|LLMHealthRemediatorUnhealthy|LLMHealthBreakerOpen|LLMHealthRolloutFailed|LLMHealthBackendNeedsAck|LLMHealthHostNeedsAttention|LLMHealthRestartsFailing|LLMHealthWebhookDeliveryFailing|LLMHealthRemediatorNotHearingAlertmanager|LLMHealthRemediatorConfigReloadFailed|LLMHealthExporterConfigReloadFailed|LLMHealthDiscoveryStale|LLMHealthDiscoveryDuplicateNames|LLMHealthBackendNotJudged\", alertstate=\"firing\", backend=~\"$backend|\"}",
             "titleFormat": "{{alertname}} {{backend}}",
             "textFormat": "severity {{severity}}; runbook: " + $._config.runbookBaseUrl + " (section {{alertname}})",
             "tagKeys": "alertname,backend,severity",
@@ -3517,6 +3560,36 @@
             "useValueForTime": false,
           },
           {
+            "name": "Rollouts",
+            "datasource": {
+              "type": "prometheus",
+              "uid": "${datasource}",
+            },
+            "enable": true,
+            "hide": false,
+            "iconColor": "blue",
+            "expr": "max by (rollout, state) (llm_health_remediator_rollout_state{" + $._config.remediatorSelector + "}) == 1 and max by (rollout, state) (changes(llm_health_remediator_rollout_state{" + $._config.remediatorSelector + "}[$__rate_interval])) > 0",
+            "titleFormat": "rollout {{rollout}} {{state}}",
+            "textFormat": "A rollout changed state (llm-health ctl rollout status)",
+            "tagKeys": "rollout,state",
+            "useValueForTime": false,
+          },
+          {
+            "name": "Canary soaking",
+            "datasource": {
+              "type": "prometheus",
+              "uid": "${datasource}",
+            },
+            "enable": true,
+            "hide": false,
+            "iconColor": "yellow",
+            "expr": "max by (backend) (llm_health_remediator_rollout_canary_soaking{" + $._config.remediatorSelector + ", backend=~\"$backend\"}) == 1",
+            "titleFormat": "canary {{backend}} soaking",
+            "textFormat": "The rollout's gate watches this canary (reduced HAProxy weight)",
+            "tagKeys": "backend",
+            "useValueForTime": false,
+          },
+          {
             "name": "LLM alerts firing",
             "datasource": {
               "type": "prometheus",
@@ -3525,7 +3598,7 @@
             "enable": true,
             "hide": false,
             "iconColor": "red",
-            "expr": "ALERTS{alertname=~\"LLMBackendStalled|LLMBackendDown|LLMBackendRestarted|LLMBackendRestartLoop|LLMKVCachePressure|LLMPreemptions|LLMBackendErrorRate|LLMMetricsBehindProxy|LLMBackendNoMetrics|LLMBackendVerdictUnknown|LLMBackendTargetMissing|LLMTooFewBackendsUp|LLMProxyDown|LLMHealthExporterDown|LLMHealthProbeSentToBusyBackend|LLMQueueDepthHigh|LLMQueueTimeHigh|LLMTimeToFirstTokenHigh|LLMTimeToFirstTokenSLOBreach|LLMBackendAdmissionStalled|LLMBackendDegraded|LLMHealthRemediatorDown|LLMHealthRemediatorUnhealthy|LLMHealthBreakerOpen|LLMHealthBackendNeedsAck|LLMHealthHostNeedsAttention|LLMHealthRestartsFailing|LLMHealthWebhookDeliveryFailing|LLMHealthRemediatorNotHearingAlertmanager|LLMHealthRemediatorConfigReloadFailed|LLMHealthExporterConfigReloadFailed|LLMHealthDiscoveryStale|LLMHealthDiscoveryDuplicateNames|LLMHealthBackendNotJudged\", alertstate=\"firing\", backend=~\"$backend|\"}",
+            "expr": "ALERTS{alertname=~\"LLMBackendStalled|LLMBackendDown|LLMBackendRestarted|LLMBackendRestartLoop|LLMKVCachePressure|LLMPreemptions|LLMBackendErrorRate|LLMMetricsBehindProxy|LLMBackendNoMetrics|LLMBackendVerdictUnknown|LLMBackendTargetMissing|LLMTooFewBackendsUp|LLMProxyDown|LLMHealthExporterDown|LLMHealthProbeSentToBusyBackend|LLMQueueDepthHigh|LLMQueueTimeHigh|LLMTimeToFirstTokenHigh|LLMTimeToFirstTokenSLOBreach|LLMBackendAdmissionStalled|LLMBackendDegraded|LLMHealthRemediatorDown|LLMHealthRemediatorUnhealthy|LLMHealthBreakerOpen|LLMHealthRolloutFailed|LLMHealthBackendNeedsAck|LLMHealthHostNeedsAttention|LLMHealthRestartsFailing|LLMHealthWebhookDeliveryFailing|LLMHealthRemediatorNotHearingAlertmanager|LLMHealthRemediatorConfigReloadFailed|LLMHealthExporterConfigReloadFailed|LLMHealthDiscoveryStale|LLMHealthDiscoveryDuplicateNames|LLMHealthBackendNotJudged\", alertstate=\"firing\", backend=~\"$backend|\"}",
             "titleFormat": "{{alertname}} {{backend}}",
             "textFormat": "severity {{severity}}; runbook: " + $._config.runbookBaseUrl + " (section {{alertname}})",
             "tagKeys": "alertname,backend,severity",
@@ -4354,6 +4427,171 @@
         },
         {
           "id": 10,
+          "type": "state-timeline",
+          "title": "Rollout state",
+          "description": "The latest rollout's state (running, paused, rolling_back, succeeded, rolled_back, failed): llm-health ctl rollout status. failed = a rollback did not complete: a person is needed.",
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}",
+          },
+          "gridPos": {
+            "h": 6,
+            "w": 12,
+            "x": 0,
+            "y": 33,
+          },
+          "targets": [
+            {
+              "refId": "A",
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}",
+              },
+              "expr": "max by (rollout, state) (llm_health_remediator_rollout_state{" + $._config.remediatorSelector + "}) == 1",
+              "legendFormat": "rollout {{rollout}}: {{state}}",
+              "range": true,
+              "instant": false,
+            },
+          ],
+          "fieldConfig": {
+            "defaults": {
+              "mappings": [
+                {
+                  "type": "value",
+                  "options": {
+                    "1": {
+                      "text": "active",
+                      "color": "blue",
+                      "index": 0,
+                    },
+                  },
+                },
+                {
+                  "type": "special",
+                  "options": {
+                    "match": "null",
+                    "result": {
+                      "text": "no data",
+                      "color": "text",
+                      "index": 1,
+                    },
+                  },
+                },
+              ],
+              "thresholds": {
+                "mode": "absolute",
+                "steps": [
+                  {
+                    "color": "green",
+                    "value": null,
+                  },
+                ],
+              },
+              "color": {
+                "mode": "thresholds",
+              },
+              "custom": {
+                "fillOpacity": 80,
+                "lineWidth": 0,
+              },
+            },
+            "overrides": [],
+          },
+          "options": {
+            "showValue": "auto",
+            "mergeValues": true,
+            "alignValue": "left",
+            "rowHeight": 0.9,
+            "legend": {
+              "displayMode": "list",
+              "placement": "bottom",
+              "showLegend": true,
+            },
+            "tooltip": {
+              "mode": "single",
+              "sort": "none",
+            },
+          },
+        },
+        {
+          "id": 11,
+          "type": "timeseries",
+          "title": "Rollout members by step",
+          "description": "The latest rollout's members: pending, restarting, soaking (the canary under its gate), done, rolling_back, rolled_back, failed, rollback_failed.",
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}",
+          },
+          "gridPos": {
+            "h": 6,
+            "w": 12,
+            "x": 12,
+            "y": 33,
+          },
+          "targets": [
+            {
+              "refId": "A",
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}",
+              },
+              "expr": "max by (step) (llm_health_remediator_rollout_members{" + $._config.remediatorSelector + "})",
+              "legendFormat": "{{step}}",
+              "range": true,
+              "instant": false,
+            },
+          ],
+          "fieldConfig": {
+            "defaults": {
+              "unit": "short",
+              "min": 0,
+              "thresholds": {
+                "mode": "absolute",
+                "steps": [
+                  {
+                    "color": "green",
+                    "value": null,
+                  },
+                ],
+              },
+              "color": {
+                "mode": "palette-classic",
+              },
+              "custom": {
+                "drawStyle": "line",
+                "lineWidth": 1,
+                "fillOpacity": 10,
+                "showPoints": "never",
+                "spanNulls": false,
+                "stacking": {
+                  "mode": "normal",
+                  "group": "A",
+                },
+                "thresholdsStyle": {
+                  "mode": "off",
+                },
+              },
+            },
+            "overrides": [],
+          },
+          "options": {
+            "legend": {
+              "displayMode": "table",
+              "placement": "right",
+              "showLegend": true,
+              "calcs": [
+                "lastNotNull",
+                "max",
+              ],
+            },
+            "tooltip": {
+              "mode": "multi",
+              "sort": "desc",
+            },
+          },
+        },
+        {
+          "id": 12,
           "type": "stat",
           "title": "Remediator scrape up",
           "description": "",
@@ -4365,7 +4603,7 @@
             "h": 4,
             "w": 24,
             "x": 0,
-            "y": 33,
+            "y": 39,
           },
           "targets": [
             {

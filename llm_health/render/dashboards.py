@@ -437,6 +437,9 @@ class Q:
                                  "backend") + " > 0",
         })
         restarts = self.remediator("llm_health_remediator_restarts_total")
+        rollout_state = self.remediator("llm_health_remediator_rollout_state", backend=False)
+        rollout_states = self.agg("max", rollout_state, "rollout", "state")
+        soaking = self.remediator("llm_health_remediator_rollout_canary_soaking")
         alert_matchers = [f'alertname=~"{ANNOTATED_ALERTS}"', 'alertstate="firing"', *self.group_matchers(),
                           'backend=~"$backend|"']
         return (
@@ -449,6 +452,17 @@ class Q:
                 "Remediator restarts", f"{self.growth(restarts, RI, 'backend')} > 0",
                 "llm-health restart: " + self.legend(), "The remediator restarted this backend",
                 "backend", "orange",
+            ),
+            Annotation(
+                "Rollouts", f"{rollout_states} == 1 and "
+                f"{self.agg('max', f'changes({rollout_state}[{RI}])', 'rollout', 'state')} > 0",
+                "rollout {{rollout}} {{state}}", "A rollout changed state (llm-health ctl rollout status)",
+                "rollout,state", "blue",
+            ),
+            Annotation(
+                "Canary soaking", f"{self.agg('max', soaking, 'backend')} == 1",
+                "canary {{backend}} soaking", "The rollout's gate watches this canary (reduced HAProxy weight)",
+                "backend", "yellow",
             ),
             Annotation(
                 "LLM alerts firing", f"ALERTS{{{', '.join(alert_matchers)}}}",
@@ -758,6 +772,8 @@ def remediator(s: RuleSettings) -> Dashboard:
     decisions = q.remediator("llm_health_remediator_decisions_total", backend=False)
     deferred = q.remediator("llm_health_remediator_decisions_total", 'decision=~"deferred.*"', backend=False)
     breaker = q.agg("max", q.remediator("llm_health_remediator_breaker_open", backend=False))
+    rollout_state = q.remediator("llm_health_remediator_rollout_state", backend=False)
+    rollout_members = q.remediator("llm_health_remediator_rollout_members", backend=False)
     panels = (
         Panel(
             "Restarts in range", "stat",
@@ -810,6 +826,20 @@ def remediator(s: RuleSettings) -> Dashboard:
             w=24, h=8,
             mappings=value_mappings([(1, "active", "green")]),
             description="Which lifecycle state each backend is in (one 0/1 series per state).",
+        ),
+        Panel(
+            "Rollout state", "state-timeline",
+            (Target(f"{q.agg('max', rollout_state, 'rollout', 'state')} == 1", "rollout {{rollout}}: {{state}}"),),
+            w=12, h=6, mappings=value_mappings([(1, "active", "blue")]),
+            description="The latest rollout's state (running, paused, rolling_back, succeeded, rolled_back, failed): "
+            "llm-health ctl rollout status. failed = a rollback did not complete: a person is needed.",
+        ),
+        Panel(
+            "Rollout members by step", "timeseries",
+            (Target(q.agg("max", rollout_members, "step"), "{{step}}"),),
+            w=12, h=6, unit="short", min=0, stacked=True,
+            description="The latest rollout's members: pending, restarting, soaking (the canary under its gate), "
+            "done, rolling_back, rolled_back, failed, rollback_failed.",
         ),
         Panel(
             "Remediator scrape up", "stat",

@@ -71,7 +71,8 @@ ALERT_NAMES = (
     "LLMQueueDepthHigh", "LLMQueueTimeHigh", "LLMTimeToFirstTokenHigh", "LLMTimeToFirstTokenSLOBreach",
     "LLMBackendAdmissionStalled", "LLMBackendDegraded",
     # llm-health.self
-    "LLMHealthRemediatorDown", "LLMHealthRemediatorUnhealthy", "LLMHealthBreakerOpen", "LLMHealthBackendNeedsAck",
+    "LLMHealthRemediatorDown", "LLMHealthRemediatorUnhealthy", "LLMHealthBreakerOpen", "LLMHealthRolloutFailed",
+    "LLMHealthBackendNeedsAck",
     "LLMHealthHostNeedsAttention",
     "LLMHealthRestartsFailing", "LLMHealthWebhookDeliveryFailing", "LLMHealthWatchdog",
     "LLMHealthRemediatorNotHearingAlertmanager", "LLMHealthRemediatorConfigReloadFailed",

@@ -266,6 +266,7 @@ def test_saturation_threshold_lines_follow_the_rule_settings() -> None:
             "llm_health_remediator_alerts_received_total", "llm_health_remediator_decisions_total",
             "llm_health_remediator_restarts_total", 'decision=~"deferred.*"',
             "llm_health_remediator_breaker_open", "llm_health_remediator_lifecycle_state",
+            "llm_health_remediator_rollout_state", "llm_health_remediator_rollout_members",
         ]),
     ],
 )
@@ -387,7 +388,10 @@ def test_panels_cover_all_three_engines(dashboards: dict[str, dict[str, Any]]) -
 def test_annotations_restarts_remediator_restarts_and_firing_alerts(dashboards: dict[str, dict[str, Any]]) -> None:
     for name, d in dashboards.items():
         annotations = {a["name"]: a for a in d["annotations"]["list"] if "expr" in a}
-        assert set(annotations) == {"Engine restarts", "Remediator restarts", "LLM alerts firing"}, name
+        assert set(annotations) == {"Engine restarts", "Remediator restarts", "Rollouts", "Canary soaking",
+                                    "LLM alerts firing"}, name
+        assert "changes(llm_health_remediator_rollout_state{" in annotations["Rollouts"]["expr"]
+        assert 'llm_health_remediator_rollout_canary_soaking{' in annotations["Canary soaking"]["expr"]
         engine = annotations["Engine restarts"]["expr"]
         assert "changes(process_start_time_seconds{" in engine and "changes(vllm:prompt_tokens_created{" in engine
         assert "resets(llamacpp:n_decode_total{" in engine and "resets(sglang:num_requests_total{" in engine

@@ -26,6 +26,7 @@ import requests
 from llm_health.drill.procs import ManagedProcess, free_port, llm_health, python_module, wait_until
 from llm_health.drill.stack import BackendSpec, Load, Stack
 from llm_health.remediator.drain import show_stat
+from tests.support.dashboard_queries import annotation_queries, dashboards_queries
 from tests.support.haproxy import render_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
@@ -177,6 +178,15 @@ def test_a_rollout_goes_canary_first_then_one_per_host_and_never_below_min_ready
     metrics = requests.get(f"{rig.url}/metrics", timeout=5).text
     assert f'llm_health_remediator_rollout_state{{rollout="{rid}",state="succeeded"}} 1.0' in metrics
     assert rig.weights()["sim-a1"] == 100
+    # the dashboards see it in this Prometheus: the rollout panels have data, both annotations marked it
+    rig.stack.wait(lambda: rig.stack.query(f'llm_health_remediator_rollout_state{{rollout="{rid}",state="succeeded"}}'
+                                           ' == 1'), 20, "Prometheus scraped the rollout's end")
+    panels = [expr for dashboard, title, expr in dashboards_queries() if title.startswith("Rollout")]
+    assert len(panels) == 2 and all(rig.stack.query(expr) for expr in panels), panels
+    marks = [expr for _, name, expr in annotation_queries() if name in ("Rollouts", "Canary soaking")]
+    assert len(marks) == 4
+    rig.stack.wait(lambda: all(rig.stack.query(f"max_over_time(({expr})[10m:1s])") for expr in marks), 15,
+                   "both rollout annotations marked the rollout")
 
 
 def regressed(rig: Rig, command: list[str], then: Any = None) -> tuple[int, dict[str, int]]:

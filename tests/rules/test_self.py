@@ -71,6 +71,21 @@ def breaker() -> Scenario:
     return s
 
 
+def rollout_failed() -> Scenario:
+    """A rollout's rollback did not complete (failed) from 10m; an earlier one only rolled back (no page)."""
+    s = Scenario("rollout 3 rolled back at 5m (fine); rollout 4 failed its rollback at 10m; two workers")
+    for inst in ("rem-1:9411", "rem-2:9411"):
+        s.add(rem("llm_health_remediator_rollout_state", {"rollout": "3", "state": "rolled_back"}, "0x20 1x20 stale",
+                  inst))
+        s.add(rem("llm_health_remediator_rollout_state", {"rollout": "4", "state": "failed"}, f"0x40 1x{N}", inst))
+        s.add(rem("llm_health_remediator_rollout_state", {"rollout": "4", "state": "rolling_back"}, f"1x40 0x{N}",
+                  inst))
+    s.silent("9m", "LLMHealthRolloutFailed")
+    s.silent("10m", "LLMHealthRolloutFailed")              # not for 1m yet
+    s.expect("12m", "LLMHealthRolloutFailed", {"job": "llm-health-remediator", "rollout": "4"})
+    return s
+
+
 def needs_ack() -> Scenario:
     s = Scenario("gpu-a needs an ack from 10m, gpu-b goes to ERROR at 10m, gpu-c to ERROR for 1m only")
     s.add(rem("llm_health_remediator_needs_ack", {"backend": "gpu-a"}, f"0x40 1x{N}"))
@@ -227,7 +242,7 @@ def exporter_reload_failed() -> Scenario:
     return s
 
 
-SCENARIOS = [remediator_down, remediator_absent, remediator_unhealthy, breaker, needs_ack, host_needs_attention,
+SCENARIOS = [remediator_down, remediator_absent, remediator_unhealthy, breaker, rollout_failed, needs_ack, host_needs_attention,
              restarts_failing,
              webhook_failing, discovery_stale, backend_not_judged, discovery_duplicates, not_hearing_alertmanager,
              never_heard_without_a_watchdog_rule, webhook_failing_elsewhere, webhook_failing_ours,
