@@ -199,6 +199,11 @@ def check(tx: Transaction, config: Config, req: RolloutRequest) -> tuple[Refusal
             chosen.append(b)
     else:
         chosen = [b for b in config.backends if has_restart(b) and b.name not in held]
+    pods = [b.name for b in chosen if b.workload]
+    if pods:
+        return Refusal.MEMBER, (f"{', '.join(pods[:5])} belong(s) to a workload that replaces its pods under new "
+                                "names: roll the Deployment itself (maxSurge 0, maxUnavailable 1) and let the "
+                                "readiness endpoint gate it"), []
     if not chosen:
         return Refusal.MEMBER, "no backend in service has a restart action", []
     if req.canary > len(chosen):
