@@ -207,7 +207,7 @@ def _judge_timeout(prev: BackendState, obs: Observation, now: float, settings: T
             prev, now, settings, min(stuck) if stuck else None,
             lambda failures, quiet: (f"/metrics timed out {failures} time(s) in a row; last reading "
                                      f"{_work_text(last)}; no progress seen for {quiet:.0f} s"),
-            tokens_per_second=0.0, steps_per_second=0.0)
+            bound=settings.bound(last, prev.longest_quiet), tokens_per_second=0.0, steps_per_second=0.0)
     if obs.cheap_ok is not False:
         failures = prev.failures + 1
         health = "/health fine" if obs.cheap_ok else "/health not asked"
@@ -224,22 +224,27 @@ def _judge_timeout(prev: BackendState, obs: Observation, now: float, settings: T
 
 
 def _timeouts_toward_stall(prev: BackendState, now: float, settings: Thresholds, anchor: float | None,
-                           text: Callable[[int, float], str], **cols: Any) -> BackendState:
+                           text: Callable[[int, float], str], bound: QuietBound | None = None,
+                           **cols: Any) -> BackendState:
     """One more /metrics timeout that counts as evidence of a stall: stalled once `stall_readings`
-    timeouts in a row span `stall_after` seconds since `anchor` (default: the last good reading), else
-    unknown. `text(failures, quiet)` says what was seen; `cols` are the state fields to set."""
+    timeouts in a row span the bound since `anchor` (default: the last good reading), else unknown.
+    `bound`: llama.cpp's page is answered by its inference loop between two `llama_decode` calls, so it
+    hangs for as long as one step takes: the step-derived bound of its last reading applies, as to frozen
+    counters (a 30 s prompt step is no stall). Without one (vLLM's and SGLang's API servers answer during
+    their steps, so a server that answers nothing is no step): `stall_after`. `text(failures, quiet)` says
+    what was seen; `cols` are the state fields to set."""
     if anchor is None:
         anchor = prev.last_at if prev.last_at is not None else now
+    if bound is None:
+        bound = QuietBound(settings.stall_after, f"stall_after {settings.stall_after:g} s")
     quiet = now - anchor
     failures = prev.failures + 1
     said = text(failures, quiet)
-    # not the step-derived bound: a page that does not come back is no step of the engine (llama.cpp answers
-    # /metrics during a decode; vLLM's and SGLang's API servers answer during their steps)
-    if failures >= settings.stall_readings and quiet >= settings.stall_after:
-        return _become(prev, Verdict.STALLED, said, now, failures=failures, stall_bound=settings.stall_after,
-                       **cols)
-    return _become(prev, Verdict.UNKNOWN, said + f" (stalled after {settings.stall_after:g} s)", now,
-                   failures=failures, stall_bound=settings.stall_after, **cols)
+    if failures >= settings.stall_readings and quiet >= bound.seconds:
+        return _become(prev, Verdict.STALLED, f"{said} (bound: {bound.why})", now, failures=failures,
+                       stall_bound=bound.seconds, **cols)
+    return _become(prev, Verdict.UNKNOWN, said + f" (stalled after {bound.seconds:.0f} s: {bound.why})", now,
+                   failures=failures, stall_bound=bound.seconds, **cols)
 
 
 PROBE_STEPS = 3   # engine steps one max_tokens = 1 probe may take (its prompt's chunk(s) and the token)
@@ -280,16 +285,17 @@ def page_is_work_queue(last: Reading) -> bool:
 def _judge_queue_hang(prev: BackendState, last: Reading, now: float, settings: Thresholds) -> BackendState:
     """llama.cpp: /metrics hangs after an idle reading while /health answers: the loop is stuck.
 
-    Judged like frozen counters with work present (the hanging page is itself work): stalled once
-    `stall_readings` timeouts in a row span `stall_after` seconds since the last good reading, i.e.
-    within stall_after + interval + read_timeout of the freeze. Never "down": the process answers.
+    Judged like frozen counters with work present (the hanging page is itself work, and a request that
+    came after the idle reading may be in one long prompt step): stalled once `stall_readings` timeouts in
+    a row span the step-derived bound of the last reading since that reading. Never "down": the process
+    answers.
     """
     return _timeouts_toward_stall(
         prev, now, settings, None,
         lambda failures, quiet: (f"/metrics (served by the inference loop) timed out {failures} time(s) in a "
                                  f"row after an idle reading, /health fine: the loop has not served its queue "
                                  f"for {quiet:.0f} s"),
-        in_flight=0.0, tokens_per_second=0.0)
+        bound=settings.bound(last, prev.longest_quiet), in_flight=0.0, tokens_per_second=0.0)
 
 
 def _judge_no_metrics(prev: BackendState, obs: Observation, now: float, settings: Thresholds) -> BackendState:

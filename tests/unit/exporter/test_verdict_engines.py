@@ -109,3 +109,29 @@ def test_llamacpp_hang_resolves_to_idle_when_the_page_answers_again() -> None:
     assert state.verdict == Verdict.STALLED
     state = judge(state, idle, 13.0, T)
     assert state.verdict == Verdict.IDLE
+
+
+def slow_llamacpp(busy: bool) -> Observation:
+    """A llama.cpp page whose own prompt timing makes one step long: 54 tokens at 0.5 s/token (27 s)."""
+    name = "llamacpp-b11434-busy.txt" if busy else "llamacpp-b11434-idle.txt"
+    text = (FIXTURES / name).read_text()
+    tokens = float(next(ln.split()[1] for ln in text.splitlines() if ln.startswith("llamacpp:prompt_tokens_total ")))
+    text = "\n".join(f"llamacpp:prompt_seconds_total {tokens * 0.5:g}" if ln.startswith("llamacpp:prompt_seconds_total ")
+                     else "llamacpp:n_tokens_max 54" if ln.startswith("llamacpp:n_tokens_max ") else ln
+                     for ln in text.splitlines()) + "\n"
+    r = read_text(text)
+    assert r.has_engine_metrics and (r.work > 0) == busy and r.prompt_seconds_per_token == pytest.approx(0.5)
+    return Observation(outcome=ReadResult.OK, reading=r)
+
+
+@pytest.mark.parametrize("busy", [True, False])
+def test_a_llamacpp_page_hanging_for_one_long_step_is_no_stall_before_the_step_bound(busy: bool) -> None:
+    """The page is answered by the inference loop between two llama_decode calls: while one long prompt step
+    runs (here up to 27 s by the engine's own prompt speed), it hangs. Stalled only once the hang outlasts the
+    step-derived bound (2 x 27 s), never at stall_after (10 s): a long prefill is no stall (principle 4)."""
+    seen = run(slow_llamacpp(busy), hang(True if not busy else None), until=60)
+    bound = seen[-1][1].stall_bound
+    assert bound == pytest.approx(54.0)
+    assert all(s.verdict == Verdict.UNKNOWN for t, s in seen[1:] if t < bound), [(t, s.verdict) for t, s in seen]
+    assert next(t for t, s in seen if s.verdict == Verdict.STALLED) == pytest.approx(bound, abs=1.0)
+    assert "bound: 2 x a 54-token prompt step" in seen[-1][1].reason
