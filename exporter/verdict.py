@@ -207,7 +207,7 @@ def _judge_timeout(prev: BackendState, obs: Observation, now: float, settings: T
             prev, now, settings, min(stuck) if stuck else None,
             lambda failures, quiet: (f"/metrics timed out {failures} time(s) in a row; last reading "
                                      f"{_work_text(last)}; no progress seen for {quiet:.0f} s"),
-            bound=settings.bound(last, prev.longest_quiet), tokens_per_second=0.0, steps_per_second=0.0)
+            bound=settings.bound(last, 0.0), tokens_per_second=0.0, steps_per_second=0.0)
     if obs.cheap_ok is not False:
         failures = prev.failures + 1
         health = "/health fine" if obs.cheap_ok else "/health not asked"
@@ -229,8 +229,9 @@ def _timeouts_toward_stall(prev: BackendState, now: float, settings: Thresholds,
     """One more /metrics timeout that counts as evidence of a stall: stalled once `stall_readings`
     timeouts in a row span the bound since `anchor` (default: the last good reading), else unknown.
     `bound`: llama.cpp's page is answered by its inference loop between two `llama_decode` calls, so it
-    hangs for as long as one step takes: the step-derived bound of its last reading applies, as to frozen
-    counters (a 30 s prompt step is no stall). Without one (vLLM's and SGLang's API servers answer during
+    hangs for as long as one step takes: the bound its last reading's own numbers give (its context at its
+    prompt speed; not a pause this exporter saw end, which after a thawed stall would only delay the next
+    one) applies (a 30 s prompt step is no stall). Without one (vLLM's and SGLang's API servers answer during
     their steps, so a server that answers nothing is no step): `stall_after`. `text(failures, quiet)` says
     what was seen; `cols` are the state fields to set."""
     if anchor is None:
@@ -295,7 +296,7 @@ def _judge_queue_hang(prev: BackendState, last: Reading, now: float, settings: T
         lambda failures, quiet: (f"/metrics (served by the inference loop) timed out {failures} time(s) in a "
                                  f"row after an idle reading, /health fine: the loop has not served its queue "
                                  f"for {quiet:.0f} s"),
-        bound=settings.bound(last, prev.longest_quiet), in_flight=0.0, tokens_per_second=0.0)
+        bound=settings.bound(last, 0.0), in_flight=0.0, tokens_per_second=0.0)
 
 
 def _judge_no_metrics(prev: BackendState, obs: Observation, now: float, settings: Thresholds) -> BackendState:

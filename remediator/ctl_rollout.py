@@ -5,6 +5,7 @@
     llm-health ctl ... rollout --plan FILE [--reason TEXT] [--by WHO]    (a YAML plan: the same fields)
     llm-health ctl ... rollout status [ID]
     llm-health ctl ... rollout pause|resume|abort ID --reason TEXT [--by WHO]
+    llm-health ctl ... rollout ack ID --reason TEXT      (a failed rollback repaired by hand: the next may start)
 
 `--command` takes the rest of the line (an argv; no shell): the backend's new restart command (or start
 command, for a backend restarted in three steps), with {backend}, {host}, {url} and {model} filled from the
@@ -29,12 +30,12 @@ from llm_health.render.rules import parse_duration
 
 REFUSED_EXIT = 1
 ERROR_EXIT = 2
-ACTIONS = ("status", "pause", "resume", "abort")
+ACTIONS = ("status", "pause", "resume", "abort", "ack")
 
 
 def configure(sub: Any) -> None:
     p = sub.add_parser("rollout", help="a rolling restart or upgrade through the authority: canary, soak gate, "
-                       "host by host, rollback (or: status, pause, resume, abort)",
+                       "host by host, rollback (or: status, pause, resume, abort, ack)",
                        description=__doc__.split("\n\n")[1] if __doc__ else None,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("action", nargs="?", choices=ACTIONS, help="without one (and with --command or --plan): start")

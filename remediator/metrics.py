@@ -182,8 +182,9 @@ def rollout_metrics(store: StateStore) -> Iterator[Metric]:
     yield soaking
     ended = store.rollout_counts()
     m = CounterMetricFamily("llm_health_remediator_rollouts", "Rollouts that ended, by result.", labels=["result"])
+    ended[RolloutState.FAILED] = ended.get(RolloutState.FAILED, 0) + ended.get(RolloutState.ACKNOWLEDGED, 0)
     for st in (RolloutState.SUCCEEDED, RolloutState.ROLLED_BACK, RolloutState.FAILED):
-        m.add_metric([st.value], ended.get(st, 0))
+        m.add_metric([st.value], ended.get(st, 0))       # an acknowledged one failed: the count never drops
     yield m
 
 

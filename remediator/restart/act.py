@@ -176,10 +176,18 @@ def record_result(ctx: Context, incident_id: int, action_id: int, backend: str, 
                      "API, or it closes when the backend answers again)", result=result.result, **detail)
         else:
             tx.move_lifecycle(backend, S.ERROR, now, f"restart action failed (exit {result.exit_code})", incident_id)
-            tx.move_incident(incident_id, now, IS.OPEN, last_decision="failed", last_note="")
-            tx.event(now, "failed", backend, incident_id,
-                     reason=f"restart action failed (exit {result.exit_code}); next attempt only after "
-                     "backoff", result=result.result, **detail)
+            inc = tx.incident(incident_id)
+            if inc is not None and inc.command is not None:
+                # a planned restart (a rollout's): never retried here, the rollout decides (it rolls back)
+                why = f"planned restart failed (exit {result.exit_code})"
+                tx.move_incident(incident_id, now, IS.CLOSED, close_reason=why, last_decision="failed")
+                tx.event(now, "failed", backend, incident_id, reason=f"{why}: not retried, its rollout decides what "
+                         "comes next", result=result.result, **detail)
+            else:
+                tx.move_incident(incident_id, now, IS.OPEN, last_decision="failed", last_note="")
+                tx.event(now, "failed", backend, incident_id,
+                         reason=f"restart action failed (exit {result.exit_code}); next attempt only after "
+                         "backoff", result=result.result, **detail)
     if result.result != act.OK:
         unsilence_safely(ctx, backend)     # nothing to warm up: its alerts must page people again
     if ctx.action_dir is not None:         # the result is in the store: the action's files are not needed

@@ -23,7 +23,7 @@ from llm_health.remediator.restart.gates import concurrency_gate, facts, floor_g
 from llm_health.remediator.restart.notes import note
 from llm_health.remediator.restart.result import DONE, LookAgain, StepResult
 from llm_health.remediator.restart.silences import silence_safely
-from llm_health.remediator.store import Incident, IncidentState, Reads
+from llm_health.remediator.store import Incident, IncidentState, Reads, RolloutState, Transaction
 
 S = LifecycleState
 IS = IncidentState
@@ -39,6 +39,28 @@ def decision(ctx: Context, rd: Reads, inc: Incident, backend: Backend, now: floa
     return host_gate(ctx, rd, backend) or concurrency_gate(ctx, rd, inc.id) or floor or d
 
 
+def stale_rollout(rd: Reads, inc: Incident) -> str:
+    """Why a restart a rollout asked for (with its new command) must not begin any more ('' = it may): its
+    rollout no longer runs (rolled back, aborted, ended). The rollout calls such restarts off itself; this
+    holds in the claim's own transaction whatever happened in between."""
+    change = inc.command
+    if change is None or change.rollout_id is None:
+        return ""
+    r = rd.rollout(change.rollout_id)
+    if r is not None and r.state in (RolloutState.RUNNING, RolloutState.PAUSED):
+        return ""
+    return (f"called off: rollout {change.rollout_id} is {r.state.value if r is not None else 'gone'}, its restart "
+            "with the new command does not begin")
+
+
+def call_off(tx: Transaction, inc: Incident, backend: str, why: str, now: float) -> StepResult:
+    if inc.state == IS.DRAINING and tx.lifecycle_state(backend) == S.DRAINING:
+        tx.move_lifecycle(backend, S.READY, now, f"restart {why}")
+    tx.move_incident(inc.id, now, IS.CLOSED, close_reason=why)
+    tx.event(now, "restart_called_off", backend, inc.id, reason=f"incident {inc.id}: {why}")
+    return DONE
+
+
 def consider_requested(ctx: Context, inc: Incident, backend: Backend) -> StepResult:
     now, t = ctx.clocks.wall(), ctx.clocks.mono()
     claimed: int | None = None
@@ -46,6 +68,9 @@ def consider_requested(ctx: Context, inc: Incident, backend: Backend) -> StepRes
         current = tx.incident_in(inc.id, IS.OPEN)
         if current is None:
             return DONE
+        stale = stale_rollout(tx, current)
+        if stale:
+            return call_off(tx, current, backend.name, stale, now)
         d = decision(ctx, tx, current, backend, now)
         if d.kind != policy.RESTART:
             return note(ctx, tx, inc.id, backend.name, d, now)
@@ -71,6 +96,9 @@ def watch_requested_drain(ctx: Context, inc: Incident, backend: Backend) -> Step
         r = tx.lifecycle(backend.name)
         if current is None:
             return DONE
+        stale = stale_rollout(tx, current)
+        if stale:
+            return call_off(tx, current, backend.name, stale, now)
         if r is None or r.state != S.DRAINING:
             return drain_lost(tx, inc.id, backend, r, now)
         if drain_progress("", seen.drained, t, r.drain_deadline, now - r.since, ctx.r.drain_min) == Drain.WAIT:

@@ -5,6 +5,7 @@
 | pause   | -> paused            | nothing to do        | refused              |
 | resume  | nothing to do        | -> running           | refused              |
 | abort   | -> rolling back      | -> rolling back      | refused              |
+| ack     | refused              | refused              | failed -> acknowledged (a person repaired it); else refused |
 
 Paused: no member starts; a restart under way finishes and a soaking canary stays watched (a failing
 gate still rolls back: pausing never hides a bad canary). Abort rolls the changed members back, like a
@@ -26,6 +27,7 @@ class Control(enum.StrEnum):
     PAUSE = "pause"
     RESUME = "resume"
     ABORT = "abort"
+    ACK = "ack"
 
 
 #: (command, state) -> the state it leads to; a state missing here refuses the command
@@ -36,8 +38,10 @@ MOVES: dict[tuple[Control, RolloutState], RolloutState] = {
     (Control.RESUME, RS.RUNNING): RS.RUNNING,
     (Control.ABORT, RS.RUNNING): RS.ROLLING_BACK,
     (Control.ABORT, RS.PAUSED): RS.ROLLING_BACK,
+    (Control.ACK, RS.FAILED): RS.ACKNOWLEDGED,
 }
-KINDS = {Control.PAUSE: Kind.PAUSED, Control.RESUME: Kind.RESUMED, Control.ABORT: Kind.ABORTED}
+KINDS = {Control.PAUSE: Kind.PAUSED, Control.RESUME: Kind.RESUMED, Control.ABORT: Kind.ABORTED,
+         Control.ACK: Kind.ACKNOWLEDGED}
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,8 @@ def control(store: StateStore, rollout_id: int, command: Control, by: str, reaso
         if target == r.state:
             return Controlled(True, False, state=r.state)
         note = {Control.PAUSE: f"paused by {who}", Control.RESUME: f"resumed by {who}",
-                Control.ABORT: f"rolling back: aborted by {who}"}[command]
+                Control.ABORT: f"rolling back: aborted by {who}",
+                Control.ACK: f"acknowledged by {who} (was: {r.note})"}[command]
         tx.move_rollout(r.id, now, target, note)
         tx.event(now, KINDS[command], "", reason=f"rollout {r.id} {note}", rollout_id=r.id, by=by)
         return Controlled(True, True, state=target)

@@ -25,3 +25,4 @@ class Kind(enum.StrEnum):
     SUCCEEDED = "rollout_succeeded"
     ROLLED_BACK = "rollout_rolled_back"
     FAILED = "rollout_failed"
+    ACKNOWLEDGED = "rollout_acknowledged"

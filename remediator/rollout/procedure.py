@@ -31,6 +31,7 @@ from llm_health.remediator.rollout.queries import Prometheus
 from llm_health.remediator.store import (
     CHANGED_STEPS,
     CommandChange,
+    Incident,
     IncidentState,
     MemberStep,
     Rollout,
@@ -60,6 +61,12 @@ def member_timeout(ctx: Context) -> float:
     return r.rollout.member_timeout or (r.drain_timeout + r.action_timeout + r.warmup_timeout + 300.0)
 
 
+def soak_deadline(soak: float, bounds: Bounds) -> float:
+    """Seconds after its soak began by which a canary's gate has decided, or failed: the soak, then as many
+    measurements as its error and inconclusive limits allow, and a minute."""
+    return soak + (bounds.max_query_errors + bounds.max_inconclusive) * bounds.interval + 60.0
+
+
 def requester(rollout: Rollout) -> str:
     """Who a member's restart is asked for by (incidents.requested_by, the audit log)."""
     return f"rollout {rollout.id} ({rollout.by or 'unknown'})"
@@ -76,7 +83,8 @@ class Procedure:
     def gate(self) -> GateQueries:
         if self._gate is None:
             ro = self.ctx.r.rollout
-            self._gate = Prometheus(prometheus_url(self.ctx), timeout=ro.query_timeout, budget=3 * ro.query_timeout)
+            # a summary is 8 queries; each one within query_timeout, all of them within the budget
+            self._gate = Prometheus(prometheus_url(self.ctx), timeout=ro.query_timeout, budget=8 * ro.query_timeout)
         return self._gate
 
     def look(self, rollout_id: int) -> float | None:
@@ -127,16 +135,16 @@ class Procedure:
                 tx.event(now, Kind.ROLLED_BACK_MEMBER if end == plan.End.OK else Kind.MEMBER_FAILED, m.backend,
                          m.incident_id, reason=f"rollout {r.id}: {m.backend} "
                          f"{'back on its previous command' if end == plan.End.OK else 'rollback failed'}: {why}",
-                         rollout_id=r.id)
+                         rollout_id=r.id, by=r.by)
             elif end == plan.End.OK and m.canary:
                 tx.update_member(r.id, m.backend, step=M.SOAKING, changed_at=now, soak_started_at=now, query_errors=0,
                                  inconclusive=0, note=f"soaking {r.soak:g}s")
                 tx.event(now, Kind.SOAK_STARTED, m.backend, m.incident_id, reason=f"rollout {r.id}: canary "
-                         f"{m.backend} restarted with the new command and warm; soaking {r.soak:g}s", rollout_id=r.id)
+                         f"{m.backend} restarted with the new command and warm; soaking {r.soak:g}s", rollout_id=r.id, by=r.by)
             elif end == plan.End.OK:
                 tx.update_member(r.id, m.backend, step=M.DONE, changed_at=now, note=why)
                 tx.event(now, Kind.MEMBER_DONE, m.backend, m.incident_id,
-                         reason=f"rollout {r.id}: {m.backend} runs the new command", rollout_id=r.id)
+                         reason=f"rollout {r.id}: {m.backend} runs the new command", rollout_id=r.id, by=r.by)
             else:
                 self._fail(tx, r, m, now, why)
                 r = tx.rollout(r.id) or r
@@ -144,7 +152,7 @@ class Procedure:
     def _fail(self, tx: Transaction, r: Rollout, m: RolloutMember, now: float, why: str,
               kind: Kind = Kind.MEMBER_FAILED) -> None:
         tx.update_member(r.id, m.backend, step=M.FAILED, changed_at=now, note=why)
-        tx.event(now, kind, m.backend, m.incident_id, reason=f"rollout {r.id}: {m.backend}: {why}", rollout_id=r.id)
+        tx.event(now, kind, m.backend, m.incident_id, reason=f"rollout {r.id}: {m.backend}: {why}", rollout_id=r.id, by=r.by)
         if r.state in (RS.RUNNING, RS.PAUSED):
             note = f"{m.backend}: {why}"
             tx.move_rollout(r.id, now, RS.ROLLING_BACK, f"rolling back: {note}")
@@ -171,17 +179,23 @@ class Procedure:
                 if last is not None and t - last < bounds.interval:
                     continue
                 self._measured[key] = t
-            soaked = ctx.clocks.wall() - m.soak_started_at >= r.soak
+            elapsed = ctx.clocks.wall() - m.soak_started_at
             check = watch(bounds, self.gate.measure(m.backend), m.query_errors, m.inconclusive)
             verdict, reason, passed = check.verdict, check.reason, ""
-            if verdict != GateVerdict.FAIL and soaked:
+            if verdict != GateVerdict.FAIL and elapsed >= r.soak:
                 summary = self.gate.summary(m.backend, fleet, r.soak)
                 if summary.error:
-                    check = watch(bounds, Measurement(error=summary.error), check.query_errors, check.inconclusive)
+                    # counted from before this measurement: a verdict query that answers must not hide
+                    # summary queries that keep failing
+                    check = watch(bounds, Measurement(error=summary.error), m.query_errors, check.inconclusive)
                     verdict, reason = check.verdict, check.reason
                 else:
                     verdict, reason = final(bounds, summary)
                     passed = reason
+            undecided = soak_deadline(r.soak, bounds)
+            if verdict == GateVerdict.WAIT and elapsed > undecided:
+                verdict, reason = GateVerdict.FAIL, (f"the gate could not decide {elapsed - r.soak:.0f}s after the "
+                                                     f"soak ended (limit {undecided - r.soak:.0f}s): {reason}")
             self._record(r.id, m.backend, verdict, reason, check.query_errors, check.inconclusive, passed)
 
     def _record(self, rollout_id: int, backend: str, verdict: GateVerdict, reason: str, query_errors: int,
@@ -199,46 +213,78 @@ class Procedure:
                 tx.update_member(r.id, backend, step=M.DONE, changed_at=now, note=f"gate passed: {passed}")
                 tx.event(now, Kind.GATE_PASSED, backend, m.incident_id,
                          reason=f"rollout {r.id}: canary {backend} passed its {r.soak:g}s soak: {passed}",
-                         rollout_id=r.id)
+                         rollout_id=r.id, by=r.by)
             else:
                 tx.update_member(r.id, backend, query_errors=query_errors, inconclusive=inconclusive,
                                  note=f"soaking: {reason}")
                 if reason != m.note.removeprefix("soaking: "):
                     tx.event_unless_recent(now, Kind.GATE, backend, f"rollout {r.id}: canary {backend}: {reason}",
-                                           within=max(60.0, r.soak), rollout_id=r.id)
+                                           within=max(60.0, r.soak), rollout_id=r.id, by=r.by)
 
     # -- 3. act ------------------------------------------------------------------------------------------
     def _roll_back(self, tx: Transaction, r: Rollout, members: list[RolloutMember], now: float) -> None:
+        """Every changed member back to its previous command, one per host at a time (the host mutex would
+        serialise them anyway, and a member's deadline must not run while it waits for its host). A member
+        whose restart with the new command has not begun (its incident open or draining, the command not
+        stored) is called off in this transaction: it never runs later."""
         commands = tx.commands()
+        limit = member_timeout(self.ctx)
+        busy_hosts = {m.host or m.backend for m in members if m.step == M.ROLLING_BACK}
         for m in members:
             if m.step not in CHANGED_STEPS:
                 continue
             changed = plan.applied(m, commands)
-            if m.step == M.RESTARTING and m.incident_id is not None:
-                inc = tx.incident(m.incident_id)
-                if inc is not None and inc.state == IS.OPEN and not changed:
-                    tx.move_incident(inc.id, now, IS.CLOSED, close_reason=f"called off: rollout {r.id} rolls back")
-                    tx.event(now, Kind.CALLED_OFF, m.backend, inc.id, reason=f"rollout {r.id} rolls back: the restart "
-                             f"of {m.backend} with the new command had not begun; called off", rollout_id=r.id)
-                    tx.update_member(r.id, m.backend, step=M.ROLLED_BACK, changed_at=now, note="never changed")
+            own = tx.incident(m.incident_id) if m.incident_id is not None else None
+            if (own is not None and not changed and own.state in (IS.OPEN, IS.DRAINING) and own.command is not None
+                    and own.command.rollout_id == r.id):
+                self._call_off(tx, r, m, own, now)
+                continue
+            if m.step == M.RESTARTING:
                 continue                       # under way: settled when it ends, then rolled back
             if not changed:
                 tx.update_member(r.id, m.backend, step=M.ROLLED_BACK, changed_at=now,
                                  note=f"never changed ({m.note})" if m.note else "never changed")
                 continue
+            host = m.host or m.backend
+            if host in busy_hosts:
+                why = f"waits for its host {m.host}: one rollback per host at a time"
+                if m.note != why:
+                    tx.update_member(r.id, m.backend, note=why)
+                continue
             active = tx.active_incident(m.backend)
-            if active is not None and not (active.id == m.incident_id and active.state == IS.OPEN):
+            # its own incident, still open after a failed action or waiting for a person (an action that timed
+            # out, a warm-up that never ended): the rollback takes it over, with the previous command
+            mine = active is not None and active.id == m.incident_id and active.state in (IS.OPEN, IS.NEEDS_ACK)
+            if active is not None and not mine:
+                if plan.overdue(m, now, limit):
+                    why = (f"could not be rolled back: incident {active.id} ({active.state.value}) held it for "
+                           f"over {limit:g}s")
+                    tx.update_member(r.id, m.backend, step=M.ROLLBACK_FAILED, changed_at=now, note=why)
+                    tx.event(now, Kind.MEMBER_FAILED, m.backend, active.id, reason=f"rollout {r.id}: {m.backend} {why}",
+                             rollout_id=r.id, by=r.by)
+                    continue
                 why = f"waits for incident {active.id} ({active.state.value}) before its rollback"
                 if m.note != why:
                     tx.update_member(r.id, m.backend, note=why)
                 continue
-            # a new incident, or this member's own one still OPEN (its action failed): it becomes the rollback
             incident_id = tx.request_restart(m.backend, now, requester(r), False, CommandChange(m.previous, None))
+            busy_hosts.add(host)
             tx.update_member(r.id, m.backend, step=M.ROLLING_BACK, incident_id=incident_id, changed_at=now,
                              note="restarting with its previous command")
             previous = " ".join(m.previous) if m.previous is not None else "the configured command"
             tx.event(now, Kind.ROLLBACK_RESTART, m.backend, incident_id, reason=f"rollout {r.id}: {m.backend} "
-                     f"restarts with its previous command ({previous[:300]}); incident {incident_id}", rollout_id=r.id)
+                     f"restarts with its previous command ({previous[:300]}); incident {incident_id}", rollout_id=r.id,
+                     by=r.by)
+
+    def _call_off(self, tx: Transaction, r: Rollout, m: RolloutMember, inc: Incident, now: float) -> None:
+        why = f"called off: rollout {r.id} rolls back before this restart with the new command began"
+        if inc.state == IS.DRAINING:
+            tx.move_lifecycle(m.backend, LifecycleState.READY, now, f"restart {why}")
+        tx.move_incident(inc.id, now, IS.CLOSED, close_reason=why)
+        tx.event(now, Kind.CALLED_OFF, m.backend, inc.id, reason=f"{m.backend}: incident {inc.id} ({inc.state.value}) "
+                 f"{why}", rollout_id=r.id, by=r.by)
+        tx.update_member(r.id, m.backend, step=M.ROLLED_BACK, changed_at=now, note="never changed: its restart was "
+                         "called off before it began")
 
     def _go_on(self, tx: Transaction, r: Rollout, members: list[RolloutMember], now: float) -> None:
         ctx = self.ctx
@@ -256,7 +302,7 @@ class Procedure:
                              note=f"restarting with the new command (incident {incident_id})")
             tx.event(now, Kind.MEMBER_RESTART, name, incident_id, reason=f"rollout {r.id}: "
                      f"{'canary ' if m.canary else ''}{name} restarts with the new command ({' '.join(m.argv)[:300]}); "
-                     f"incident {incident_id}", rollout_id=r.id)
+                     f"incident {incident_id}", rollout_id=r.id, by=r.by)
         if r.state == RS.RUNNING and choice.note != r.note:
             tx.note_rollout(r.id, now, choice.note)
 

@@ -11,7 +11,9 @@ Queries (W = the soak's length; FLEET = the members not changed yet):
   `sglang:num_requests_total`) and our idle probes (`llm_health_probes_sent_total`), increase over W;
 * error ratio: vLLM's HTTP counter (`http_requests_total`, vLLM >= 0.8) on the /v1/ handlers: 5xx over all;
 * TTFT p95 and end-to-end p95: `histogram_quantile(0.95, ...)` of the engines' histograms over W.
-An engine without one of these metrics gives no data for it (the gate says which bound it skipped).
+An engine without one of these metrics gives no data for it (the gate says which bound it skipped). The
+fleet's p95 comes from the first engine's histograms that have data (an `or` of vLLM's and SGLang's): a
+fleet of one engine, as a rollout of one command is, compares like with like.
 """
 
 from __future__ import annotations
@@ -50,7 +52,9 @@ def probes_expr(sel: str, w: str) -> str:
 
 
 def errors_expr(sel: str, w: str) -> str:
-    return (f'sum(increase(http_requests_total{{{sel},handler=~"/v1/.*",status="5xx"}}[{w}])) / '
+    """5xx over all: the 5xx child exists only once a 5xx happened, so none is 0 (`or vector(0)`), never no
+    data; no request at all stays no data (0 / nothing)."""
+    return (f'(sum(increase(http_requests_total{{{sel},handler=~"/v1/.*",status="5xx"}}[{w}])) or vector(0)) / '
             f'sum(increase(http_requests_total{{{sel},handler=~"/v1/.*"}}[{w}]))')
 
 

@@ -51,6 +51,7 @@ class Refusal(enum.StrEnum):
     NO_PROMETHEUS = "no_prometheus"
     MEMBER = "member"                # a member cannot take part (no restart, held, unknown)
     FLOOR = "min_ready"              # the fleet is too small to take one out
+    UNACKNOWLEDGED = "failed_unacknowledged"   # the latest rollout failed its rollback: a person first
 
 
 @dataclass(frozen=True)
@@ -177,6 +178,10 @@ def check(tx: Transaction, config: Config, req: RolloutRequest) -> tuple[Refusal
     active = tx.active_rollouts()
     if active:
         return Refusal.ACTIVE, f"rollout {active[0].id} is {active[0].state.value}: one rollout at a time", []
+    latest = tx.rollouts(limit=1)
+    if latest and latest[0].state == RolloutState.FAILED:
+        return Refusal.UNACKNOWLEDGED, (f"rollout {latest[0].id} failed its rollback ({latest[0].note}): repair it, "
+                                        f"then `llm-health ctl rollout ack {latest[0].id}`"), []
     if r.dry_run:
         return Refusal.DRY_RUN, "a dry run changes nothing, and a rollout changes commands", []
     br = tx.breaker()
@@ -206,6 +211,10 @@ def check(tx: Transaction, config: Config, req: RolloutRequest) -> tuple[Refusal
                                 "readiness endpoint gate it"), []
     if not chosen:
         return Refusal.MEMBER, "no backend in service has a restart action", []
+    for b in chosen:
+        if any(not arg for arg in fill(req.argv, b)):
+            return Refusal.MEMBER, (f"the command for {b.name} has an empty argument: a placeholder it has no value "
+                                    "for ({host} or {model} not configured)"), []
     if req.canary > len(chosen):
         return Refusal.MEMBER, f"{req.canary} canaries asked for, {len(chosen)} member(s)", []
     states = lifecycle.gate_states(tx.lifecycles(), [b.name for b in config.backends], held)

@@ -282,6 +282,7 @@ class RolloutState(enum.StrEnum):
     SUCCEEDED = "succeeded"        # every member runs the new command
     ROLLED_BACK = "rolled_back"    # every changed member runs its previous command again
     FAILED = "failed"              # a rollback could not be completed: needs a person
+    ACKNOWLEDGED = "acknowledged"  # failed, and a person said it is repaired (ctl rollout ack)
 
 
 ACTIVE_ROLLOUT_STATES = frozenset({RolloutState.RUNNING, RolloutState.PAUSED, RolloutState.ROLLING_BACK})

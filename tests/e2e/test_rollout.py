@@ -233,15 +233,24 @@ def test_a_canary_without_traffic_is_not_passed(rig: Rig) -> None:
     assert rig.sim("sim-a1")["version"] != "1.0-quiet"
 
 
+def crash(rig: Rig) -> None:
+    """kill -9 of the remediator (its whole process group), then a new one on the same config and state
+    file, as systemd would start it."""
+    remediator = next(p for p in rig.stack.processes if p.name == "remediator" and p.alive())
+    remediator.kill9()
+    rig.stack._start_remediator()
+
+
 def test_a_rollout_survives_a_kill_9_of_the_remediator(rig: Rig) -> None:
     rig.all_ready()
     rig.traffic()
     before = {n: rig.sim(n)["restarts"] for n in HOSTS}
     rid = rig.start("--soak", "6s", command=new_command(version="1.1-after-crash"))
     wait_until(lambda: rig.steps(rid)["sim-a1"] == "soaking", timeout=60, interval=0.2, what="the canary soaks")
-    remediator = next(p for p in rig.stack.processes if p.name == "remediator" and p.alive())
-    remediator.kill9()
-    rig.stack._start_remediator()             # the same config and state file, as systemd would
+    crash(rig)                                 # during the soak
+    wait_until(lambda: "restarting" in rig.steps(rid).values(), timeout=60, interval=0.1,
+               what="a member's restart under way")
+    crash(rig)                                 # during a member's drain or restart
     rig.wait_state(rid, "succeeded")
     after = {n: rig.sim(n)["restarts"] for n in HOSTS}
     assert {n: after[n] - before[n] for n in HOSTS} == dict.fromkeys(HOSTS, 1)     # nobody restarted twice

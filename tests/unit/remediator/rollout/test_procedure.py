@@ -1,7 +1,8 @@
 """A rollout driven pass by pass through the real Authority (tests.support.remediator.World, fake clock),
 its gate scripted: the order, one member per host at a time, the floor, the canary's soak, rollback with the
-previous command, pause/resume/abort, and a restart of the remediator in the middle (a new Authority on
-the same store carries on)."""
+previous command, pause/resume/abort, and the rollback's corner cases (a restart not begun is called off, a
+failed one is never retried, a canary that never warms up). A crash of the remediator mid-rollout:
+tests/e2e/test_rollout.py (kill -9)."""
 
 from __future__ import annotations
 
@@ -156,7 +157,7 @@ def test_a_failing_new_command_fails_the_member_and_rolls_back_at_once(tmp_path:
     w.result = action.ActionResult(action.OK, 0, "ok")
     w.run_until(lambda: rollout(w, rid)["state"] == "rolled_back", "rolled back", timeout=60)
     assert w.calls == [tuple(NEW[:3]) + ("a1", "node-1"), ("restart-a1",)]
-    assert "restart action failed (exit 3)" in w.events("a1", "rollout_member_failed")[0].reason
+    assert "planned restart failed (exit 3)" in w.events("a1", "rollout_member_failed")[0].reason
     assert w.state("a1") == "ready"
 
 
@@ -204,3 +205,84 @@ def test_an_incident_on_a_host_of_the_rollout_holds_it_and_the_breaker_refuses_a
     r = start(w)
     assert r.status_code == 409 and r.get_json()["refusal"] == "breaker_open"
     assert w.events("", "rollout_refused")
+
+
+# -- the rollback's corner cases (found in review: each of these failed before its fix) -------------------
+def test_a_member_held_past_its_deadline_is_called_off_and_never_runs_later(tmp_path: Path) -> None:
+    w = world(tmp_path, Gate())
+    rid = start(w).get_json()["id"]
+    w.authority.rollouts.look(rid)                       # the canary's restart is asked for, not begun
+    with w.store.tx() as tx:
+        tx.open_breaker(w.clock(), "other failures")    # holds it back
+    w.run(3)
+    w.clock.advance(5000)                                # past member_timeout
+    w.run(5)
+    assert rollout(w, rid)["state"] == "rolled_back" and w.incident("a1") is None
+    assert w.events("a1", "rollout_restart_called_off")
+    with w.store.tx() as tx:
+        tx.reset_breaker(w.clock())
+    w.run(10)
+    assert w.calls == [] and w.store.commands() == {}    # the rolled-back command never runs
+
+
+def test_a_failing_rollback_is_not_retried_and_pages_until_acknowledged(tmp_path: Path) -> None:
+    from llm_health.remediator import action
+
+    gate = Gate()
+    w = world(tmp_path, gate)
+    rid = start(w).get_json()["id"]
+    w.run_until(lambda: steps(w, rid)["a1"] == "soaking", "soaking")
+    gate.verdict = Verdict.STALLED
+    w.result = action.ActionResult(action.FAILED, 1, "previous command broken")
+    w.run_until(lambda: rollout(w, rid)["state"] == "failed", "rollback failed", timeout=60)
+    n = len(w.calls)
+    for _ in range(50):
+        w.clock.advance(30)
+        w.run(1)
+    assert len(w.calls) == n == 2                        # the new command, the failed rollback: no loop
+    assert steps(w, rid)["a1"] == "rollback_failed"
+    metrics = w.client.get("/metrics").get_data(as_text=True)
+    assert f'llm_health_remediator_rollout_state{{rollout="{rid}",state="failed"}} 1.0' in metrics
+    refused = start(w)
+    assert refused.status_code == 409 and refused.get_json()["refusal"] == "failed_unacknowledged"
+    body = {"by": "ops@host1", "reason": "repaired a1 by hand"}
+    assert w.client.post(f"/api/rollouts/{rid}/ack", json=body, headers=AUTH).get_json()["state"] == "acknowledged"
+    metrics = w.client.get("/metrics").get_data(as_text=True)
+    assert 'llm_health_remediator_rollouts_total{result="failed"} 1.0' in metrics      # still counted
+    w.result = action.ActionResult(action.OK, 0, "ok")
+    assert start(w).status_code == 201
+
+
+def test_a_canary_that_never_warms_up_is_rolled_back(tmp_path: Path) -> None:
+    w = world(tmp_path, Gate())
+    rid = start(w).get_json()["id"]
+    w.ready["a1"] = False                               # the new version never answers
+    w.run_until(lambda: w.calls, "a1 restarted with the new command")
+    w.clock.advance(200)                                 # past warmup_timeout (100 s): needs_ack
+    w.run(3)
+    w.ready["a1"] = True                                 # the previous command works
+    w.run_until(lambda: rollout(w, rid)["state"] == "rolled_back", "rolled back", timeout=60)
+    assert w.calls[-1] == ("restart-a1",) and len(w.calls) == 2 and w.state("a1") == "ready"
+
+
+def test_an_abort_during_the_canarys_drain_runs_nothing(tmp_path: Path) -> None:
+    w = world(tmp_path, Gate())
+    w.work["a1"] = 1.0                                   # in flight: the drain waits
+    rid = start(w).get_json()["id"]
+    w.run_until(lambda: w.incident("a1") is not None and w.incident("a1").state.value == "draining", "draining")
+    r = w.client.post(f"/api/rollouts/{rid}/abort", json={"by": "ops", "reason": "wrong image"}, headers=AUTH)
+    assert r.get_json()["state"] == "rolling_back"
+    w.work["a1"] = 0.0
+    w.run_until(lambda: rollout(w, rid)["state"] == "rolled_back", "rolled back", timeout=60)
+    assert w.calls == [] and w.state("a1") == "ready" and w.store.commands() == {}
+
+
+def test_a_gate_whose_summary_keeps_failing_fails_instead_of_soaking_forever(tmp_path: Path) -> None:
+    gate = Gate()
+    gate.result = Summary(error="the gate's time for its queries ran out")
+    w = world(tmp_path, gate)
+    rid = start(w).get_json()["id"]
+    w.run_until(lambda: steps(w, rid)["a1"] == "soaking", "soaking")
+    w.run_until(lambda: rollout(w, rid)["state"] == "rolled_back", "the gate failed", timeout=60)
+    reason = w.events("a1", "rollout_gate_failed")[0].reason
+    assert "4 gate queries in a row failed" in reason and "ran out" in reason
