@@ -6,6 +6,10 @@ READY), under the same per-host mutex and concurrency bound, but decided by a pe
 the drain is expected, so it never calls the restart off: the drain waits until the in-flight work is
 done or `drain_timeout` runs out. The breaker, the budget, busy markers and the min_ready floor hold it
 back (deferred, retried, audited) unless the operator forced it (policy.decide_requested).
+
+A restart a rollout asked for carries the new command (incidents.command); it never begins once its
+rollout no longer runs (`stale_rollout`, checked in the transaction that would claim it or end its drain):
+the rollout rolled back or ended meanwhile, so it is called off.
 """
 
 from __future__ import annotations
