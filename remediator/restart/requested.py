@@ -26,7 +26,7 @@ from llm_health.remediator.restart.draining import drain_lost, in_flight_now
 from llm_health.remediator.restart.gates import concurrency_gate, facts, floor_gate, host_gate
 from llm_health.remediator.restart.notes import note
 from llm_health.remediator.restart.result import DONE, LookAgain, StepResult
-from llm_health.remediator.restart.silences import silence_safely
+from llm_health.remediator.restart.silences import silence_safely, unsilence_safely
 from llm_health.remediator.store import Incident, IncidentState, Reads, RolloutState, Transaction
 
 S = LifecycleState
@@ -57,12 +57,15 @@ def stale_rollout(rd: Reads, inc: Incident) -> str:
             "with the new command does not begin")
 
 
-def call_off(tx: Transaction, inc: Incident, backend: str, why: str, now: float) -> StepResult:
+def call_off(tx: Transaction, inc: Incident, backend: str, why: str, now: float) -> None:
     if inc.state == IS.DRAINING and tx.lifecycle_state(backend) == S.DRAINING:
         tx.move_lifecycle(backend, S.READY, now, f"restart {why}")
     tx.move_incident(inc.id, now, IS.CLOSED, close_reason=why)
     tx.event(now, "restart_called_off", backend, inc.id, reason=f"incident {inc.id}: {why}")
-    return DONE
+
+
+def silence_ended(ctx: Context, backend: Backend) -> None:
+    unsilence_safely(ctx, backend.name)
 
 
 def consider_requested(ctx: Context, inc: Incident, backend: Backend) -> StepResult:
@@ -74,7 +77,14 @@ def consider_requested(ctx: Context, inc: Incident, backend: Backend) -> StepRes
             return DONE
         stale = stale_rollout(tx, current)
         if stale:
-            return call_off(tx, current, backend.name, stale, now)
+            call_off(tx, current, backend.name, stale, now)
+    if stale:
+        silence_ended(ctx, backend)
+        return DONE
+    with ctx.store.tx() as tx:
+        current = tx.incident_in(inc.id, IS.OPEN)
+        if current is None or stale_rollout(tx, current):      # its rollout moved on meanwhile: next look
+            return DONE
         d = decision(ctx, tx, current, backend, now)
         if d.kind != policy.RESTART:
             return note(ctx, tx, inc.id, backend.name, d, now)
@@ -102,7 +112,15 @@ def watch_requested_drain(ctx: Context, inc: Incident, backend: Backend) -> Step
             return DONE
         stale = stale_rollout(tx, current)
         if stale:
-            return call_off(tx, current, backend.name, stale, now)
+            call_off(tx, current, backend.name, stale, now)
+    if stale:
+        silence_ended(ctx, backend)             # the drain's silence: its alerts page people again
+        return DONE
+    with ctx.store.tx() as tx:
+        current = tx.incident_in(inc.id, IS.DRAINING)
+        r = tx.lifecycle(backend.name)
+        if current is None or stale_rollout(tx, current):      # its rollout moved on meanwhile: next look
+            return DONE
         if r is None or r.state != S.DRAINING:
             return drain_lost(tx, inc.id, backend, r, now)
         if drain_progress("", seen.drained, t, r.drain_deadline, now - r.since, ctx.r.drain_min) == Drain.WAIT:

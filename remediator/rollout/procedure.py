@@ -24,6 +24,7 @@ from typing import Protocol
 from llm_health.remediator.lifecycle import LifecycleState
 from llm_health.remediator.restart.context import Context
 from llm_health.remediator.restart.gates import gate_states
+from llm_health.remediator.restart.silences import unsilence_safely
 from llm_health.remediator.rollout import plan
 from llm_health.remediator.rollout.gate import Bounds, GateVerdict, Measurement, Summary, final, watch
 from llm_health.remediator.rollout.kinds import Kind
@@ -61,10 +62,8 @@ def member_timeout(ctx: Context) -> float:
     return r.rollout.member_timeout or (r.drain_timeout + r.action_timeout + r.warmup_timeout + 300.0)
 
 
-def soak_deadline(soak: float, bounds: Bounds) -> float:
-    """Seconds after its soak began by which a canary's gate has decided, or failed: the soak, then as many
-    measurements as its error and inconclusive limits allow, and a minute."""
-    return soak + (bounds.max_query_errors + bounds.max_inconclusive) * bounds.interval + 60.0
+WAITS = "waits for incident"       # a member's note while another incident holds its backend
+WARMUP_TIMEOUT = "warmup_timeout"   # an incident's last decision when the new version never warmed up
 
 
 def requester(rollout: Rollout) -> str:
@@ -78,6 +77,7 @@ class Procedure:
         self._gate = gate
         self._measured: dict[tuple[int, str], float] = {}      # (rollout, canary) -> monotonic
         self._lock = threading.Lock()
+        self._unsilence: set[str] = set()                        # called off in this look: silences to end
 
     @property
     def gate(self) -> GateQueries:
@@ -101,6 +101,7 @@ class Procedure:
             if r is None or not r.active or not ctx.holds_lease(tx):
                 return None
             now = ctx.clocks.wall()
+            end: tuple[RolloutState, str] | None = None
             members = tx.rollout_members(rollout_id)
             if r.state == RS.ROLLING_BACK:
                 self._roll_back(tx, r, members, now)
@@ -113,8 +114,14 @@ class Procedure:
                 tx.move_rollout(r.id, now, state, why)
                 kind = {RS.SUCCEEDED: Kind.SUCCEEDED, RS.ROLLED_BACK: Kind.ROLLED_BACK}.get(state, Kind.FAILED)
                 tx.event(now, kind, "", reason=f"rollout {r.id} {state.value}: {why}", rollout_id=r.id, by=r.by)
-                return None
-        return max(ctx.r.poll_interval, 0.1)
+        self._end_silences()
+        return None if end is not None else max(ctx.r.poll_interval, 0.1)
+
+    def _end_silences(self) -> None:
+        with self._lock:
+            names, self._unsilence = self._unsilence, set()
+        for name in sorted(names):
+            unsilence_safely(self.ctx, name)
 
     # -- 1. settle ---------------------------------------------------------------------------------------
     def _settle(self, tx: Transaction, r: Rollout, members: list[RolloutMember], now: float) -> None:
@@ -122,9 +129,12 @@ class Procedure:
         for m in members:
             if m.step not in (M.RESTARTING, M.ROLLING_BACK) or m.incident_id is None:
                 continue
-            end, why = plan.restart_end(tx.incident(m.incident_id), tx.latest_action(m.incident_id), m.changed_at)
+            inc = tx.incident(m.incident_id)
+            end, why = plan.restart_end(inc, tx.latest_action(m.incident_id), m.changed_at)
             if end == plan.End.WAITING and plan.overdue(m, now, limit):
                 end, why = plan.End.FAILED, f"not over {limit:g}s after it was asked for ({why})"
+                if (m.step == M.ROLLING_BACK and inc is not None and inc.state in (IS.OPEN, IS.DRAINING)):
+                    self._call_off(tx, r, m, inc, now)   # never runs after a person was told to repair it
             if end == plan.End.WAITING:
                 if m.note != why:
                     tx.update_member(r.id, m.backend, note=why)
@@ -192,10 +202,6 @@ class Procedure:
                 else:
                     verdict, reason = final(bounds, summary)
                     passed = reason
-            undecided = soak_deadline(r.soak, bounds)
-            if verdict == GateVerdict.WAIT and elapsed > undecided:
-                verdict, reason = GateVerdict.FAIL, (f"the gate could not decide {elapsed - r.soak:.0f}s after the "
-                                                     f"soak ended (limit {undecided - r.soak:.0f}s): {reason}")
             self._record(r.id, m.backend, verdict, reason, check.query_errors, check.inconclusive, passed)
 
     def _record(self, rollout_id: int, backend: str, verdict: GateVerdict, reason: str, query_errors: int,
@@ -229,7 +235,7 @@ class Procedure:
         stored) is called off in this transaction: it never runs later."""
         commands = tx.commands()
         limit = member_timeout(self.ctx)
-        busy_hosts = {m.host or m.backend for m in members if m.step == M.ROLLING_BACK}
+        busy_hosts = {m.host or m.backend for m in members if m.step in plan.IN_PROGRESS}
         for m in members:
             if m.step not in CHANGED_STEPS:
                 continue
@@ -252,19 +258,22 @@ class Procedure:
                     tx.update_member(r.id, m.backend, note=why)
                 continue
             active = tx.active_incident(m.backend)
-            # its own incident, still open after a failed action or waiting for a person (an action that timed
-            # out, a warm-up that never ended): the rollback takes it over, with the previous command
-            mine = active is not None and active.id == m.incident_id and active.state in (IS.OPEN, IS.NEEDS_ACK)
+            # its own incident, still open, or waiting for a person because the new version never warmed up:
+            # the rollback takes it over with the previous command. Not one that needs a person for another
+            # reason (an action whose outcome is unknown, a host whose old process did not go away)
+            mine = active is not None and active.id == m.incident_id and (
+                active.state == IS.OPEN or (active.state == IS.NEEDS_ACK and active.last_decision == WARMUP_TIMEOUT))
             if active is not None and not mine:
-                if plan.overdue(m, now, limit):
+                why = f"waits for incident {active.id} ({active.state.value}) before its rollback"
+                if not m.note.startswith(WAITS):
+                    tx.update_member(r.id, m.backend, note=why, changed_at=now)   # the wait's deadline starts
+                elif plan.overdue(m, now, limit):
                     why = (f"could not be rolled back: incident {active.id} ({active.state.value}) held it for "
                            f"over {limit:g}s")
                     tx.update_member(r.id, m.backend, step=M.ROLLBACK_FAILED, changed_at=now, note=why)
                     tx.event(now, Kind.MEMBER_FAILED, m.backend, active.id, reason=f"rollout {r.id}: {m.backend} {why}",
                              rollout_id=r.id, by=r.by)
-                    continue
-                why = f"waits for incident {active.id} ({active.state.value}) before its rollback"
-                if m.note != why:
+                elif m.note != why:
                     tx.update_member(r.id, m.backend, note=why)
                 continue
             incident_id = tx.request_restart(m.backend, now, requester(r), False, CommandChange(m.previous, None))
@@ -278,8 +287,9 @@ class Procedure:
 
     def _call_off(self, tx: Transaction, r: Rollout, m: RolloutMember, inc: Incident, now: float) -> None:
         why = f"called off: rollout {r.id} rolls back before this restart with the new command began"
-        if inc.state == IS.DRAINING:
+        if inc.state == IS.DRAINING and tx.lifecycle_state(m.backend) == LifecycleState.DRAINING:
             tx.move_lifecycle(m.backend, LifecycleState.READY, now, f"restart {why}")
+        self._unsilence.add(m.backend)                 # its alerts page people again (after the transaction)
         tx.move_incident(inc.id, now, IS.CLOSED, close_reason=why)
         tx.event(now, Kind.CALLED_OFF, m.backend, inc.id, reason=f"{m.backend}: incident {inc.id} ({inc.state.value}) "
                  f"{why}", rollout_id=r.id, by=r.by)

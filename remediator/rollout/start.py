@@ -131,9 +131,13 @@ def parse_request(data: Any, config: Config) -> RolloutRequest:
                           bounds=bounds, backends=tuple(backends))
 
 
+def values_of(backend: Backend) -> dict[str, str]:
+    return {"backend": backend.name, "host": backend.host, "url": backend.url, "model": backend.model}
+
+
 def fill(argv: Sequence[str], backend: Backend) -> tuple[str, ...]:
     """The command for one backend: placeholders from its configuration."""
-    values = {"backend": backend.name, "host": backend.host, "url": backend.url, "model": backend.model}
+    values = values_of(backend)
     return tuple(_PLACEHOLDER.sub(lambda m: values[m.group(1)], a) for a in argv)
 
 
@@ -211,10 +215,12 @@ def check(tx: Transaction, config: Config, req: RolloutRequest) -> tuple[Refusal
                                 "readiness endpoint gate it"), []
     if not chosen:
         return Refusal.MEMBER, "no backend in service has a restart action", []
+    used = {name for arg in req.argv for name in _PLACEHOLDER.findall(arg)}
     for b in chosen:
-        if any(not arg for arg in fill(req.argv, b)):
-            return Refusal.MEMBER, (f"the command for {b.name} has an empty argument: a placeholder it has no value "
-                                    "for ({host} or {model} not configured)"), []
+        empty = sorted(name for name, value in values_of(b).items() if name in used and not value)
+        if empty:
+            return Refusal.MEMBER, (f"the command uses {', '.join('{' + n + '}' for n in empty)}, which {b.name} "
+                                    "has no value for (not configured)"), []
     if req.canary > len(chosen):
         return Refusal.MEMBER, f"{req.canary} canaries asked for, {len(chosen)} member(s)", []
     states = lifecycle.gate_states(tx.lifecycles(), [b.name for b in config.backends], held)

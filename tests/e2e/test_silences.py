@@ -57,3 +57,25 @@ def test_silence_covers_the_restart_and_is_removed_after(tmp_path: Path, alertma
     metrics = w.client.get("/metrics").get_data(as_text=True)
     assert has_sample(metrics, 'llm_health_remediator_silences_total{result="created"} 1')
     assert has_sample(metrics, 'llm_health_remediator_silences_total{result="expired"} 1')
+
+
+def test_a_rollout_restart_called_off_during_its_drain_ends_its_silence(tmp_path: Path, alertmanager: str) -> None:
+    """A rollout aborted while its canary drains: the restart never begins, and the silence the drain created
+    is expired at once (otherwise the backend's alerts stay muted for the whole restart's length)."""
+    from llm_health.remediator.rollout.procedure import Procedure
+    from tests.support.remediator import AUTH
+    from tests.unit.remediator.rollout.test_procedure import NEW, Gate
+
+    w = fleet(tmp_path, ("a1", "a2", "b1"), {"a1": "n1", "a2": "n1", "b1": "n2"}, min_ready=1,
+              alertmanager_url=alertmanager, rollout={"prometheus_url": "http://127.0.0.1:9"})
+    w.authority.rollouts = Procedure(w.authority.ctx, Gate())
+    w.work["a1"] = 1.0                                   # work in flight: the drain waits
+    rid = w.client.post("/api/rollouts", json={"command": NEW, "by": "ops", "reason": "v2", "soak": 5},
+                        headers=AUTH).get_json()["id"]
+    w.run_until(lambda: w.incident("a1") is not None and w.incident("a1").state.value == "draining", "draining")
+    (sid,) = [r["id"] for r in w.store.conn().execute("SELECT id FROM silences").fetchall()]
+    assert requests.get(f"{alertmanager}/api/v2/silence/{sid}", timeout=5).json()["status"]["state"] == "active"
+    w.client.post(f"/api/rollouts/{rid}/abort", json={"by": "ops", "reason": "wrong image"}, headers=AUTH)
+    w.run_until(lambda: w.client.get(f"/api/rollouts/{rid}").get_json()["state"] == "rolled_back", "rolled back")
+    assert w.calls == [] and w.state("a1") == "ready"
+    assert requests.get(f"{alertmanager}/api/v2/silence/{sid}", timeout=5).json()["status"]["state"] == "expired"

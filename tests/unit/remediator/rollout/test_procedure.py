@@ -286,3 +286,42 @@ def test_a_gate_whose_summary_keeps_failing_fails_instead_of_soaking_forever(tmp
     w.run_until(lambda: rollout(w, rid)["state"] == "rolled_back", "the gate failed", timeout=60)
     reason = w.events("a1", "rollout_gate_failed")[0].reason
     assert "4 gate queries in a row failed" in reason and "ran out" in reason
+
+
+def test_a_done_member_waiting_for_a_passing_incident_is_rolled_back_after_it(tmp_path: Path) -> None:
+    """The wait for another incident has its own deadline, from when it began: a member done hours ago is not
+    rollback_failed at once because an alert's incident is open for a moment."""
+    w = world(tmp_path, Gate())
+    rid = start(w).get_json()["id"]
+    w.run_until(lambda: steps(w, rid)["a1"] == "soaking", "soaking")
+    w.client.post(f"/api/rollouts/{rid}/pause", json={"by": "ops", "reason": "hold"}, headers=AUTH)
+    w.run_until(lambda: steps(w, rid)["a1"] == "done", "the canary passed", timeout=60)
+    w.clock.advance(5000)                                # long after
+    w.outcomes["a1"] = "unknown"                         # an alert the verification cannot confirm: stays open
+    w.deliver(payload(alert("a1")))
+    w.run(2)
+    assert w.incident("a1") is not None
+    r = w.client.post(f"/api/rollouts/{rid}/abort", json={"by": "ops", "reason": "wrong image"}, headers=AUTH)
+    assert r.status_code == 200
+    w.run(5)
+    assert steps(w, rid)["a1"] == "done" and "waits for incident" in rollout(w, rid)["members"][0]["note"]
+    w.deliver(payload(alert("a1", status="resolved")))
+    w.run_until(lambda: rollout(w, rid)["state"] == "rolled_back", "rolled back after the incident", timeout=60)
+    assert w.calls[-1] == ("restart-a1",)
+
+
+def test_a_rollback_waits_for_a_restart_under_way_on_its_host(tmp_path: Path) -> None:
+    """One per host, counting a member whose restart with the new command is still under way: the other
+    member of that host is not asked for (its deadline would run while the host mutex holds it)."""
+    w = world(tmp_path, Gate())
+    rid = start(w).get_json()["id"]
+    w.run_until(lambda: steps(w, rid)["a1"] == "done", "the canary passed", timeout=60)
+    w.ready["a2"] = False                                # a2 (node-1) will be warming up when the abort comes
+    w.run_until(lambda: steps(w, rid)["a2"] == "restarting" and w.incident("a2") is not None
+                and w.incident("a2").state.value == "warming", "a2 warming up")
+    w.client.post(f"/api/rollouts/{rid}/abort", json={"by": "ops", "reason": "stop"}, headers=AUTH)
+    w.run(3)
+    assert steps(w, rid)["a1"] == "done" and "waits for its host" in rollout(w, rid)["members"][0]["note"]
+    assert w.incident("a1") is None
+    w.ready["a2"] = True
+    w.run_until(lambda: rollout(w, rid)["state"] == "rolled_back", "rolled back", timeout=60)

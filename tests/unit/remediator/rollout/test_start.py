@@ -73,3 +73,11 @@ def test_a_rollout_that_cannot_run_here_is_refused_audited_and_changes_nothing(t
     assert len(w.store.rollouts()) == 1
     small = fleet(tmp_path / "small", ("a", "b"), min_ready=2, rollout={"prometheus_url": "http://127.0.0.1:9"})
     assert post(small).get_json()["refusal"] == "min_ready"
+
+
+def test_a_placeholder_without_a_value_is_refused_even_inside_an_argument(tmp_path: Path) -> None:
+    (tmp_path / "w").mkdir()
+    w = fleet(tmp_path / "w", ("a", "b", "c"), min_ready=1, rollout={"prometheus_url": "http://127.0.0.1:9"})
+    r = post(w, command=["deploy", "--host={host}"])                       # no host configured
+    assert r.status_code == 409 and "{host}" in r.get_json()["error"]
+    assert post(w, command=["deploy", "--name={backend}"]).status_code == 201
