@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 DIST_STAMP := $(VENV)/.dist-stamp
 DIST ?= dist
 ARGS ?=
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 
 .PHONY: demo test bench bench-scale lint debs engines venv dist clean
 
@@ -31,8 +31,8 @@ engines: debs
 demo: debs $(STAMP)
 	$(VENV)/bin/llm-health demo $(ARGS)
 
-# Two runs: everything but the real engines on TEST_WORKERS workers (pytest-xdist; tests/conftest.py keeps a
-# module on one worker), then the real engines alone (they are CPU-bound and timed). ARGS: one run of those.
+# Two runs: everything but the real engines on TEST_WORKERS workers (pytest-xdist, --dist loadscope: a module
+# stays on one worker, see tests/conftest.py), then the real engines alone (they are CPU-bound and timed). ARGS: one run of those.
 # pytest exits 5 when it collected no test: a run that tests nothing is a failure, said plainly.
 # Real engines first (cached). Under CI=true a failed install fails the run; elsewhere the
 # real-engine tests then say why they skip.
@@ -41,7 +41,7 @@ test: debs $(STAMP)
 	  echo "make test: real engines not installed; their tests will skip (CI=true makes that a failure)" >&2; }
 	$(VENV)/bin/ruff check .
 	@if [ -n "$(ARGS)" ]; then $(VENV)/bin/pytest -q $(ARGS); else \
-	  $(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadgroup --ignore=tests/real && \
+	  $(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadscope --ignore=tests/real && \
 	  $(VENV)/bin/pytest -q tests/real; fi; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5); that is a failure" >&2; fi; \
 	exit $$rc

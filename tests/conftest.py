@@ -38,9 +38,12 @@ def pytest_sessionstart(session: pytest.Session) -> None:
                     returncode=3)
 
 
-# Parallel runs (`pytest -n N --dist loadgroup`, as `make test` does): a test module stays on one
-# worker (its module-scoped servers start once), and the real engines' modules share one worker, so
-# at most one real engine runs at a time beside the other tests.
+# Parallel runs: a test module must stay on one worker (its module-scoped servers start once, and some
+# modules' tests build on each other). `make test` uses `--dist loadscope`, which keeps a module together
+# by its node ids. `--dist loadgroup` with the groups below would too, and would also keep the real
+# engines' modules on one worker, but with pytest 9.2 it silently groups nothing (pytest-xdist#1386: the
+# group rides on a node id that pytest no longer lets it change), so `make test` does not rely on it; the
+# real engines run in a run of their own, one at a time.
 REAL_ENGINES_GROUP = "real-engines"
 
 
