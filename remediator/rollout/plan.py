@@ -62,6 +62,10 @@ class End(enum.StrEnum):
     WAITING = "waiting"
     OK = "ok"
     FAILED = "failed"
+    CALLED_OFF = "called_off"      # closed before it began (its rollout no longer ran): nothing changed
+
+
+CALLED_OFF = "called off"          # how the close reason of a restart that never began starts
 
 
 def restart_end(inc: Incident | None, last: Action | None, since: float | None = None) -> tuple[End, str]:
@@ -77,6 +81,8 @@ def restart_end(inc: Incident | None, last: Action | None, since: float | None =
     if inc.state == IS.CLOSED:
         if inc.close_reason == "recovered" and last is not None and last.result == act.OK:
             return End.OK, "restarted and warm"
+        if inc.close_reason.startswith(CALLED_OFF) and (last is None or (since is not None and last.started_at < since)):
+            return End.CALLED_OFF, f"never changed: incident {inc.id} {inc.close_reason}"
         got = f"action {last.result}" if last is not None and last.result else "no action ran"
         return End.FAILED, f"incident {inc.id} closed as {inc.close_reason or 'closed'} ({got})"
     if inc.state == IS.NEEDS_ACK:

@@ -139,6 +139,9 @@ class Procedure:
                 if m.note != why:
                     tx.update_member(r.id, m.backend, note=why)
                 continue
+            if end == plan.End.CALLED_OFF:     # the claim's own check called it off: nothing ran
+                tx.update_member(r.id, m.backend, step=M.ROLLED_BACK, changed_at=now, note=why)
+                continue
             if m.step == M.ROLLING_BACK:
                 step = M.ROLLED_BACK if end == plan.End.OK else M.ROLLBACK_FAILED
                 tx.update_member(r.id, m.backend, step=step, changed_at=now, note=why)

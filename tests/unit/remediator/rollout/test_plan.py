@@ -103,3 +103,10 @@ def test_the_end_states() -> None:
     assert plan.finished(back, fleet(M.ROLLING_BACK, M.PENDING, M.PENDING, M.PENDING)) is None
     end = plan.finished(back, fleet(M.ROLLBACK_FAILED, M.ROLLED_BACK, M.PENDING, M.PENDING))
     assert end is not None and end[0] == RolloutState.FAILED and "needs a person" in end[1]
+
+
+def test_a_restart_called_off_before_it_began_changed_nothing() -> None:
+    off = replace(incident(IncidentState.CLOSED, "called off: rollout 7 is rolling_back"), id=3)
+    assert plan.restart_end(off, None, since=5)[0] == plan.End.CALLED_OFF
+    assert plan.restart_end(off, action(act.OK, 1), since=5)[0] == plan.End.CALLED_OFF    # an older action
+    assert plan.restart_end(off, action(act.OK, 10), since=5)[0] == plan.End.FAILED       # one of its own ran
