@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 DIST_STAMP := $(VENV)/.dist-stamp
 DIST ?= dist
 ARGS ?=
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 4
 
 .PHONY: demo test bench bench-scale lint debs engines venv dist clean
 
