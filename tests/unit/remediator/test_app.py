@@ -53,11 +53,12 @@ def test_create_app_starts_nothing_and_the_services_start_when_asked(tmp_path: P
         "remediator": {"state": "state.db", "token_file": "token", "agent_listen": f"127.0.0.1:{agent_port}"},
     }, source=str(tmp_path / "llm-health.yml"))
     Targets.queries = 0
-    threads = threading.active_count()
+    before = set(threading.enumerate())      # threads of earlier tests may end meanwhile: only new ones count
     app = create_app(config)
     services = app.extensions["remediator"].services
     try:
-        assert threading.active_count() == threads, [t.name for t in threading.enumerate()]
+        started = set(threading.enumerate()) - before
+        assert not started, [t.name for t in started]
         assert port_is_free(agent_port), "create_app opened the agent-check listener"
         assert Targets.queries == 0, "create_app queried Prometheus"
         assert app.test_client().get("/api/backends").status_code == 200       # it serves all the same
