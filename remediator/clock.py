@@ -24,6 +24,13 @@ from pathlib import Path
 BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
 
 
+def wall_text(t: float | None) -> str:
+    """A wall time as people read it (the status page, `llm-health ctl`): UTC to the second, '-' for none."""
+    if not t:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(t))) + "Z"
+
+
 def boot_id() -> str:
     """This boot's id (Linux); "" where there is none (then a reboot cannot be told apart)."""
     try:

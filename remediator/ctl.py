@@ -20,7 +20,6 @@ import argparse
 import getpass
 import socket
 import sys
-import time
 from typing import Any
 
 from llm_health.config import load_config
@@ -28,6 +27,7 @@ from llm_health.exporter.backend import load_api_key
 from llm_health.http_client import HttpFailure, fetch
 from llm_health.redact import redact
 from llm_health.remediator import ctl_rollout
+from llm_health.remediator.clock import wall_text
 from llm_health.remediator.commands import Command
 
 REFUSED_EXIT = 1
@@ -138,14 +138,10 @@ def show_diagnostics(url: str, token: str, args: argparse.Namespace) -> int:
         print(f"llm-health ctl: diagnostics {args.backend}: {resp.status}: {resp.text[:300]}", file=sys.stderr)
         return ERROR_EXIT
     d = resp.json()
-    print(f"diagnostics #{d['id']} of {args.backend}, incident {d['incident_id']}, {_when(d['at'])}: {d['result']} "
+    print(f"diagnostics #{d['id']} of {args.backend}, incident {d['incident_id']}, {wall_text(d['at'])}: {d['result']} "
           f"in {d['seconds']}s ({d['bytes']} bytes{', cut' if d['truncated'] else ''}): {d['argv']}")
     print(d["output"])
     return 0
-
-
-def _when(t: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(float(t))) if t else "-"
 
 
 def status_table(backends: list[dict[str, Any]], only: str | None = None) -> str:
@@ -157,10 +153,10 @@ def status_table(backends: list[dict[str, Any]], only: str | None = None) -> str
         lc, admin, inc, last = b["lifecycle"], b["admin"], b.get("incident"), b.get("last_decision")
         reason = admin["reason"] if admin["state"] != "in_service" else (lc.get("reason") or "")
         rows.append((
-            b["backend"], lc["state"], _when(lc.get("since")), admin["state"], admin.get("by") or "-",
+            b["backend"], lc["state"], wall_text(lc.get("since")), admin["state"], admin.get("by") or "-",
             (f"{inc['id']} {inc['state']}" if inc else "-")
             + (f" diag:{b['diagnostics']['result']}" if b.get("diagnostics") else ""),
-            f"{last['kind']} {_when(last.get('at'))}" if last else "-",
+            f"{last['kind']} {wall_text(last.get('at'))}" if last else "-",
             " ".join(str(reason).split())[:60] or "-",
         ))
     if only and len(rows) == 1:

@@ -18,7 +18,6 @@ import argparse
 import getpass
 import socket
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ import yaml
 
 from llm_health.config import ConfigError
 from llm_health.http_client import fetch
+from llm_health.remediator.clock import wall_text
 from llm_health.render.rules import parse_duration
 
 REFUSED_EXIT = 1
@@ -148,15 +148,11 @@ def latest(url: str, timeout: float) -> dict[str, Any] | None:
     return found[0] if found else None
 
 
-def _when(t: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(float(t))) if t else "-"
-
-
 def summary(r: dict[str, Any]) -> str:
     """The rollout and one line per member."""
     steps = ", ".join(f"{n} {s}" for s, n in sorted(r.get("steps", {}).items()))
     lines = [f"rollout {r['id']}: {r['state']} ({steps}); by {r['by']}: {r['reason']}; soak {r['soak']:g}s; "
-             f"started {_when(r.get('created_at'))}",
+             f"started {wall_text(r.get('created_at'))}",
              f"  command: {' '.join(r['argv'])}", f"  note: {r.get('note') or '-'}"]
     rows = [("BACKEND", "HOST", "CANARY", "STEP", "INCIDENT", "NOTE")]
     for m in r.get("members", []):

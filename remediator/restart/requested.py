@@ -14,6 +14,8 @@ the rollout rolled back or ended meanwhile, so it is called off.
 
 from __future__ import annotations
 
+from typing import Any
+
 from llm_health.config import Backend
 from llm_health.exporter.observation import Verification, VerifyOutcome
 from llm_health.remediator import policy
@@ -27,6 +29,7 @@ from llm_health.remediator.restart.gates import concurrency_gate, facts, floor_g
 from llm_health.remediator.restart.notes import note
 from llm_health.remediator.restart.result import DONE, LookAgain, StepResult
 from llm_health.remediator.restart.silences import silence_safely, unsilence_safely
+from llm_health.remediator.rollout.plan import CALLED_OFF
 from llm_health.remediator.store import Incident, IncidentState, Reads, RolloutState, Transaction
 
 S = LifecycleState
@@ -53,34 +56,40 @@ def stale_rollout(rd: Reads, inc: Incident) -> str:
     r = rd.rollout(change.rollout_id)
     if r is not None and r.state in (RolloutState.RUNNING, RolloutState.PAUSED):
         return ""
-    return (f"called off: rollout {change.rollout_id} is {r.state.value if r is not None else 'gone'}, its restart "
-            "with the new command does not begin")
+    return (f"{CALLED_OFF}: rollout {change.rollout_id} is {r.state.value if r is not None else 'gone'}, its "
+            "restart with the new command does not begin")
 
 
-def call_off(tx: Transaction, inc: Incident, backend: str, why: str, now: float) -> None:
+def call_off(tx: Transaction, inc: Incident, backend: str, why: str, now: float, kind: str = "restart_called_off",
+             **detail: Any) -> None:
+    """Close a restart that has not begun (open, or draining: the drain ends, the backend is READY again)."""
     if inc.state == IS.DRAINING and tx.lifecycle_state(backend) == S.DRAINING:
         tx.move_lifecycle(backend, S.READY, now, f"restart {why}")
     tx.move_incident(inc.id, now, IS.CLOSED, close_reason=why)
-    tx.event(now, "restart_called_off", backend, inc.id, reason=f"incident {inc.id}: {why}")
+    tx.event(now, kind, backend, inc.id, reason=f"incident {inc.id} ({inc.state.value}): {why}", **detail)
 
 
-def silence_ended(ctx: Context, backend: Backend) -> None:
-    unsilence_safely(ctx, backend.name)
+def called_off(ctx: Context, inc: Incident, backend: Backend, state: IncidentState) -> bool:
+    """A rollout's restart whose rollout no longer runs: called off in a transaction of its own (re-checked
+    there), its drain's silence ended; True: nothing more to do. Costs nothing for a restart that carries no
+    rollout's command; the claim's transaction checks again (stale_rollout)."""
+    if not stale_rollout(ctx.store, inc):
+        return False
+    with ctx.store.tx() as tx:
+        current = tx.incident_in(inc.id, state)
+        why = stale_rollout(tx, current) if current is not None else ""
+        if current is not None and why:
+            call_off(tx, current, backend.name, why, ctx.clocks.wall())
+    if why:
+        unsilence_safely(ctx, backend.name)        # the drain's silence: its alerts page people again
+    return True
 
 
 def consider_requested(ctx: Context, inc: Incident, backend: Backend) -> StepResult:
+    if called_off(ctx, inc, backend, IS.OPEN):
+        return DONE
     now, t = ctx.clocks.wall(), ctx.clocks.mono()
     claimed: int | None = None
-    with ctx.store.tx() as tx:
-        current = tx.incident_in(inc.id, IS.OPEN)
-        if current is None:
-            return DONE
-        stale = stale_rollout(tx, current)
-        if stale:
-            call_off(tx, current, backend.name, stale, now)
-    if stale:
-        silence_ended(ctx, backend)
-        return DONE
     with ctx.store.tx() as tx:
         current = tx.incident_in(inc.id, IS.OPEN)
         if current is None or stale_rollout(tx, current):      # its rollout moved on meanwhile: next look
@@ -102,20 +111,11 @@ def consider_requested(ctx: Context, inc: Incident, backend: Backend) -> StepRes
 
 
 def watch_requested_drain(ctx: Context, inc: Incident, backend: Backend) -> StepResult:
+    if called_off(ctx, inc, backend, IS.DRAINING):
+        return DONE
     seen = in_flight_now(ctx, backend)
     now, t = ctx.clocks.wall(), ctx.clocks.mono()
     claimed: int | None = None
-    with ctx.store.tx() as tx:
-        current = tx.incident_in(inc.id, IS.DRAINING)
-        r = tx.lifecycle(backend.name)
-        if current is None:
-            return DONE
-        stale = stale_rollout(tx, current)
-        if stale:
-            call_off(tx, current, backend.name, stale, now)
-    if stale:
-        silence_ended(ctx, backend)             # the drain's silence: its alerts page people again
-        return DONE
     with ctx.store.tx() as tx:
         current = tx.incident_in(inc.id, IS.DRAINING)
         r = tx.lifecycle(backend.name)

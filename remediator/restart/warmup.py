@@ -19,6 +19,7 @@ from llm_health.remediator.store import Incident, IncidentState, Transaction
 
 S = LifecycleState
 IS = IncidentState
+WARMUP_TIMEOUT = "warmup_timeout"   # the decision (and event) of a restart whose backend never became warm
 
 
 def watch_warmup(ctx: Context, inc: Incident, backend: Backend) -> StepResult:
@@ -80,7 +81,7 @@ def warmup_timed_out(ctx: Context, incident_id: int, name: str, last: str) -> St
             return DONE
         why = f"not warm {ctx.r.warmup_timeout:g}s after the restart" + (f" (last check: {last})" if last else "")
         tx.move_lifecycle(name, S.ERROR, now, f"warm-up timeout: {why}", incident_id)
-        tx.move_incident(incident_id, now, IS.NEEDS_ACK, last_decision="warmup_timeout")
-        tx.event(now, "warmup_timeout", name, incident_id, reason=f"{why}; needs a person, not restarted again")
+        tx.move_incident(incident_id, now, IS.NEEDS_ACK, last_decision=WARMUP_TIMEOUT)
+        tx.event(now, WARMUP_TIMEOUT, name, incident_id, reason=f"{why}; needs a person, not restarted again")
         escalate(tx, name, incident_id, now, f"warm-up timeout: {why}")
     return DONE

@@ -16,7 +16,6 @@ decision is audited with its reason and who started the rollout.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Sequence
 from typing import Protocol
@@ -24,11 +23,13 @@ from typing import Protocol
 from llm_health.remediator.lifecycle import LifecycleState
 from llm_health.remediator.restart.context import Context
 from llm_health.remediator.restart.gates import gate_states
+from llm_health.remediator.restart.requested import call_off
 from llm_health.remediator.restart.silences import unsilence_safely
+from llm_health.remediator.restart.warmup import WARMUP_TIMEOUT
 from llm_health.remediator.rollout import plan
 from llm_health.remediator.rollout.gate import Bounds, GateVerdict, Measurement, Summary, final, watch
 from llm_health.remediator.rollout.kinds import Kind
-from llm_health.remediator.rollout.queries import Prometheus
+from llm_health.remediator.rollout.queries import Prometheus, prometheus_url
 from llm_health.remediator.store import (
     CHANGED_STEPS,
     CommandChange,
@@ -41,7 +42,6 @@ from llm_health.remediator.store import (
     Transaction,
 )
 
-log = logging.getLogger("llm_health.remediator")
 M = MemberStep
 RS = RolloutState
 IS = IncidentState
@@ -53,17 +53,12 @@ class GateQueries(Protocol):
     def summary(self, canary: str, fleet: Sequence[str], window: float) -> Summary: ...
 
 
-def prometheus_url(ctx: Context) -> str:
-    return ctx.r.rollout.prometheus_url or ctx.config.discovery.prometheus_url
-
-
 def member_timeout(ctx: Context) -> float:
     r = ctx.r
     return r.rollout.member_timeout or (r.drain_timeout + r.action_timeout + r.warmup_timeout + 300.0)
 
 
 WAITS = "waits for incident"       # a member's note while another incident holds its backend
-WARMUP_TIMEOUT = "warmup_timeout"   # an incident's last decision when the new version never warmed up
 
 
 def requester(rollout: Rollout) -> str:
@@ -84,7 +79,7 @@ class Procedure:
         if self._gate is None:
             ro = self.ctx.r.rollout
             # a summary is 8 queries; each one within query_timeout, all of them within the budget
-            self._gate = Prometheus(prometheus_url(self.ctx), timeout=ro.query_timeout, budget=8 * ro.query_timeout)
+            self._gate = Prometheus(prometheus_url(self.ctx.config), timeout=ro.query_timeout, budget=8 * ro.query_timeout)
         return self._gate
 
     def look(self, rollout_id: int) -> float | None:
@@ -115,7 +110,12 @@ class Procedure:
                 kind = {RS.SUCCEEDED: Kind.SUCCEEDED, RS.ROLLED_BACK: Kind.ROLLED_BACK}.get(state, Kind.FAILED)
                 tx.event(now, kind, "", reason=f"rollout {r.id} {state.value}: {why}", rollout_id=r.id, by=r.by)
         self._end_silences()
-        return None if end is not None else max(ctx.r.poll_interval, 0.1)
+        if end is None:
+            return max(ctx.r.poll_interval, 0.1)
+        with self._lock:                                # the gate's timings of a rollout that is over
+            for key in [k for k in self._measured if k[0] == rollout_id]:
+                del self._measured[key]
+        return None
 
     def _end_silences(self) -> None:
         with self._lock:
@@ -289,13 +289,9 @@ class Procedure:
                      by=r.by)
 
     def _call_off(self, tx: Transaction, r: Rollout, m: RolloutMember, inc: Incident, now: float) -> None:
-        why = f"called off: rollout {r.id} rolls back before this restart with the new command began"
-        if inc.state == IS.DRAINING and tx.lifecycle_state(m.backend) == LifecycleState.DRAINING:
-            tx.move_lifecycle(m.backend, LifecycleState.READY, now, f"restart {why}")
+        why = f"{plan.CALLED_OFF}: rollout {r.id} rolls back before this restart with the new command began"
+        call_off(tx, inc, m.backend, why, now, Kind.CALLED_OFF, rollout_id=r.id, by=r.by)
         self._unsilence.add(m.backend)                 # its alerts page people again (after the transaction)
-        tx.move_incident(inc.id, now, IS.CLOSED, close_reason=why)
-        tx.event(now, Kind.CALLED_OFF, m.backend, inc.id, reason=f"{m.backend}: incident {inc.id} ({inc.state.value}) "
-                 f"{why}", rollout_id=r.id, by=r.by)
         tx.update_member(r.id, m.backend, step=M.ROLLED_BACK, changed_at=now, note="never changed: its restart was "
                          "called off before it began")
 

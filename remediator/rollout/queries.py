@@ -23,12 +23,18 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from llm_health.config import Config
 from llm_health.exporter.verdict import CODES, Verdict
 from llm_health.http_client import HttpFailure, fetch
 from llm_health.remediator.rollout.gate import FAILING, INCONCLUSIVE, Measurement, Summary
 
 MAX_ANSWER_BYTES = 1 << 20
 BY_CODE = {code: v for v, code in CODES.items()}
+
+
+def prometheus_url(config: Config) -> str:
+    """The gate's Prometheus: remediator.rollout.prometheus_url, else discovery's ('' = none)."""
+    return config.remediator.rollout.prometheus_url or config.discovery.prometheus_url
 
 
 class QueryError(RuntimeError):

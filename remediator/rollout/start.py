@@ -22,6 +22,7 @@ from llm_health.remediator import lifecycle
 from llm_health.remediator.rollout.gate import Bounds, BoundsError
 from llm_health.remediator.rollout.kinds import Kind
 from llm_health.remediator.rollout.plan import Candidate, order
+from llm_health.remediator.rollout.queries import prometheus_url
 from llm_health.remediator.sequence import has_restart
 from llm_health.remediator.store import (
     MemberStep,
@@ -191,7 +192,7 @@ def check(tx: Transaction, config: Config, req: RolloutRequest) -> tuple[Refusal
     br = tx.breaker()
     if br.open:
         return Refusal.BREAKER, f"the breaker is open ({br.reason}): reset it first", []
-    if not (r.rollout.prometheus_url or config.discovery.prometheus_url):
+    if not prometheus_url(config):
         return Refusal.NO_PROMETHEUS, ("the canary's gate reads Prometheus: set remediator.rollout.prometheus_url "
                                        "(or discovery.prometheus_url)"), []
     held = tx.admins()

@@ -11,9 +11,10 @@ from flask import Blueprint, Response, jsonify, render_template, request
 from llm_health import groups
 from llm_health.exposition import metrics_answer
 from llm_health.redact import redact
+from llm_health.remediator.clock import wall_text
 from llm_health.remediator.web.context import ctx
 from llm_health.remediator.web.rollouts import rollout_view
-from llm_health.remediator.web.views import backends_view, fmt_time, public_event
+from llm_health.remediator.web.views import backends_view, public_event
 
 status = Blueprint("status", __name__)
 
@@ -44,5 +45,5 @@ def page() -> Any:
         latest = rd.rollouts(limit=1)
         rollout = rollout_view(rd, latest[0]) if latest else None
     return render_template("status.html", backends=backends_view(c), events=events, breaker=br, rollout=rollout,
-                           dry_run=c.config.remediator.dry_run, now=c.clock(), fmt=fmt_time,
+                           dry_run=c.config.remediator.dry_run, now=c.clock(), fmt=wall_text,
                            group=groups.shown(c.config.remediator.group_labels))

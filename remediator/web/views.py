@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from llm_health.redact import redact
@@ -95,7 +94,3 @@ def backends_view(c: WebContext) -> list[dict[str, Any]]:
     return out
 
 
-def fmt_time(t: float | None) -> str:
-    if not t:
-        return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(t))) + "Z"

@@ -180,6 +180,8 @@ def _rollouts(c: sqlite3.Connection) -> None:
               "soak_started_at REAL, query_errors INTEGER NOT NULL DEFAULT 0, "
               "inconclusive INTEGER NOT NULL DEFAULT 0, note TEXT NOT NULL DEFAULT '', "
               "PRIMARY KEY (rollout_id, backend))")
+    # the agent asks every few seconds per backend whether it is a soaking canary (RolloutReads.soaking)
+    c.execute("CREATE INDEX IF NOT EXISTS rollout_members_backend ON rollout_members(backend, step)")
     c.execute("CREATE TABLE IF NOT EXISTS commands (backend TEXT PRIMARY KEY, argv TEXT NOT NULL, since REAL NOT NULL, "
               "rollout_id INTEGER)")
     if "command" not in {r[1] for r in c.execute("PRAGMA table_info(incidents)").fetchall()}:
