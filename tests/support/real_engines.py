@@ -589,6 +589,7 @@ class Timeline:
     url: str
     backend: str
     seen: list[tuple[float, str, str, dict[str, Any]]] = field(default_factory=list)
+    unanswered: list[float] = field(default_factory=list)   # when a poll of /verdicts got no 200
 
     def start(self) -> Timeline:
         self._stop = threading.Event()
@@ -602,6 +603,8 @@ class Timeline:
                 for b in json.loads(body)["backends"]:
                     if b["backend"] == self.backend:
                         self.seen.append((time.monotonic(), b["verdict"], b["reason"], b))
+            else:
+                self.unanswered.append(time.monotonic())
             self._stop.wait(0.1)
 
     def stop(self) -> None:
@@ -637,8 +640,11 @@ class Timeline:
             wait_for(lambda: first() is not None, timeout, f"verdict {verdict}", 0.1)
             return float(first() or 0.0)
         except AssertionError:
+            last = self.seen[-1][0] if self.seen else t0
+            missed = sum(1 for t in self.unanswered if t >= t0)
             raise AssertionError(f"no {verdict!r} within {timeout:.0f} s; seen {self.since(t0)}; "
-                                 f"now {self.now()}") from None
+                                 f"exporter last answered {time.monotonic() - last:.1f} s ago, {missed} polls "
+                                 f"unanswered since; now {self.now()}") from None
 
 
 def start_exporter(backend_url: str, log_dir: Path, *, interval: float, stall_after: float,
@@ -747,7 +753,13 @@ class Rig:
         answered 200, no probe sent while the work was in flight, idle at the end, and never judged
         restarted since `t0`. `excused(pages)`: a probe sent while work was in flight is allowed when
         the /metrics pages read just before it pass (SGLang: its page said no work; the caller counts)."""
-        to_busy = self.timeline.wait("busy", time.monotonic(), 15)
+        # a resumed engine on a loaded 2-core machine: its first step after SIGCONT competes with every
+        # other process (CI once saw no verdict at all for 17 s here); the story says where the time went
+        resumed = time.monotonic()
+        try:
+            to_busy = self.timeline.wait("busy", resumed, 45)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.story(resumed - 30)}") from None
         assert self.load is not None
         self.load.stop()
         results = self.load.wait(load_timeout)
