@@ -1,7 +1,8 @@
 """Run a backend's configured restart argv: no shell, a timeout, exit code and (truncated) output.
 
-The argv comes only from the configuration. The child gets the backend name and incident id as
-environment variables (an idempotency key for the action), never anything from an alert.
+The argv comes only from the configuration. The child gets the backend name, incident and action ids
+as environment variables (an idempotency key for the action) and the lease's epoch (LLM_HEALTH_EPOCH, a
+fencing token a restart script may hand on), never anything from an alert.
 
 How it runs (so that a restart script may start the server in the background, and so that its result
 survives a crash of ours):

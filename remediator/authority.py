@@ -91,7 +91,8 @@ class Authority:
                              in_flight=in_flight, runner=runner)
         self.lease = AuthorityLease(store, self.clocks, self.holder, ttl=max(5.0, 10 * r.poll_interval),
                                     warmup_timeout=r.warmup_timeout)
-        self.ctx = Context(store, config, self.io, self.clocks, self.holder, self.lease.holds, action_dir(config),
+        self.ctx = Context(store, config, self.io, self.clocks, self.holder, self.lease.holds, self.lease.fit_to_act,
+                           lambda: self.lease.epoch, action_dir(config),
                            diagnostics_dir(config))
         self.recovery = Recovery(self.ctx)
         self.lease.on_new_term = self.recovery.again

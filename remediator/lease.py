@@ -4,6 +4,11 @@ Monotonic (clock.py): the lease expires on the clock of the boot it records, so 
 neither steals nor extends it. A holder that finds another boot's lease takes it and restarts the stored
 monotonic deadlines from now (they mean nothing on this boot). Every claim and every recorded result checks
 `holds(tx)` in its own transaction: a holder deposed while its action ran records nothing.
+
+Every takeover starts a new term: the stored epoch goes up by one (a fencing token). `holds(tx)` is true
+only while the stored epoch is the one this holder took, so a holder that lost the lease, even to itself
+after a lapse, never writes under the old term; an action's process gets the epoch in its environment
+(LLM_HEALTH_EPOCH) and starts only while the lease has `ACTION_MARGIN` of its time left.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from llm_health.remediator.store import Lease, StateStore, Transaction
 log = logging.getLogger("llm_health.remediator")
 
 NAME = "authority"
+#: an action's process starts only while this share of the lease's time is left (renewed every quarter)
+ACTION_MARGIN = 0.5
 
 
 def _nothing() -> None:
@@ -32,6 +39,7 @@ class AuthorityLease:
         self.ttl = ttl
         self.warmup_timeout = warmup_timeout     # a rebased warm-up gets this long again
         self.holding = threading.Event()
+        self.epoch = 0                           # the term we hold (0: none yet)
         #: the lease is (again) ours after someone else held it or it lapsed: what ran meanwhile may be
         #: unrecorded, so recovery must look (set by the authority)
         self.on_new_term: Callable[[], None] = _nothing
@@ -43,15 +51,18 @@ class AuthorityLease:
             row = tx.lease(NAME)
             other_boot = row is not None and row.boot != boot    # its expiry is another boot's clock
             if row is None or row.holder == self.holder or other_boot or row.expires_at < t:
-                tx.put_lease(Lease(NAME, self.holder, t + self.ttl, boot))
-                if row is not None and row.holder == self.holder and row.expires_at < t:
-                    self.on_new_term()   # ours again after it lapsed
-                if row is None or row.holder != self.holder:
-                    self.on_new_term()   # newly ours: look for restarts a previous holder left unfinished
+                same_term = (row is not None and row.holder == self.holder and not other_boot
+                             and row.expires_at >= t and row.epoch == self.epoch and self.epoch > 0)
+                epoch = row.epoch if same_term and row is not None else (row.epoch if row else 0) + 1
+                tx.put_lease(Lease(NAME, self.holder, t + self.ttl, boot, epoch))
+                if not same_term:
+                    # a new term: ours for the first time, again after it lapsed, or after another boot
+                    self.epoch = epoch
+                    self.on_new_term()   # look for restarts a previous term left unfinished
                     if other_boot:
                         tx.rebase_deadlines(t, t + self.warmup_timeout)
-                    tx.event(now, "lease_acquired", reason=f"{self.holder} is the restart authority",
-                             previous=row.holder if row else None)
+                    tx.event(now, "lease_acquired", reason=f"{self.holder} is the restart authority (epoch {epoch})",
+                             previous=row.holder if row else None, epoch=epoch)
                 self.holding.set()
                 return True
         self.holding.clear()
@@ -59,9 +70,20 @@ class AuthorityLease:
 
     def holds(self, tx: Transaction) -> bool:
         """Inside the caller's transaction: the lease is ours, on this boot, and not expired."""
+        return self.left(tx) >= 0.0
+
+    def left(self, tx: Transaction) -> float:
+        """Inside the caller's transaction: seconds the lease we hold has left (-inf: not ours, another
+        term, another boot's clock, or expired)."""
         row = tx.lease(NAME)
-        return (row is not None and row.holder == self.holder and row.boot == self.clocks.boot
-                and row.expires_at >= self.clocks.mono())
+        if row is None or row.holder != self.holder or row.boot != self.clocks.boot or row.epoch != self.epoch:
+            return float("-inf")
+        left = row.expires_at - self.clocks.mono()
+        return left if left >= 0.0 else float("-inf")
+
+    def fit_to_act(self, tx: Transaction) -> bool:
+        """Right before an action's process starts: ours, with ACTION_MARGIN of its time left."""
+        return self.left(tx) >= ACTION_MARGIN * self.ttl
 
     def keep(self, stop: threading.Event) -> None:
         """The lease thread: renew every ttl/4 until `stop`."""

@@ -39,6 +39,10 @@ S = LifecycleState
 IS = IncidentState
 
 
+class LeaseLost(RuntimeError):
+    """The authority's lease is not ours (or nearly over) when an action's process is about to start."""
+
+
 def claim(ctx: Context, tx: Transaction, incident_id: int, backend: Backend, d: policy.Decision, now: float) -> int:
     """Record the intent (and where the action's exit status will go) and move to RESTARTING. A restart
     that changes the backend's command (a rollout's) stores the new command in the same transaction: the
@@ -88,8 +92,12 @@ def carry_out(ctx: Context, incident_id: int, action_id: int, backend: Backend, 
         if with_silence:
             silence(ctx, incident_id, backend)
         before_kill(ctx, incident_id, backend)       # bounded; never stops the restart
+        with ctx.store.tx() as tx:    # right before the process starts: still ours, with time to spare
+            if not ctx.fit_to_act(tx):
+                raise LeaseLost(f"the lease of {ctx.holder} (epoch {ctx.epoch()}) is lost or about to "
+                                "expire: the action was not started")
         env = {"LLM_HEALTH_BACKEND": backend.name, "LLM_HEALTH_INCIDENT": str(incident_id),
-               "LLM_HEALTH_ACTION": str(action_id)}
+               "LLM_HEALTH_ACTION": str(action_id), "LLM_HEALTH_EPOCH": str(ctx.epoch())}
         result = ctx.io.runner(stored_argv(ctx.store, backend, ctx), ctx.r.action_timeout, env)
         record_result(ctx, incident_id, action_id, backend.name, result)
     except Exception as exc:  # noqa: BLE001 - the state machine must always reach a resting state
@@ -212,6 +220,12 @@ def abort(ctx: Context, incident_id: int, action_id: int, backend: Backend, exc:
     try:
         now = ctx.clocks.wall()
         with ctx.store.tx() as tx:
+            if not ctx.holds_lease(tx):
+                # another term: the new holder finds the intent without an outcome and decides (needs_ack)
+                tx.event(now, "late_result", backend.name, incident_id, action_id=action_id,
+                         reason=f"{reason}; this authority ({ctx.holder}) lost the lease: recorded nothing, "
+                         "the new holder finds the intent without an outcome")
+                return
             done = tx.finish_action(action_id, now, ActionResultKind.ERROR, None, reason)
             restarting = tx.incident_in(incident_id, IS.RESTARTING) is not None
             if restarting:

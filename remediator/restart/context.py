@@ -56,6 +56,8 @@ class Context:
     clocks: Clocks
     holder: str
     holds_lease: Callable[[Transaction], bool]     # inside the caller's transaction
+    fit_to_act: Callable[[Transaction], bool]      # ... and with margin left, right before a process starts
+    epoch: Callable[[], int]                       # the lease's term we hold (LLM_HEALTH_EPOCH)
     action_dir: Path | None = None                 # where the default runner's files go
     diagnostics_dir: Path | None = None            # where diagnostics captures may keep files (one folder each)
     running: RunningActions = field(default_factory=RunningActions)

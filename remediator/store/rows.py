@@ -141,6 +141,7 @@ class Lease:
     holder: str
     expires_at: float                             # monotonic, on the clock of `boot`
     boot: str = ""
+    epoch: int = 0                                # the term (fencing token): +1 at every takeover
 
 
 @dataclass(frozen=True)

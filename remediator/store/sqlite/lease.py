@@ -1,4 +1,5 @@
-"""The authority's lease: `lease` (monotonic expiry on the clock of the boot it records)."""
+"""The authority's lease: `lease` (monotonic expiry on the clock of the boot it records, and its term: the
+epoch, a fencing token every takeover increments)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,18 @@ from llm_health.remediator.store.sqlite.connected import Connected
 
 class LeaseReads(Connected):
     def lease(self, name: str) -> Lease | None:
-        r = self._db().execute("SELECT name, holder, expires_at, boot FROM lease WHERE name = ?", (name,)).fetchone()
+        r = self._db().execute("SELECT name, holder, expires_at, boot, epoch FROM lease WHERE name = ?",
+                               (name,)).fetchone()
         return None if r is None else Lease(name=r["name"], holder=r["holder"], expires_at=float(r["expires_at"]),
-                                            boot=r["boot"])
+                                            boot=r["boot"], epoch=int(r["epoch"]))
 
 
 class LeaseWrites(Connected):
     def put_lease(self, lease: Lease) -> None:
-        self._db().execute("INSERT INTO lease (name, holder, expires_at, boot) VALUES (?,?,?,?) ON CONFLICT(name) "
-                           "DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at, "
-                           "boot = excluded.boot", (lease.name, lease.holder, lease.expires_at, lease.boot))
+        self._db().execute("INSERT INTO lease (name, holder, expires_at, boot, epoch) VALUES (?,?,?,?,?) "
+                           "ON CONFLICT(name) DO UPDATE SET holder = excluded.holder, "
+                           "expires_at = excluded.expires_at, boot = excluded.boot, epoch = excluded.epoch",
+                           (lease.name, lease.holder, lease.expires_at, lease.boot, lease.epoch))
 
     def rebase_deadlines(self, t: float, warm_deadline: float) -> None:
         c = self._db()

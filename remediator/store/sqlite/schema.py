@@ -15,7 +15,7 @@ from collections.abc import Callable
 from llm_health.remediator.store.base import StateError
 
 #: the schema this remediator writes; bump it with a new step in MIGRATIONS
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS deliveries (key TEXT PRIMARY KEY, first_seen REAL NOT NULL);
@@ -188,6 +188,13 @@ def _rollouts(c: sqlite3.Connection) -> None:
         c.execute("ALTER TABLE incidents ADD COLUMN command TEXT NOT NULL DEFAULT ''")
 
 
+def _epoch(c: sqlite3.Connection) -> None:
+    """Version 6: the lease's term (epoch, a fencing token): every takeover increments it, and the holder
+    acts only while the stored epoch is the one it took (remediator/lease.py)."""
+    if "epoch" not in {r[1] for r in c.execute("PRAGMA table_info(lease)").fetchall()}:
+        c.execute("ALTER TABLE lease ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0")
+
+
 #: (version, step): the step brings a state file of version - 1 to `version`
 MIGRATIONS: tuple[tuple[int, Callable[[sqlite3.Connection], None]], ...] = (
     (1, _baseline),
@@ -195,6 +202,7 @@ MIGRATIONS: tuple[tuple[int, Callable[[sqlite3.Connection], None]], ...] = (
     (3, _heard),
     (4, _operators),
     (5, _rollouts),
+    (6, _epoch),
 )
 
 

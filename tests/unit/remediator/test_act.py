@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from llm_health.remediator import action
+from llm_health.remediator.authority import Authority
 from llm_health.remediator.restart import act as restart_act
 from tests.support.alerts import alert, one_pass, payload
 from tests.support.remediator import World, fleet, four_backends
@@ -123,3 +124,45 @@ def test_own_restart_whose_bookkeeping_failed_is_swept_by_recover(tmp_path: Path
     assert w.last_incident()["state"] == "needs_ack" and w.state() == "error"
     assert w.store.conn().execute("SELECT result FROM actions").fetchone()[0] == "interrupted"
     assert w.store.events(kind="interrupted")[0].detail["own"] is True
+
+
+# -- the lease right before the process starts (fencing) --------------------------------------------------
+def test_the_action_runs_with_the_lease_epoch_in_its_environment(w: World) -> None:
+    w.outcomes["gpu-a"] = "down"
+    w.deliver(payload(alert()))
+    w.run()
+    assert w.restarted == ["gpu-a"]
+    assert w.envs[0]["LLM_HEALTH_EPOCH"] == str(w.authority.lease.epoch) != "0"
+
+
+def test_no_process_starts_when_the_lease_is_nearly_over(w: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between the claim and the process the lease ran low (a slow capture, a stalled renewal): the process
+    is not started; still ours, so the restart is aborted into needs_ack (never repeated blindly)."""
+    def slow_capture(ctx: Any, incident_id: int, backend: Any) -> None:
+        w.clock.advance(w.authority.lease.ttl * 0.6)
+    monkeypatch.setattr(restart_act, "before_kill", slow_capture)
+    w.outcomes["gpu-a"] = "down"
+    w.ready["gpu-a"] = False
+    w.deliver(payload(alert()))
+    w.run(1)
+    assert w.restarted == []
+    assert w.last_incident()["state"] == "needs_ack"
+    assert "action was not started" in w.store.events(kind="aborted")[0].reason
+
+
+def test_a_deposed_holder_starts_nothing_and_leaves_the_incident_to_the_new_one(
+        w: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    other = Authority(w.store, w.authority.ctx.config, clock=w.clock, holder="other")
+
+    def taken_meanwhile(ctx: Any, incident_id: int, backend: Any) -> None:
+        w.clock.advance(w.authority.lease.ttl + 1)
+        assert other.lease.renew()
+    monkeypatch.setattr(restart_act, "before_kill", taken_meanwhile)
+    w.outcomes["gpu-a"] = "down"
+    w.deliver(payload(alert()))
+    one_pass(w.authority)
+    assert w.restarted == []
+    assert w.last_incident()["state"] == "restarting"            # untouched: the new holder's to decide
+    assert w.store.conn().execute("SELECT count(*) FROM actions WHERE result IS NULL").fetchone()[0] == 1
+    assert "lost the lease" in w.store.events(kind="late_result")[0].reason
+    assert not w.store.events(kind="aborted")

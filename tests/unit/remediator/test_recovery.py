@@ -60,5 +60,6 @@ def test_lifecycle_survives_a_crash_and_every_process_answers_the_same(tmp_path:
     w.clock.advance(w.authority.lease.ttl + 1)
     assert second.lease.renew()
     w.clock.advance(5)
+    assert second.lease.renew()     # its lease thread's job (every ttl/4): no process starts on a lease's last second
     one_pass(second)                                 # resumes the drain where it was: deadline passed
     assert w.restarted == ["gpu-a"] and w.state() == "initializing"
