@@ -15,6 +15,7 @@ user traffic (one request at a time straight to each engine) and checks what it 
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -218,7 +219,9 @@ def test_a_canary_with_a_latency_regression_is_rolled_back_and_the_others_untouc
 def test_a_canary_that_stalls_is_rolled_back(rig: Rig) -> None:
     rid, _ = regressed(rig, new_command(version="1.0-stalls"), then=lambda: rig.stack.sims["sim-a1"].fault("stall"))
     reason = next(e for e in rig.stack.events("sim-a1") if e["kind"] == "rollout_gate_failed")["reason"]
-    assert "stalled" in reason, reason
+    # the gate fails on the canary's own verdict: stalled, or down when the loaded machine made its frozen
+    # page's reads time out first (seen once in a clean-clone run at 4 workers; alone it says stalled)
+    assert re.search(r"the canary's verdict is (stalled|down)", reason), reason
     assert rig.sim("sim-a1")["version"] != "1.0-stalls"
 
 
