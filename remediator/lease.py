@@ -51,9 +51,10 @@ class AuthorityLease:
             row = tx.lease(NAME)
             other_boot = row is not None and row.boot != boot    # its expiry is another boot's clock
             if row is None or row.holder == self.holder or other_boot or row.expires_at < t:
+                stored = row.epoch if row is not None else 0
                 same_term = (row is not None and row.holder == self.holder and not other_boot
-                             and row.expires_at >= t and row.epoch == self.epoch and self.epoch > 0)
-                epoch = row.epoch if same_term and row is not None else (row.epoch if row else 0) + 1
+                             and row.expires_at >= t and stored == self.epoch > 0)
+                epoch = stored if same_term else stored + 1
                 tx.put_lease(Lease(NAME, self.holder, t + self.ttl, boot, epoch))
                 if not same_term:
                     # a new term: ours for the first time, again after it lapsed, or after another boot
