@@ -22,26 +22,8 @@ from pathlib import Path
 
 from llm_health.remediator import state_traces
 from llm_health.remediator.store.base import StateError
-from llm_health.remediator.store.shared import SharedVerbs
 from llm_health.remediator.store.sqlite import schema
-from llm_health.remediator.store.sqlite.actions import ActionReads, ActionWrites
-from llm_health.remediator.store.sqlite.admin import AdminReads, AdminWrites
-from llm_health.remediator.store.sqlite.breaker import BreakerReads, BreakerWrites
-from llm_health.remediator.store.sqlite.captures import CaptureReads, CaptureWrites
-from llm_health.remediator.store.sqlite.events import EventReads, EventWrites
-from llm_health.remediator.store.sqlite.heard import HeardReads, HeardWrites
-from llm_health.remediator.store.sqlite.incidents import IncidentReads, IncidentWrites
-from llm_health.remediator.store.sqlite.lease import LeaseReads, LeaseWrites
-from llm_health.remediator.store.sqlite.lifecycle import LifecycleReads, LifecycleWrites
-from llm_health.remediator.store.sqlite.markers import MarkerReads, MarkerWrites
-from llm_health.remediator.store.sqlite.retention import RetentionWrites
-from llm_health.remediator.store.sqlite.rollouts import RolloutReads, RolloutWrites
-from llm_health.remediator.store.sqlite.silences import SilenceReads, SilenceWrites
-
-
-class ReadVerbs(IncidentReads, ActionReads, LifecycleReads, MarkerReads, BreakerReads, SilenceReads, LeaseReads,
-                EventReads, HeardReads, AdminReads, CaptureReads, RolloutReads):
-    """Every read verb (store/base.py Reads); the connection comes from the concrete class."""
+from llm_health.remediator.store.tables import ReadVerbs, WriteVerbs
 
 
 class SqliteReads(ReadVerbs):
@@ -54,9 +36,7 @@ class SqliteReads(ReadVerbs):
         return self._c
 
 
-class SqliteTx(SqliteReads, IncidentWrites, ActionWrites, LifecycleWrites, MarkerWrites, BreakerWrites,
-               SilenceWrites, LeaseWrites, EventWrites, HeardWrites, AdminWrites, CaptureWrites, RetentionWrites,
-               RolloutWrites, SharedVerbs):
+class SqliteTx(SqliteReads, WriteVerbs):
     """Every verb (store/base.py Transaction) inside one BEGIN IMMEDIATE transaction."""
 
 

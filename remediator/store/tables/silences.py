@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import sqlite3
-
 from llm_health.remediator.store.rows import Silence
-from llm_health.remediator.store.sqlite.connected import Connected
+from llm_health.remediator.store.tables.connected import Connected, Row
 
 
-def silence_of(r: sqlite3.Row) -> Silence:
+def silence_of(r: Row) -> Silence:
     return Silence(id=r["id"], backend=r["backend"], incident_id=r["incident_id"], created_at=r["created_at"],
                    ends_at=float(r["ends_at"]), expired_at=r["expired_at"], result=r["result"])
 
@@ -21,8 +19,10 @@ class SilenceReads(Connected):
 
 class SilenceWrites(Connected):
     def add_silence(self, silence: Silence) -> None:
-        self._db().execute("INSERT OR REPLACE INTO silences (id, backend, incident_id, created_at, ends_at) "
-                           "VALUES (?,?,?,?,?)", (silence.id, silence.backend, silence.incident_id,
+        self._db().execute("INSERT INTO silences (id, backend, incident_id, created_at, ends_at) VALUES (?,?,?,?,?) "
+                           "ON CONFLICT(id) DO UPDATE SET backend = excluded.backend, incident_id = excluded.incident_id, "
+                           "created_at = excluded.created_at, ends_at = excluded.ends_at, expired_at = NULL, "
+                           "result = 'active'", (silence.id, silence.backend, silence.incident_id,
                                                   silence.created_at, silence.ends_at))
 
     def end_silence(self, silence_id: str, at: float, result: str) -> None:

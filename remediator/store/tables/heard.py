@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from llm_health.remediator.store.rows import Heard, LastHeard
-from llm_health.remediator.store.sqlite.connected import Connected
+from llm_health.remediator.store.tables.connected import Connected
 
 
 class HeardReads(Connected):
@@ -15,4 +15,4 @@ class HeardReads(Connected):
 class HeardWrites(Connected):
     def heard(self, what: Heard, at: float) -> None:
         self._db().execute("INSERT INTO heard (what, at) VALUES (?, ?) ON CONFLICT(what) DO UPDATE SET "
-                           "at = max(at, excluded.at)", (what.value, at))
+                           "at = CASE WHEN excluded.at > heard.at THEN excluded.at ELSE heard.at END", (what.value, at))

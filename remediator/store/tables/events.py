@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
 
 from llm_health.remediator.store.details import decode_detail
 from llm_health.remediator.store.rows import Event
-from llm_health.remediator.store.sqlite.connected import Connected
+from llm_health.remediator.store.tables.connected import Connected, Row
 
 
-def event_of(r: sqlite3.Row) -> Event:
+def event_of(r: Row) -> Event:
     return Event(id=int(r["id"]), at=float(r["at"]), kind=r["kind"], backend=r["backend"],
                  incident_id=r["incident_id"], reason=r["reason"], detail=decode_detail(r["detail"]))
 

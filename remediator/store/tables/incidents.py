@@ -6,19 +6,18 @@ One active incident per backend is a database fact (the partial unique index `on
 from __future__ import annotations
 
 import json
-import sqlite3
 from typing import Any
 
 from llm_health.exporter.observation import VerifyOutcome
 from llm_health.groups import Labels
 from llm_health.remediator.store.rows import CommandChange, Incident, IncidentState
-from llm_health.remediator.store.sqlite.connected import Connected
+from llm_health.remediator.store.tables.connected import Connected, Row, inserted_id
 
 IS = IncidentState
 CLOSED = IS.CLOSED.value
 
 
-def incident_of(r: sqlite3.Row | None) -> Incident | None:
+def incident_of(r: Row | None) -> Incident | None:
     if r is None:
         return None
     return Incident(
@@ -102,14 +101,12 @@ class IncidentWrites(Connected):
         c.execute("DELETE FROM deliveries WHERE first_seen < ?", (forget_before,))
 
     def remember_resolved(self, fingerprint: str, starts_at: str, at: float) -> None:
-        self._db().execute("INSERT OR IGNORE INTO resolved_alerts (fingerprint, starts_at, resolved_at) "
-                           "VALUES (?,?,?)", (fingerprint, starts_at, at))
+        self._db().execute("INSERT INTO resolved_alerts (fingerprint, starts_at, resolved_at) "
+                           "VALUES (?,?,?) ON CONFLICT DO NOTHING", (fingerprint, starts_at, at))
 
     def open_incident(self, backend: str, at: float, labels: Labels = ()) -> int:
-        cur = self._db().execute("INSERT INTO incidents (backend, state, opened_at, updated_at, labels) "
-                                 "VALUES (?,?,?,?,?)", (backend, IS.OPEN.value, at, at,
-                                                        json.dumps(dict(labels), sort_keys=True)))
-        return int(cur.lastrowid or 0)
+        return inserted_id(self._db(), "INSERT INTO incidents (backend, state, opened_at, updated_at, labels) "
+                           "VALUES (?,?,?,?,?)", (backend, IS.OPEN.value, at, at, json.dumps(dict(labels), sort_keys=True)))
 
     def request_restart(self, backend: str, at: float, by: str, force: bool, command: CommandChange | None = None) -> int:
         """The backend's active incident (opened if there is none) becomes a restart asked for by `by`:

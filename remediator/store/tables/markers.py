@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import sqlite3
-
 from llm_health.remediator.policy import Marker
-from llm_health.remediator.store.sqlite.connected import Connected
+from llm_health.remediator.store.tables.connected import Connected, Row
 
 
-def marker_of(r: sqlite3.Row) -> Marker:
+def marker_of(r: Row) -> Marker:
     return Marker(id=r["id"], backend=r["backend"], owner=r["owner"], expires_at=r["expires_at"])
 
 

@@ -4,7 +4,7 @@ epoch, a fencing token every takeover increments)."""
 from __future__ import annotations
 
 from llm_health.remediator.store.rows import IncidentState, Lease
-from llm_health.remediator.store.sqlite.connected import Connected
+from llm_health.remediator.store.tables.connected import Connected
 
 
 class LeaseReads(Connected):

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import sqlite3
-
 from llm_health.remediator.store.rows import AdminRow, AdminState
-from llm_health.remediator.store.sqlite.connected import Connected
+from llm_health.remediator.store.tables.connected import Connected, Row
 
 
-def admin_of(r: sqlite3.Row) -> AdminRow:
+def admin_of(r: Row) -> AdminRow:
     return AdminRow(backend=r["backend"], state=AdminState(r["state"]), since=float(r["since"]), by=r["by"],
                     reason=r["reason"])
 
@@ -27,6 +25,6 @@ class AdminWrites(Connected):
         if state == AdminState.IN_SERVICE:
             self._db().execute("DELETE FROM admin WHERE backend = ?", (backend,))
             return
-        self._db().execute("INSERT INTO admin (backend, state, since, by, reason) VALUES (?,?,?,?,?) "
+        self._db().execute('INSERT INTO admin (backend, state, since, "by", reason) VALUES (?,?,?,?,?) '
                            "ON CONFLICT(backend) DO UPDATE SET state = excluded.state, since = excluded.since, "
-                           "by = excluded.by, reason = excluded.reason", (backend, state.value, at, by, reason))
+                           '"by" = excluded."by", reason = excluded.reason', (backend, state.value, at, by, reason))

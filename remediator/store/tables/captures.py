@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import sqlite3
-
 from llm_health.remediator.store.rows import CaptureResult, CaptureRow
-from llm_health.remediator.store.sqlite.connected import Connected
+from llm_health.remediator.store.tables.connected import Connected, Row, inserted_id
 
 
-def capture_of(r: sqlite3.Row) -> CaptureRow:
+def capture_of(r: Row) -> CaptureRow:
     return CaptureRow(id=int(r["id"]), incident_id=int(r["incident_id"]), backend=r["backend"], at=float(r["at"]),
                       argv=r["argv"], result=CaptureResult(r["result"]), exit_code=r["exit_code"],
                       seconds=float(r["seconds"]), output=r["output"], truncated=bool(r["truncated"]))
@@ -27,8 +25,7 @@ class CaptureReads(Connected):
 class CaptureWrites(Connected):
     def add_capture(self, incident_id: int, backend: str, at: float, argv: str, result: CaptureResult,
                     exit_code: int | None, seconds: float, output: str, truncated: bool) -> int:
-        cur = self._db().execute(
-            "INSERT INTO captures (incident_id, backend, at, argv, result, exit_code, seconds, output, truncated) "
+        return inserted_id(
+            self._db(), "INSERT INTO captures (incident_id, backend, at, argv, result, exit_code, seconds, output, truncated) "
             "VALUES (?,?,?,?,?,?,?,?,?)",
             (incident_id, backend, at, argv, result.value, exit_code, seconds, output, int(truncated)))
-        return int(cur.lastrowid or 0)

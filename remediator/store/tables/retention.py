@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llm_health.remediator.store.sqlite.connected import Connected
+from llm_health.remediator.store.tables.connected import Connected
 
 
 class RetentionWrites(Connected):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,12 +14,12 @@ from llm_health.remediator.store.rows import (
     RolloutMember,
     RolloutState,
 )
-from llm_health.remediator.store.sqlite.connected import Connected
+from llm_health.remediator.store.tables.connected import Connected, Row, inserted_id
 
 _ACTIVE = tuple(s.value for s in ACTIVE_ROLLOUT_STATES)
 
 
-def rollout_of(r: sqlite3.Row) -> Rollout:
+def rollout_of(r: Row) -> Rollout:
     return Rollout(id=int(r["id"]), state=RolloutState(r["state"]), argv=tuple(json.loads(r["argv"])),
                    canary=int(r["canary"]), per_host=int(r["per_host"]), soak=float(r["soak"]),
                    gate=dict(json.loads(r["gate"])), by=r["by"], reason=r["reason"], created_at=float(r["created_at"]),
@@ -32,7 +31,7 @@ def _argv(text: str) -> tuple[str, ...] | None:
     return None if raw is None else tuple(raw)
 
 
-def member_of(r: sqlite3.Row) -> RolloutMember:
+def member_of(r: Row) -> RolloutMember:
     return RolloutMember(rollout_id=int(r["rollout_id"]), backend=r["backend"], host=r["host"],
                          position=int(r["position"]), canary=bool(r["canary"]), step=MemberStep(r["step"]),
                          argv=tuple(json.loads(r["argv"])), previous=_argv(r["previous"]),
@@ -88,12 +87,12 @@ _MEMBER_FIELDS = frozenset({"step", "incident_id", "changed_at", "soak_started_a
 class RolloutWrites(Connected):
     def add_rollout(self, rollout: Rollout, members: Sequence[RolloutMember]) -> int:
         c = self._db()
-        cur = c.execute("INSERT INTO rollouts (state, argv, canary, per_host, soak, gate, by, reason, created_at, "
+        rollout_id = inserted_id(
+                        c, 'INSERT INTO rollouts (state, argv, canary, per_host, soak, gate, "by", reason, created_at, '
                         "updated_at, note) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                         (rollout.state.value, json.dumps(list(rollout.argv)), rollout.canary, rollout.per_host,
                          rollout.soak, json.dumps(rollout.gate), rollout.by, rollout.reason, rollout.created_at,
                          rollout.updated_at, rollout.note))
-        rollout_id = int(cur.lastrowid or 0)
         for m in members:
             c.execute("INSERT INTO rollout_members (rollout_id, backend, host, position, canary, step, argv, previous, "
                       "note) VALUES (?,?,?,?,?,?,?,?,?)",

@@ -6,12 +6,10 @@ is judged from the same reading the drain began with.
 
 from __future__ import annotations
 
-import sqlite3
-
 from llm_health.exporter.reading import Reading
 from llm_health.remediator.lifecycle import UNSEEN, LifecycleState
 from llm_health.remediator.store.rows import LifecycleRow
-from llm_health.remediator.store.sqlite.connected import Connected
+from llm_health.remediator.store.tables.connected import Connected, Row
 
 
 def baseline_of(text: str | None) -> Reading | None:
@@ -24,7 +22,7 @@ def baseline_of(text: str | None) -> Reading | None:
         return None
 
 
-def lifecycle_of(r: sqlite3.Row | None) -> LifecycleRow | None:
+def lifecycle_of(r: Row | None) -> LifecycleRow | None:
     if r is None:
         return None
     return LifecycleRow(backend=r["backend"], state=LifecycleState(r["state"]), since=float(r["since"]),

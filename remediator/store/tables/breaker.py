@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from llm_health.remediator.store.rows import BreakerState
-from llm_health.remediator.store.sqlite.connected import Connected
+from llm_health.remediator.store.tables.connected import Connected
 
 
 class BreakerReads(Connected):

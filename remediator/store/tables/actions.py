@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
 
 from llm_health.remediator.store.rows import Action, ActionResultKind
 from llm_health.remediator.store.shared import placed
-from llm_health.remediator.store.sqlite.connected import Connected
+from llm_health.remediator.store.tables.connected import Connected, Row, inserted_id
 
 DRY_RUN = ActionResultKind.DRY_RUN.value
 RUNNING = ActionResultKind.RUNNING.value
 
 
-def action_of(r: sqlite3.Row | None) -> Action | None:
+def action_of(r: Row | None) -> Action | None:
     if r is None:
         return None
     return Action(id=int(r["id"]), incident_id=int(r["incident_id"]), backend=r["backend"], argv=r["argv"],
@@ -78,10 +77,9 @@ class ActionReads(Connected):
 class ActionWrites(Connected):
     def add_action(self, incident_id: int, backend: str, argv: str, holder: str, at: float, mono: float,
                    boot: str) -> int:
-        cur = self._db().execute(
-            "INSERT INTO actions (incident_id, backend, argv, holder, started_at, started_mono, boot) "
-            "VALUES (?,?,?,?,?,?,?)", (incident_id, backend, argv, holder, at, mono, boot))
-        return int(cur.lastrowid or 0)
+        return inserted_id(self._db(),
+                           "INSERT INTO actions (incident_id, backend, argv, holder, started_at, started_mono, boot) "
+                           "VALUES (?,?,?,?,?,?,?)", (incident_id, backend, argv, holder, at, mono, boot))
 
     def add_dry_run(self, incident_id: int, backend: str, holder: str, at: float, mono: float, boot: str) -> None:
         self._db().execute(
