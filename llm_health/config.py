@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
+from urllib.parse import urlparse, urlsplit
 
 import yaml
 
@@ -142,7 +142,10 @@ class RolloutSettings:
 @dataclass(frozen=True)
 class RemediatorSettings:
     listen: str = "127.0.0.1:9411"
-    state: str = "var/remediator.db"     # SQLite file
+    state: str = "var/remediator.db"     # SQLite file, or postgresql://user@host:port/dbname (docs/ha.md)
+    state_password_file: str = ""        # PostgreSQL: the password, read from this file (else PGPASSWORD/~/.pgpass)
+    state_timeout: float = 10.0          # PostgreSQL: connect, pooled-connection wait, statement and lock wait
+    local_dir: str = ""                  # action status files, diagnostics: '' = beside the SQLite file (PostgreSQL: var/)
     token_file: str = ""                 # bearer token for webhook and mutating API (required, see insecure_no_auth)
     insecure_no_auth: bool = False       # allow no token_file: only with `listen` on a loopback address
     busy_dir: str = ""                   # marker files: <busy_dir>/<backend>[@<tag>]
@@ -434,6 +437,13 @@ def _check_remediator(r: RemediatorSettings) -> None:
                           f"{r.max_pending_connections}]")
     if r.marker_max_ttl <= 0:
         raise ConfigError("remediator.marker_max_ttl: must be > 0 seconds")
+    if r.state_timeout <= 0:
+        raise ConfigError("remediator.state_timeout: must be > 0 seconds")
+    if is_database_url(r.state):
+        _check_database_url(r.state)
+    elif r.state_password_file:
+        raise ConfigError("remediator.state_password_file: only for a PostgreSQL state (remediator.state: "
+                          "postgresql://...); the SQLite file has no password")
     if not 0 < r.busy_file_ttl <= r.marker_max_ttl:
         raise ConfigError(f"remediator.busy_file_ttl: must be in (0, marker_max_ttl={r.marker_max_ttl:g}]")
     if r.retention.page_size < 1 or r.retention.max_events < 1 or r.retention.max_actions < 1:
@@ -447,6 +457,25 @@ def _check_remediator(r: RemediatorSettings) -> None:
         raise ConfigError("remediator.rollout: query_timeout, soak and gate_interval must be > 0 seconds")
     if not 1 <= ro.canary_weight <= 100:
         raise ConfigError("remediator.rollout.canary_weight: must be a percentage in [1, 100]")
+
+
+def is_database_url(state: str) -> bool:
+    """remediator.state names a PostgreSQL database (else: a SQLite file)."""
+    return state.startswith(("postgresql://", "postgres://"))
+
+
+def _check_database_url(url: str) -> None:
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError as exc:
+        raise ConfigError(f"remediator.state: not a usable PostgreSQL URL: {exc}") from exc
+    if parts.password is not None or "password=" in parts.query:
+        raise ConfigError("remediator.state: the PostgreSQL URL carries a password; put it in "
+                          "remediator.state_password_file, PGPASSWORD or ~/.pgpass instead (a URL is logged and "
+                          "shown, a password never is)")
+    if not parts.path.strip("/"):
+        raise ConfigError("remediator.state: name the database in the URL (postgresql://user@host:port/dbname)")
 
 
 #: settings of older versions that are refused with a message saying what to write instead

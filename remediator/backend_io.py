@@ -23,7 +23,7 @@ from llm_health.exporter.observation import Verification, VerifyOutcome
 from llm_health.remediator import action as act
 from llm_health.remediator import diagnostics, inflight, policy
 from llm_health.remediator.inflight import InFlight
-from llm_health.remediator.store import StateStore, state_path
+from llm_health.remediator.store import StateStore, local_base
 
 log = logging.getLogger("llm_health.remediator")
 
@@ -199,10 +199,10 @@ class ActionRunner:
 
 def diagnostics_dir(config: Config) -> Path:
     """Where diagnostics captures keep their files (pages, stacks): one folder per incident, beside the state."""
-    state = state_path(config)
-    return state.with_name(state.name + ".diagnostics")
+    base = local_base(config)
+    return base.with_name(base.name + ".diagnostics")
 
 
 def action_dir(config: Config) -> Path:
-    state = state_path(config)
-    return state.with_name(state.name + ".actions")
+    base = local_base(config)
+    return base.with_name(base.name + ".actions")

@@ -1,8 +1,10 @@
 """Who may act: the authority's lease in the store (one holder across threads, gunicorn workers, restarts).
 
-Monotonic (clock.py): the lease expires on the clock of the boot it records, so a step of the wall clock
-neither steals nor extends it. A holder that finds another boot's lease takes it and restarts the stored
-monotonic deadlines from now (they mean nothing on this boot). Every claim and every recorded result checks
+Its clock: on a store every holder shares across hosts (PostgreSQL) the database's clock, one clock for
+the whole cluster (`Transaction.lease_clock`); on SQLite (one host) the monotonic clock (clock.py) of the
+boot it records, so a step of the wall clock neither steals nor extends it, and a holder that finds another
+boot's lease takes it at once. Either way a holder that takes over from another boot restarts the stored
+monotonic deadlines (incidents, drains) from now: they were on the previous holder's clock. Every claim and every recorded result checks
 `holds(tx)` in its own transaction: a holder deposed while its action ran records nothing.
 
 Every takeover starts a new term: the stored epoch goes up by one (a fencing token). `holds(tx)` is true
@@ -44,13 +46,23 @@ class AuthorityLease:
         #: unrecorded, so recovery must look (set by the authority)
         self.on_new_term: Callable[[], None] = _nothing
 
+    def _time_base(self, tx: Transaction) -> tuple[float, bool]:
+        """(now on the lease's clock, shared): the store's own clock when it has one every holder shares
+        (PostgreSQL: the database's), else this host's monotonic clock (SQLite: one host)."""
+        shared = tx.lease_clock()
+        return (self.clocks.mono(), False) if shared is None else (shared[0], True)
+
     def renew(self) -> bool:
         """Take or extend the lease; True while we hold it."""
-        now, t, boot = self.clocks.wall(), self.clocks.mono(), self.clocks.boot
+        now, boot = self.clocks.wall(), self.clocks.boot
         with self.store.tx() as tx:
+            t, shared = self._time_base(tx)
             row = tx.lease(NAME)
-            other_boot = row is not None and row.boot != boot    # its expiry is another boot's clock
-            if row is None or row.holder == self.holder or other_boot or row.expires_at < t:
+            # `boot` names the holder's monotonic clock, which the stored deadlines use. On its own clock
+            # (SQLite) a lease of another boot has an expiry that means nothing here: taken at once. On a
+            # shared clock its expiry holds for everyone, and only the deadlines need rebasing.
+            other_boot = row is not None and row.boot != boot
+            if row is None or row.holder == self.holder or (other_boot and not shared) or row.expires_at < t:
                 stored = row.epoch if row is not None else 0
                 same_term = (row is not None and row.holder == self.holder and not other_boot
                              and row.expires_at >= t and stored == self.epoch > 0)
@@ -61,7 +73,8 @@ class AuthorityLease:
                     self.epoch = epoch
                     self.on_new_term()   # look for restarts a previous term left unfinished
                     if other_boot:
-                        tx.rebase_deadlines(t, t + self.warmup_timeout)
+                        mono = self.clocks.mono()
+                        tx.rebase_deadlines(mono, mono + self.warmup_timeout)
                     tx.event(now, "lease_acquired", reason=f"{self.holder} is the restart authority (epoch {epoch})",
                              previous=row.holder if row else None, epoch=epoch)
                 self.holding.set()
@@ -79,7 +92,7 @@ class AuthorityLease:
         row = tx.lease(NAME)
         if row is None or row.holder != self.holder or row.boot != self.clocks.boot or row.epoch != self.epoch:
             return float("-inf")
-        left = row.expires_at - self.clocks.mono()
+        left = row.expires_at - self._time_base(tx)[0]
         return left if left >= 0.0 else float("-inf")
 
     def fit_to_act(self, tx: Transaction) -> bool:

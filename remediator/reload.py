@@ -19,11 +19,10 @@ worked) on every worker's /metrics, since every worker is forked after it.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 from llm_health.config import Config, ConfigError
-from llm_health.remediator.store import state_path
+from llm_health.remediator.store import state_where
 from llm_health.remediator.web.tokens import check_exposure, read_token
 
 
@@ -32,8 +31,8 @@ def reloaded(load: Callable[[], Config], running: Config) -> tuple[Config, str]:
     new = load()
     token = read_token(new)
     check_exposure(new, token)
-    before, after = os.path.abspath(state_path(running)), os.path.abspath(state_path(new))
+    before, after = state_where(running), state_where(new)
     if before != after:
-        raise ConfigError(f"remediator.state changed ({before} -> {after}): the state file is opened once, at "
+        raise ConfigError(f"remediator.state changed ({before} -> {after}): the state is opened once, at "
                           "start; moving it takes a restart")
     return new, token

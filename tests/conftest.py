@@ -105,3 +105,31 @@ def fake() -> Iterator[Callable[..., Any]]:
     yield start
     for f in started:
         f.stop()
+
+
+# -- PostgreSQL: one server per test worker (started on first use), a fresh database per test ------------
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[Any]:
+    from tests.support.postgres import postgres_server
+
+    with postgres_server() as server:
+        yield server
+
+
+@pytest.fixture
+def pg_url(pg_server: Any) -> str:
+    """The URL of a new, empty database on the test worker's PostgreSQL server."""
+    return str(pg_server.new_database())
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_kind(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Run the test on both stores: tests.support.remediator.build() and new_store() put the state in a
+    fresh PostgreSQL database for the second."""
+    from tests.support import stores
+
+    if request.param == "postgresql":
+        with stores.using_postgres(request.getfixturevalue("pg_url")):
+            yield request.param
+    else:
+        yield request.param

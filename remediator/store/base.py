@@ -12,8 +12,9 @@ Three views of one state:
   intent, so they hold across threads, gunicorn workers and (with a shared database) processes.
 * `Reads`: what both offer.
 
-remediator/store/sqlite/ implements it on SQLite (the only store today); a PostgreSQL store is the next
-one: it implements the same verbs, and its dialect stays inside it.
+remediator/store/sqlite/ implements it on SQLite (the embedded default), remediator/store/postgresql/ on
+PostgreSQL (several remediators, one state: docs/ha.md); both run the same SQL (remediator/store/tables/),
+and each keeps its connections, transactions, schema and clock to itself.
 
 Times: `at`/`now` are wall time (events, restart history); `t`, deadlines and `next_check_at` are
 monotonic (remediator/clock.py), as the columns are documented in rows.py.
@@ -223,6 +224,11 @@ class Transaction(Reads, Protocol):
     def add_silence(self, silence: Silence) -> None: ...
     def end_silence(self, silence_id: str, at: float, result: str) -> None: ...
     def put_lease(self, lease: Lease) -> None: ...
+
+    def lease_clock(self) -> tuple[float, str] | None:
+        """The store's own clock, if it has one every holder shares: (seconds now, its name). PostgreSQL: the
+        database's clock, so the lease means the same on every host. None (SQLite, one host): the lease is
+        timed by the holder's monotonic clock and names its boot."""
 
     def add_capture(self, incident_id: int, backend: str, at: float, argv: str, result: CaptureResult,
                     exit_code: int | None, seconds: float, output: str, truncated: bool) -> int: ...

@@ -19,6 +19,7 @@ The worlds the tests use:
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,7 +38,9 @@ from llm_health.remediator import action
 from llm_health.remediator.app import create_app
 from llm_health.remediator.authority import Authority
 from llm_health.remediator.inflight import InFlight
-from llm_health.remediator.store import Event, Incident, SqliteStore
+from llm_health.remediator.lease import NAME as LEASE_NAME
+from llm_health.remediator.store import Event, Incident, StateStore
+from tests.support import stores
 from tests.support.alerts import one_pass
 from tests.support.discovery import K8S
 from tests.support.fakes import FakeClock
@@ -87,7 +90,7 @@ class World:
     client: FlaskClient
     app: Flask
     authority: Authority
-    store: SqliteStore
+    store: StateStore
     clock: FakeClock
     config: Config
     outcomes: dict[str, str]
@@ -110,6 +113,18 @@ class World:
     def deliver(self, body: Any) -> None:
         """POST a notification to the webhook, which must accept it (202)."""
         assert self.post(body).status_code == 202
+
+    def pass_time(self, seconds: float) -> None:
+        """`seconds` pass: on the fake clocks, and on the lease's clock when the store has its own (PostgreSQL:
+        the database's, which a test cannot move, so the stored expiry moves back instead)."""
+        self.clock.advance(seconds)
+        if self.mono is not None:
+            self.mono.advance(seconds)
+        with self.store.tx() as tx:
+            if tx.lease_clock() is not None:
+                row = tx.lease(LEASE_NAME)
+                if row is not None:
+                    tx.put_lease(dataclasses.replace(row, expires_at=row.expires_at - seconds))
 
     # -- the authority's passes
     def run(self, ticks: int = 3) -> None:
@@ -187,6 +202,9 @@ def build(tmp_path: Path, document: Mapping[str, Any], *, outcomes: Mapping[str,
     (discovery's first refresh, then its refresher). `first_look`: one pass right away, after which
     every backend must be READY; otherwise only the lease is taken."""
     (tmp_path / "token").write_text(TOKEN + "\n")
+    url = stores.postgres_url()     # the `store_kind` fixture's PostgreSQL database, when in effect
+    if url is not None:
+        document = {**document, "remediator": {**dict(document.get("remediator") or {}), "state": url}}
     config = parse_config(dict(document), source=str(tmp_path / "llm-health.yml"))
     clock = FakeClock()
     app = create_app(config, clock=clock, with_authority=False)

@@ -39,6 +39,10 @@ class SqliteReads(ReadVerbs):
 class SqliteTx(SqliteReads, WriteVerbs):
     """Every verb (store/base.py Transaction) inside one BEGIN IMMEDIATE transaction."""
 
+    def lease_clock(self) -> None:
+        """A file on one host has no clock of its own: the lease is timed by the holder's monotonic clock."""
+        return None
+
 
 def file_identity(path: str) -> tuple[int, int] | None:
     try:

@@ -54,5 +54,5 @@ class EventWrites(Connected):
 
     def bump(self, metric: str, label: str, by: int = 1) -> None:
         self._db().execute("INSERT INTO counters (metric, label, value) VALUES (?,?,?) "
-                           "ON CONFLICT(metric, label) DO UPDATE SET value = value + excluded.value",
+                           "ON CONFLICT(metric, label) DO UPDATE SET value = counters.value + excluded.value",
                            (metric, label, by))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 from flask.testing import FlaskClient
 
 from llm_health.config import RemediatorSettings, parse_config
@@ -30,6 +31,8 @@ from llm_health.remediator.inflight import InFlight
 from llm_health.remediator.lifecycle import OUT_OF_SERVICE
 from llm_health.remediator.store import SqliteStore
 from tests.support.alerts import alert, payload
+
+pytestmark = pytest.mark.usefixtures("store_kind")   # every test on SQLite and on PostgreSQL
 
 TOKEN = "concurrency-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

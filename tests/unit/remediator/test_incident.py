@@ -19,6 +19,8 @@ from tests.support.alerts import alert, payload
 from tests.support.promtool import alert_rule_list
 from tests.support.remediator import AUTH, World, four_backends
 
+pytestmark = pytest.mark.usefixtures("store_kind")   # every test on SQLite and on PostgreSQL
+
 WINDOW = 60.0
 
 
