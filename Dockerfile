@@ -39,7 +39,7 @@ COPY simulator ./simulator
 COPY dashboards ./dashboards
 COPY rules ./rules
 COPY docs/runbooks.md ./docs/runbooks.md
-RUN pip install . \
+RUN pip install '.[postgresql]' \
     && groupadd --system --gid 10001 llm-health \
     && useradd --system --uid 10001 --gid llm-health --home-dir /var/lib/llm-health --shell /usr/sbin/nologin llm-health \
     && install -d -o llm-health -g llm-health -m 0750 /var/lib/llm-health /var/lib/llm-health/busy

@@ -13,7 +13,7 @@ TEST_WORKERS ?= 4
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,bench]'
+	$(PY) -m pip install -q -e '.[test,bench,postgresql]'
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -90,6 +90,8 @@ class Health:
         if self.authority is not None:
             out["authority_loop_age_seconds"] = round(self.monotonic() - self.authority.last_pass, 1)
             out["holds_lease"] = self.authority.lease.holding.is_set()
+            out["holder"] = self.authority.lease.holder
+            out["epoch"] = self.authority.lease.epoch          # the term it holds or held last (0: none yet)
             looks = self.authority.scheduler.queue.processing_for()
             out["oldest_look_seconds"] = round(max(looks.values(), default=0.0), 1)
             out["stuck_looks"] = len(self.authority.stuck_looks())

@@ -13,6 +13,8 @@ command -v gdb >/dev/null 2>&1 || need+=(gdb)
 # `make engines` builds llama.cpp's server from its pinned sdist
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
 command -v g++ >/dev/null 2>&1 || need+=(g++)
+# the PostgreSQL store's tests start a real server (initdb/pg_ctl, kept in /usr/lib/postgresql/*/bin)
+command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 # `python3 -m venv` needs ensurepip, which Debian ships separately
 python3 -c "import ensurepip, venv" >/dev/null 2>&1 || need+=(python3-venv)
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi

@@ -129,7 +129,8 @@ def store_kind(request: pytest.FixtureRequest) -> Iterator[str]:
     from tests.support import stores
 
     if request.param == "postgresql":
-        with stores.using_postgres(request.getfixturevalue("pg_url")):
+        server = request.getfixturevalue("pg_server")
+        with stores.using_postgres(server.new_database):
             yield request.param
     else:
         yield request.param

@@ -107,6 +107,10 @@ class Reads(Protocol):
     def breaker(self) -> BreakerState: ...
     def active_silences(self, backend: str) -> list[Silence]: ...        # not expired yet
     def lease(self, name: str) -> Lease | None: ...
+    def lease_clock(self) -> tuple[float, str] | None:
+        """The store's own clock, if it has one every holder shares: (seconds now, its name). PostgreSQL: the
+        database's clock, so the lease means the same on every host. None (SQLite, one host): the lease is
+        timed by the holder's monotonic clock and names its boot."""
 
     # -- operators' holds -------------------------------------------------------------------------------
     def admin(self, backend: str) -> AdminRow | None: ...                # None: in service
@@ -225,10 +229,6 @@ class Transaction(Reads, Protocol):
     def end_silence(self, silence_id: str, at: float, result: str) -> None: ...
     def put_lease(self, lease: Lease) -> None: ...
 
-    def lease_clock(self) -> tuple[float, str] | None:
-        """The store's own clock, if it has one every holder shares: (seconds now, its name). PostgreSQL: the
-        database's clock, so the lease means the same on every host. None (SQLite, one host): the lease is
-        timed by the holder's monotonic clock and names its boot."""
 
     def add_capture(self, incident_id: int, backend: str, at: float, argv: str, result: CaptureResult,
                     exit_code: int | None, seconds: float, output: str, truncated: bool) -> int: ...

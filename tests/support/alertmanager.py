@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -13,16 +13,20 @@ AM_BINARY = shutil.which("prometheus-alertmanager")
 
 
 @contextmanager
-def running_alertmanager(config: Path, folder: Path, *, cluster: bool = False,
-                         timeout: float = 20.0) -> Iterator[str]:
+def running_alertmanager(config: Path, folder: Path, *, cluster: bool = False, cluster_port: int = 0,
+                         peers: Sequence[str] = (), timeout: float = 20.0, name: str = "alertmanager") -> Iterator[str]:
     """Alertmanager with `config`, its data and log in `folder`; yields its URL once /-/ready answers,
-    stops it afterwards. `cluster`: listen for peers on a free loopback port (off: a lone instance)."""
+    stops it afterwards. `cluster`: listen for peers on loopback (`cluster_port`, else a free one) and join
+    `peers` (host:port of the others' cluster ports); off: a lone instance."""
     assert AM_BINARY is not None, "prometheus-alertmanager not installed (make debs)"
     port = free_port()
-    peers = f"127.0.0.1:{free_port()}" if cluster else ""
-    proc = ManagedProcess([AM_BINARY, f"--config.file={config}", f"--storage.path={folder / 'am-data'}",
-                           f"--web.listen-address=127.0.0.1:{port}", f"--cluster.listen-address={peers}",
-                           "--log.level=warn"], name="alertmanager", log_dir=folder)
+    listen = f"127.0.0.1:{cluster_port or free_port()}" if cluster else ""
+    flags = [f"--cluster.peer={p}" for p in peers]
+    if cluster:
+        flags += ["--cluster.pushpull-interval=2s", "--cluster.gossip-interval=100ms"]
+    proc = ManagedProcess([AM_BINARY, f"--config.file={config}", f"--storage.path={folder / (name + '-data')}",
+                           f"--web.listen-address=127.0.0.1:{port}", f"--cluster.listen-address={listen}",
+                           *flags, "--log.level=warn"], name=name, log_dir=folder)
     try:
         url = f"http://127.0.0.1:{port}"
         proc.wait_http(url + "/-/ready", timeout=timeout)

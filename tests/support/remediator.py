@@ -155,7 +155,7 @@ class World:
 
     def last_incident(self, backend: str = "gpu-a") -> Any:
         """The backend's latest incident row, closed or not."""
-        return self.store.conn().execute("SELECT * FROM incidents WHERE backend = ? ORDER BY id DESC LIMIT 1",
+        return stores.sql(self.store).execute("SELECT * FROM incidents WHERE backend = ? ORDER BY id DESC LIMIT 1",
                                          (backend,)).fetchone()
 
     def state(self, name: str = "gpu-a") -> str:

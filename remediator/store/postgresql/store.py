@@ -40,7 +40,14 @@ WRITE_LOCK = 0x6C6C6D68
 POOL_SIZE = 8
 
 
-class PgReads(ReadVerbs):
+class DatabaseClock(ReadVerbs):
+    def lease_clock(self) -> tuple[float, str]:
+        """The database's clock now (seconds) and its name: the lease's time base, shared by every holder."""
+        r = self._db().execute("SELECT extract(epoch FROM clock_timestamp())::float8, current_database()").fetchone()
+        return float(r[0]), f"postgresql:{r[1]}"
+
+
+class PgReads(DatabaseClock):
     """The read verbs on one given connection (a short-lived reader, or a transaction)."""
 
     def __init__(self, db: Db) -> None:
@@ -52,11 +59,6 @@ class PgReads(ReadVerbs):
 
 class PgTx(PgReads, WriteVerbs):
     """Every verb (store/base.py Transaction) inside one write transaction under WRITE_LOCK."""
-
-    def lease_clock(self) -> tuple[float, str]:
-        """The database's clock now (seconds) and its name: the lease's time base, shared by every holder."""
-        r = self._db().execute("SELECT extract(epoch FROM clock_timestamp())::float8, current_database()").fetchone()
-        return float(r[0]), f"postgresql:{r[1]}"
 
 
 def redacted(url: str) -> str:
@@ -70,7 +72,7 @@ def redacted(url: str) -> str:
     return f"postgresql://{host}:{port}/{info.get('dbname') or ''}"
 
 
-class PostgresStore(ReadVerbs):
+class PostgresStore(DatabaseClock):
     def __init__(self, url: str, *, password: str | None = None, timeout: float = 10.0,
                  pool_size: int = POOL_SIZE) -> None:
         info = psycopg.conninfo.conninfo_to_dict(url)

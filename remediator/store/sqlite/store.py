@@ -26,7 +26,13 @@ from llm_health.remediator.store.sqlite import schema
 from llm_health.remediator.store.tables import ReadVerbs, WriteVerbs
 
 
-class SqliteReads(ReadVerbs):
+class HostClock(ReadVerbs):
+    def lease_clock(self) -> None:
+        """A file on one host has no clock of its own: the lease is timed by the holder's monotonic clock."""
+        return None
+
+
+class SqliteReads(HostClock):
     """The read verbs on one given connection (a short-lived reader)."""
 
     def __init__(self, c: sqlite3.Connection) -> None:
@@ -39,10 +45,6 @@ class SqliteReads(ReadVerbs):
 class SqliteTx(SqliteReads, WriteVerbs):
     """Every verb (store/base.py Transaction) inside one BEGIN IMMEDIATE transaction."""
 
-    def lease_clock(self) -> None:
-        """A file on one host has no clock of its own: the lease is timed by the holder's monotonic clock."""
-        return None
-
 
 def file_identity(path: str) -> tuple[int, int] | None:
     try:
@@ -52,7 +54,7 @@ def file_identity(path: str) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino)
 
 
-class SqliteStore(ReadVerbs):
+class SqliteStore(HostClock):
     def __init__(self, path: str | Path, *, expect: tuple[int, int] | None = None) -> None:
         self.path = str(path)
         self._local = threading.local()

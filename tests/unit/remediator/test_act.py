@@ -16,9 +16,11 @@ import pytest
 from llm_health.remediator import action
 from llm_health.remediator.authority import Authority
 from llm_health.remediator.restart import act as restart_act
+from tests.support import stores
 from tests.support.alerts import alert, one_pass, payload
 from tests.support.remediator import World, fleet, four_backends
 
+pytestmark = pytest.mark.usefixtures("store_kind")   # every test on SQLite and on PostgreSQL
 
 @pytest.fixture
 def w(tmp_path: Path) -> Iterator[World]:
@@ -75,7 +77,7 @@ def test_runner_that_raises_leaves_needs_ack_error_and_frees_the_host(tmp_path: 
     inc = w.last_incident()
     assert inc["state"] == "needs_ack" and inc["last_decision"] == "aborted"
     assert w.state("gpu-a") == "error"
-    rows = w.store.conn().execute("SELECT result, output FROM actions").fetchall()
+    rows = stores.sql(w.store).execute("SELECT result, output FROM actions").fetchall()
     assert [r["result"] for r in rows] == ["error"] and "embedded null byte" in rows[0]["output"]
     aborted = w.store.events(kind="aborted")
     assert len(aborted) == 1 and "ValueError" in aborted[0].reason
@@ -101,7 +103,7 @@ def test_silence_that_raises_is_handled_like_a_failed_restart(tmp_path: Path,
     w.deliver(payload(alert()))
     w.run()
     assert w.last_incident()["state"] == "needs_ack" and w.state() == "error"
-    assert w.store.conn().execute("SELECT count(*) FROM actions WHERE result IS NULL").fetchone()[0] == 0
+    assert stores.sql(w.store).execute("SELECT count(*) FROM actions WHERE result IS NULL").fetchone()[0] == 0
 
 
 def test_own_restart_whose_bookkeeping_failed_is_swept_by_recover(tmp_path: Path,
@@ -122,7 +124,7 @@ def test_own_restart_whose_bookkeeping_failed_is_swept_by_recover(tmp_path: Path
     assert aborts and w.last_incident()["state"] == "restarting"
     one_pass(w.authority)                            # recover() runs again and finds our own open row
     assert w.last_incident()["state"] == "needs_ack" and w.state() == "error"
-    assert w.store.conn().execute("SELECT result FROM actions").fetchone()[0] == "interrupted"
+    assert stores.sql(w.store).execute("SELECT result FROM actions").fetchone()[0] == "interrupted"
     assert w.store.events(kind="interrupted")[0].detail["own"] is True
 
 
@@ -139,7 +141,7 @@ def test_no_process_starts_when_the_lease_is_nearly_over(w: World, monkeypatch: 
     """Between the claim and the process the lease ran low (a slow capture, a stalled renewal): the process
     is not started; still ours, so the restart is aborted into needs_ack (never repeated blindly)."""
     def slow_capture(ctx: Any, incident_id: int, backend: Any) -> None:
-        w.clock.advance(w.authority.lease.ttl * 0.6)
+        w.pass_time(w.authority.lease.ttl * 0.6)
     monkeypatch.setattr(restart_act, "before_kill", slow_capture)
     w.outcomes["gpu-a"] = "down"
     w.ready["gpu-a"] = False
@@ -155,7 +157,7 @@ def test_a_deposed_holder_starts_nothing_and_leaves_the_incident_to_the_new_one(
     other = Authority(w.store, w.authority.ctx.config, clock=w.clock, holder="other")
 
     def taken_meanwhile(ctx: Any, incident_id: int, backend: Any) -> None:
-        w.clock.advance(w.authority.lease.ttl + 1)
+        w.pass_time(w.authority.lease.ttl + 1)
         assert other.lease.renew()
     monkeypatch.setattr(restart_act, "before_kill", taken_meanwhile)
     w.outcomes["gpu-a"] = "down"
@@ -163,6 +165,6 @@ def test_a_deposed_holder_starts_nothing_and_leaves_the_incident_to_the_new_one(
     one_pass(w.authority)
     assert w.restarted == []
     assert w.last_incident()["state"] == "restarting"            # untouched: the new holder's to decide
-    assert w.store.conn().execute("SELECT count(*) FROM actions WHERE result IS NULL").fetchone()[0] == 1
+    assert stores.sql(w.store).execute("SELECT count(*) FROM actions WHERE result IS NULL").fetchone()[0] == 1
     assert "lost the lease" in w.store.events(kind="late_result")[0].reason
     assert not w.store.events(kind="aborted")

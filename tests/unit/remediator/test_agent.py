@@ -16,11 +16,12 @@ from llm_health.config import parse_config
 from llm_health.drill.procs import free_port, wait_until
 from llm_health.remediator.agent import AgentAnswers
 from llm_health.remediator.agent_check import AgentCheckServer, agent_reply
-from llm_health.remediator.store import SqliteStore
 from llm_health.simulator.server import SimConfig, Simulator
+from tests.support import stores
 from tests.support.alerts import alert, payload
 from tests.support.remediator import World, fleet
 
+pytestmark = pytest.mark.usefixtures("store_kind")   # every test on SQLite and on PostgreSQL
 
 @pytest.fixture
 def w(tmp_path: Path) -> Iterator[World]:
@@ -44,7 +45,7 @@ def test_agent_answers_from_sqlite_with_kv_from_the_backend(tmp_path: Path) -> N
         config = parse_config({"backends": [{"name": "gpu-a", "url": sim.url}, {"name": "gpu-b",
                                "url": "http://127.0.0.1:18101"}], "remediator": {"state": w.store.path}})
         for _ in range(2):   # two processes' worth of agents, each with its own store handle
-            servers.append(AgentCheckServer("127.0.0.1", 0, AgentAnswers(SqliteStore(w.store.path), config).status_for)
+            servers.append(AgentCheckServer("127.0.0.1", 0, AgentAnswers(stores.reopen(w.store), config).status_for)
                            .start())
         answers = lambda name: {ask(s.port, name) for s in servers}  # noqa: E731
         assert answers("gpu-a") == {"ready up 100%"}           # KV 0 from the simulator's own /metrics

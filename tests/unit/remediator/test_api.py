@@ -13,6 +13,7 @@ from tests.support.alerts import alert, payload
 from tests.support.fakes import has_sample
 from tests.support.remediator import AUTH, World, four_backends
 
+pytestmark = pytest.mark.usefixtures("store_kind")   # every test on SQLite and on PostgreSQL
 
 @pytest.fixture
 def w(tmp_path: Path) -> Iterator[World]:

@@ -30,6 +30,7 @@ from llm_health.remediator.authority import Authority
 from llm_health.remediator.inflight import InFlight
 from llm_health.remediator.lifecycle import OUT_OF_SERVICE
 from llm_health.remediator.store import SqliteStore
+from tests.support import stores
 from tests.support.alerts import alert, payload
 
 pytestmark = pytest.mark.usefixtures("store_kind")   # every test on SQLite and on PostgreSQL
@@ -174,7 +175,7 @@ def test_breaker_is_never_exceeded_when_incidents_race(tmp_path: Path) -> None:
             held = [n for n in f.names if "deferred_breaker" in kinds[n]]
             return len(done) + len(held) == len(f.names)
         wait_until(settled, timeout=60, what="every incident restarted or held by the breaker")
-        actions = f.store.conn().execute("SELECT count(*) FROM actions").fetchone()[0]
+        actions = stores.sql(f.store).execute("SELECT count(*) FROM actions").fetchone()[0]
         breaker_open = f.store.breaker().open
         assert actions == 3 and sum(len(v) for v in f.starts.values()) == 3
         assert breaker_open

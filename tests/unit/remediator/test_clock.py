@@ -13,6 +13,7 @@ from llm_health.remediator import action
 from llm_health.remediator.app import create_app
 from llm_health.remediator.authority import Authority
 from llm_health.remediator.inflight import InFlight
+from tests.support import stores
 from tests.support.alerts import alert, one_pass, payload
 from tests.support.fakes import FakeClock
 from tests.support.remediator import AUTH, World, build
@@ -186,7 +187,7 @@ def test_unresponsive_is_held_only_across_consecutive_samples(tmp_path: Path) ->
     r.clock.advance(10)
     r.run(3)                                          # gpu-b warm: the host is free, gpu-a is verified again
     assert r.restarted == ["gpu-b"], "restarted on two unresponsive samples 300 s apart"
-    inc = r.store.conn().execute("SELECT * FROM incidents WHERE backend = 'gpu-a' AND state = 'open'").fetchone()
+    inc = stores.sql(r.store).execute("SELECT * FROM incidents WHERE backend = 'gpu-a' AND state = 'open'").fetchone()
     assert inc["verified_outcome"] == "unresponsive" and inc["unresponsive_since"] == r.mono.t  # run started over
     for _ in range(14):                                # consecutive samples for 120 s more: now it is restarted
         r.mono.advance(10)

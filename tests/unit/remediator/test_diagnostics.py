@@ -7,10 +7,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from llm_health.remediator.diagnostics import capture
 from llm_health.remediator.store import CaptureResult
 from tests.support.alerts import alert, payload
 from tests.support.remediator import AUTH, World, fleet
+
+pytestmark = pytest.mark.usefixtures("store_kind")   # every test on SQLite and on PostgreSQL
 
 PY = sys.executable
 

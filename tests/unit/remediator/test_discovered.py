@@ -26,6 +26,7 @@ from tests.support.alerts import alert, one_pass, payload
 from tests.support.discovery import pod, rogue
 from tests.support.remediator import World, discovered, four_backends
 
+pytestmark = pytest.mark.usefixtures("store_kind")   # every test on SQLite and on PostgreSQL
 
 @pytest.fixture
 def w(tmp_path: Path) -> Iterator[World]:

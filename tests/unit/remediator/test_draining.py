@@ -17,6 +17,7 @@ from tests.support.alerts import alert, payload
 from tests.support.fakes import has_sample
 from tests.support.remediator import World, fleet
 
+pytestmark = pytest.mark.usefixtures("store_kind")   # every test on SQLite and on PostgreSQL
 
 @pytest.fixture
 def w(tmp_path: Path) -> Iterator[World]:

@@ -23,6 +23,8 @@ from llm_health.remediator.lifecycle import (
 from tests.support.fakes import FakeClock
 from tests.support.remediator import World, fleet
 
+pytestmark = pytest.mark.usefixtures("store_kind")   # every test on SQLite and on PostgreSQL
+
 S = LifecycleState
 
 

@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 
+from tests.support import stores
 from tests.support.alerts import alert, one_pass, payload
 from tests.support.remediator import AUTH, World, fleet
 
+pytestmark = pytest.mark.usefixtures("store_kind")   # every test on SQLite and on PostgreSQL
 
 @pytest.fixture
 def w(tmp_path: Path) -> Iterator[World]:
@@ -24,7 +26,7 @@ def w(tmp_path: Path) -> Iterator[World]:
 def test_a_lifecycle_check_that_raises_never_starves_the_other_backends(w: World) -> None:
     """Backends outside a restart are looked at oldest first; a check raising for the first one ended
     the pass before the others (and it stayed first in line): they were never marked READY."""
-    w.store.conn().execute("UPDATE lifecycle SET state = 'initializing', incident_id = NULL")
+    stores.sql(w.store).execute("UPDATE lifecycle SET state = 'initializing', incident_id = NULL")
     answers = w.authority.io.first_seen_check
 
     def check(b: Any) -> tuple[bool, str]:

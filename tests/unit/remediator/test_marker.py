@@ -16,6 +16,7 @@ from llm_health.remediator.marker import file_markers, write_marker_file
 from tests.support.alerts import alert, payload
 from tests.support.remediator import AUTH, World, four_backends
 
+pytestmark = pytest.mark.usefixtures("store_kind")   # every test on SQLite and on PostgreSQL
 
 @pytest.fixture
 def w(tmp_path: Path) -> Iterator[World]:

@@ -13,6 +13,7 @@ from llm_health.remediator.store import IncidentState
 from tests.support.fakes import has_sample
 from tests.support.remediator import World, four_backends
 
+pytestmark = pytest.mark.usefixtures("store_kind")   # every test on SQLite and on PostgreSQL
 
 @pytest.fixture
 def w(tmp_path: Path) -> Iterator[World]:

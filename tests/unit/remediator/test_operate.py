@@ -6,12 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from llm_health.remediator.agent import AgentAnswers
 from llm_health.remediator.agent_check import agent_reply
 from llm_health.remediator.lifecycle import LifecycleState
 from tests.support.alerts import alert, payload
 from tests.support.remediator import AUTH, World, fleet
 
+pytestmark = pytest.mark.usefixtures("store_kind")   # every test on SQLite and on PostgreSQL
 
 def command(w: World, name: str, what: str, reason: str = "kernel upgrade", force: bool = False,
             headers: dict[str, str] | None = None) -> Any:

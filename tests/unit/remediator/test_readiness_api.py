@@ -13,11 +13,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from llm_health.remediator.agent import AgentAnswers
 from llm_health.remediator.agent_check import agent_reply
 from tests.support.alerts import alert, payload
 from tests.support.remediator import AUTH, World, fleet, four_backends
 
+pytestmark = pytest.mark.usefixtures("store_kind")   # every test on SQLite and on PostgreSQL
 
 def readiness(w: World, name: str = "gpu-a") -> dict[str, Any]:
     r = w.client.get(f"/api/backends/{name}/readiness")

@@ -13,9 +13,12 @@ from llm_health.remediator.agent import AgentAnswers
 from llm_health.remediator.app import create_app
 from llm_health.remediator.authority import Authority
 from llm_health.remediator.lifecycle import LifecycleState
-from llm_health.remediator.store import IncidentState, SqliteStore
+from llm_health.remediator.store import IncidentState
+from tests.support import stores
 from tests.support.alerts import alert, one_pass, payload
 from tests.support.remediator import World, fleet, four_backends
+
+pytestmark = pytest.mark.usefixtures("store_kind")   # every test on SQLite and on PostgreSQL
 
 S = LifecycleState
 
@@ -52,12 +55,12 @@ def test_lifecycle_survives_a_crash_and_every_process_answers_the_same(tmp_path:
     other_app = create_app(w.config, clock=w.clock, with_authority=False)
     other = other_app.test_client()
     assert other.get("/api/backends").get_json()["backends"] == w.client.get("/api/backends").get_json()["backends"]
-    agents = [AgentAnswers(SqliteStore(w.store.path), w.config, kv_reader=lambda url: 0.2) for _ in range(2)]
+    agents = [AgentAnswers(stores.reopen(w.store), w.config, kv_reader=lambda url: 0.2) for _ in range(2)]
     assert {a.status_for("gpu-a").state for a in agents} == {S.DRAINING}
-    second = Authority(SqliteStore(w.store.path), w.config, clock=w.clock, holder="second", runner=w.authority.io.runner,
+    second = Authority(stores.reopen(w.store), w.config, clock=w.clock, holder="second", runner=w.authority.io.runner,
                        verifier=w.authority.io.verifier, warmup_check=w.authority.io.warmup_check,
                        first_seen_check=w.authority.io.first_seen_check, in_flight=w.authority.io.in_flight)
-    w.clock.advance(w.authority.lease.ttl + 1)
+    w.pass_time(w.authority.lease.ttl + 1)
     assert second.lease.renew()
     w.clock.advance(5)
     assert second.lease.renew()     # its lease thread's job (every ttl/4): no process starts on a lease's last second

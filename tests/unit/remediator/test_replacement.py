@@ -20,6 +20,8 @@ from tests.support.alerts import alert, payload
 from tests.support.discovery import pod as pod_target
 from tests.support.remediator import World, discovered
 
+pytestmark = pytest.mark.usefixtures("store_kind")   # every test on SQLite and on PostgreSQL
+
 RS = "ReplicaSet/llm/vllm-7d9f"
 OLD, OTHER, NEW = "vllm-7d9f-aaaaa", "vllm-7d9f-bbbbb", "vllm-7d9f-ccccc"
 

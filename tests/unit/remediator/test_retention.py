@@ -6,10 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from llm_health.remediator import retention
+from tests.support import stores
 from tests.support.fakes import has_sample
 from tests.support.remediator import four_backends
 
+pytestmark = pytest.mark.usefixtures("store_kind")   # every test on SQLite and on PostgreSQL
 
 def test_f9_events_and_actions_are_pruned_and_events_paginated(tmp_path: Path) -> None:
     w = four_backends(tmp_path, retention={"max_events": 50, "max_actions": 5, "page_size": 20, "max_age": 86400})
@@ -26,8 +30,8 @@ def test_f9_events_and_actions_are_pruned_and_events_paginated(tmp_path: Path) -
         before = w.client.get("/metrics").get_data(as_text=True)
         assert has_sample(before, 'llm_health_remediator_restarts_total{backend="gpu-b",result="ok"} 12')
         retention.prune(w.store, w.authority.ctx.config, now)
-        n_events = w.store.conn().execute("SELECT count(*) FROM events").fetchone()[0]
-        n_actions = w.store.conn().execute("SELECT count(*) FROM actions").fetchone()[0]
+        n_events = stores.sql(w.store).execute("SELECT count(*) FROM events").fetchone()[0]
+        n_actions = stores.sql(w.store).execute("SELECT count(*) FROM actions").fetchone()[0]
         assert n_events == 50 and n_actions == 0
         after = w.client.get("/metrics").get_data(as_text=True)    # a counter never goes down
         assert has_sample(after, 'llm_health_remediator_restarts_total{backend="gpu-b",result="ok"} 12')

@@ -15,6 +15,8 @@ from llm_health.remediator.sequence import HEADROOM_EXIT, main, restart_argv
 from tests.support.alerts import alert, payload
 from tests.support.remediator import AUTH, fleet
 
+pytestmark = pytest.mark.usefixtures("store_kind")   # every test on SQLite and on PostgreSQL
+
 PY = sys.executable
 
 

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from llm_health.drill.procs import free_port
+from tests.support import stores
 from tests.support.alerts import alert, payload
 from tests.support.remediator import World, fleet
 
+pytestmark = pytest.mark.usefixtures("store_kind")   # every test on SQLite and on PostgreSQL
 
 def restart_cycle(w: World, name: str = "gpu-a") -> None:
     """From an alert to READY again: stalled (work stays 1, counters frozen) -> drain timeout -> restart."""
@@ -32,4 +36,4 @@ def test_unreachable_alertmanager_is_recorded_and_never_blocks_the_restart(tmp_p
     assert w.restarted == ["gpu-a"]
     failed = w.store.events(kind="silence_failed")
     assert len(failed) == 1 and "restart goes on" in failed[0].reason
-    assert w.store.conn().execute("SELECT count(*) FROM silences").fetchone()[0] == 0
+    assert stores.sql(w.store).execute("SELECT count(*) FROM silences").fetchone()[0] == 0

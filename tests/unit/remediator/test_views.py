@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import stores
 from tests.support.remediator import AUTH, World, four_backends
 
+pytestmark = pytest.mark.usefixtures("store_kind")   # every test on SQLite and on PostgreSQL
 
 @pytest.fixture
 def w(tmp_path: Path) -> Iterator[World]:
@@ -51,7 +53,7 @@ def test_f10_unauthenticated_gets_redact_credentials_and_hide_output(tmp_path: P
 
 
 def test_f6_an_event_cut_by_an_older_version_still_renders(w: World) -> None:
-    w.store.conn().execute("INSERT INTO events (at, kind, reason, detail) VALUES (1, 'ignored', 'old', ?)",
+    stores.sql(w.store).execute("INSERT INTO events (at, kind, reason, detail) VALUES (1, 'ignored', 'old', ?)",
                            ('{"labels": {"a": "\\u04',))
     assert w.client.get("/").status_code == 200
     assert w.client.get("/api/events").status_code == 200

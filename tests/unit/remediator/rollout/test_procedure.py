@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from llm_health.exporter.verdict import Verdict
 from llm_health.remediator.agent import AgentAnswers
 from llm_health.remediator.agent_check import agent_reply
@@ -17,6 +19,8 @@ from llm_health.remediator.rollout.gate import Measurement, Summary
 from llm_health.remediator.rollout.procedure import Procedure
 from tests.support.alerts import alert, payload
 from tests.support.remediator import AUTH, World, fleet
+
+pytestmark = pytest.mark.usefixtures("store_kind")   # every test on SQLite and on PostgreSQL
 
 HOSTS = {"a1": "node-1", "a2": "node-1", "b1": "node-2", "b2": "node-2"}
 NEW = ["deploy", "--version", "2", "{backend}", "{host}"]

@@ -12,6 +12,8 @@ from llm_health.config import Backend, parse_config
 from llm_health.remediator.rollout.start import RequestError, fill, parse_request
 from tests.support.remediator import AUTH, World, fleet
 
+pytestmark = pytest.mark.usefixtures("store_kind")   # every test on SQLite and on PostgreSQL
+
 CONFIG = parse_config({"backends": [{"name": "a", "url": "http://127.0.0.1:1", "restart": ["r"]}],
                        "remediator": {"rollout": {"soak": 120, "min_requests": 7}}})
 GOOD = {"command": ["deploy", "{backend}"], "by": "ops", "reason": "upgrade"}

@@ -1,0 +1,169 @@
+"""The PostgreSQL store (remediator/store/postgresql/) against a real server (tests/support/postgres.py):
+the same schema as SQLite, its version recorded and a newer one refused, one migration when several
+remediators start at once, writers serialised across connections, a database swapped behind our back
+refused, no password in a URL, and an unreachable server a StateError within its deadline."""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from llm_health.config import ConfigError, parse_config
+from llm_health.remediator.store import Lease, SqliteStore, StateError, store_for
+from llm_health.remediator.store.postgresql import PostgresStore
+from llm_health.remediator.store.postgresql.conn import translate
+from llm_health.remediator.store.sqlite.schema import SCHEMA_VERSION
+from tests.support.postgres import PostgresServer
+
+
+def columns_sqlite(path: Path) -> dict[str, set[tuple[str, bool]]]:
+    with sqlite3.connect(path) as c:
+        tables = [r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE "
+                                          "'sqlite_%'")]
+        return {t: {(r[1], bool(r[3]) or bool(r[5])) for r in c.execute(f"PRAGMA table_info({t})")} for t in tables}
+
+
+def columns_pg(url: str) -> dict[str, set[tuple[str, bool]]]:
+    with psycopg.connect(url) as c:
+        rows = c.execute("SELECT table_name, column_name, is_nullable = 'NO' FROM information_schema.columns "
+                         "WHERE table_schema = 'public'").fetchall()
+    out: dict[str, set[tuple[str, bool]]] = {}
+    for table, column, not_null in rows:
+        out.setdefault(table, set()).add((column, bool(not_null)))
+    return out
+
+
+def test_the_schema_is_the_sqlite_schema_at_the_same_version(tmp_path: Path, pg_url: str) -> None:
+    SqliteStore(tmp_path / "s.db").init()
+    store = PostgresStore(pg_url)
+    store.init()
+    store.close()
+    pg = columns_pg(pg_url)
+    assert pg.pop("schema_version") >= {("version", True), ("state_id", True)}
+    assert pg == columns_sqlite(tmp_path / "s.db")
+    with psycopg.connect(pg_url) as c:
+        assert c.execute("SELECT version FROM schema_version").fetchone()[0] == SCHEMA_VERSION
+
+
+def test_a_newer_schema_is_refused(pg_url: str) -> None:
+    PostgresStore(pg_url).init()
+    with psycopg.connect(pg_url) as c:
+        c.execute("UPDATE schema_version SET version = %s", (SCHEMA_VERSION + 1,))
+    with pytest.raises(StateError, match="newer than this remediator knows"):
+        PostgresStore(pg_url).init()
+
+
+def test_remediators_starting_at_once_migrate_once_and_share_one_state(pg_url: str) -> None:
+    stores = [PostgresStore(pg_url) for _ in range(4)]
+    errors: list[BaseException] = []
+
+    def start(s: PostgresStore) -> None:
+        try:
+            s.init()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == [] and len({s.state_id for s in stores}) == 1 and stores[0].state_id
+    for s in stores:
+        s.close()
+
+
+def test_writers_are_serialised_across_connections(pg_url: str) -> None:
+    """Read-then-write in one transaction from 4 threads on 2 stores (2 processes' pools): no lost update,
+    as with SQLite's BEGIN IMMEDIATE."""
+    a, b = PostgresStore(pg_url), PostgresStore(pg_url)
+    a.init()
+    b.init()
+
+    def work(store: PostgresStore) -> None:
+        for _ in range(25):
+            with store.tx() as tx:
+                row = tx.lease("n") or Lease("n", "h", 0.0, "", 0)
+                time.sleep(0.002)      # widen the window a lost update would need
+                tx.put_lease(dataclasses.replace(row, epoch=row.epoch + 1))
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in (a, b, a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    row = a.lease("n")
+    assert row is not None and row.epoch == 100
+    a.close()
+    b.close()
+
+
+def test_an_error_inside_a_transaction_writes_nothing(pg_url: str) -> None:
+    store = PostgresStore(pg_url)
+    store.init()
+    with pytest.raises(RuntimeError), store.tx() as tx:
+        tx.open_incident("gpu-a", 1.0)
+        raise RuntimeError("boom")
+    assert store.active_incidents() == []
+    store.close()
+
+
+def test_a_database_created_again_behind_our_back_stops_the_store(pg_server: PostgresServer) -> None:
+    url = pg_server.new_database()
+    store = PostgresStore(url)
+    store.init()
+    store.close()                                     # its connections go, the object stays
+    name = url.rsplit("/", 1)[1]
+    with psycopg.connect(pg_server.url(), autocommit=True) as c:
+        c.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        c.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+    with pytest.raises(StateError, match="not the one this remediator opened"):
+        with store.tx() as tx:
+            tx.open_incident("gpu-a", 1.0)
+    assert store.check_identity()                     # sticky: health reports it
+    with psycopg.connect(url) as c:
+        assert c.execute("SELECT count(*) FROM pg_tables WHERE tablename = 'incidents'").fetchone()[0] == 0
+    store.close()
+
+
+def test_a_password_in_the_url_is_refused_and_never_echoed(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="carries a password") as info:
+        parse_config({"remediator": {"state": "postgresql://u:s3cret@127.0.0.1:5432/db"}})
+    assert "s3cret" not in str(info.value)
+    with pytest.raises(StateError, match="carries a password") as info2:
+        PostgresStore("postgresql://u:s3cret@127.0.0.1:5432/db")
+    assert "s3cret" not in str(info2.value)
+    with pytest.raises(ConfigError, match="name the database"):
+        parse_config({"remediator": {"state": "postgresql://u@127.0.0.1:5432"}})
+
+
+def test_the_password_comes_from_its_file(tmp_path: Path) -> None:
+    (tmp_path / "pw").write_text("hunter2\n")
+    config = parse_config({"remediator": {"state": "postgresql://u@127.0.0.1:9/db", "state_password_file": "pw"}},
+                          source=str(tmp_path / "c.yml"))
+    store = store_for(config)
+    assert isinstance(store, PostgresStore) and store._kwargs()["password"] == "hunter2"
+    assert "hunter2" not in store.where and "hunter2" not in store.url
+
+
+def test_an_unreachable_database_is_a_state_error_within_its_deadline() -> None:
+    from llm_health.drill.procs import free_port
+
+    store = PostgresStore(f"postgresql://llmhealth@127.0.0.1:{free_port()}/nothing", timeout=1.0)
+    t0 = time.monotonic()
+    with pytest.raises(StateError, match="not reachable"):
+        store.init()
+    with pytest.raises(StateError, match="not reachable"):
+        store.active_incidents()
+    assert time.monotonic() - t0 < 15
+    store.close()
+
+
+def test_placeholders_are_translated_and_percent_kept() -> None:
+    assert translate("SELECT 1 WHERE a = ? AND b LIKE '5%'") == "SELECT 1 WHERE a = %s AND b LIKE '5%%'"
