@@ -623,6 +623,32 @@
             },
           },
           {
+            "alert": "LLMHealthNoLeader",
+            "expr": "max by (job) (llm_health_remediator_lease_seconds_left{" + $._config.remediatorSelector + "}) < 0\n",
+            "for": "1m",
+            "labels": {
+              "severity": "critical",
+            },
+            "annotations": {
+              "summary": "No llm-health remediator holds the restart authority's lease: no stall is fixed",
+              "description": "The lease ran out more than a minute ago and no remediator renewed or took it (all of them stopped acting: the state database unreachable, every authority loop stuck, or none running); see /healthz of each instance (holds_lease).",
+              "runbook_url": $._config.runbookBaseUrl + "#llmhealthnoleader",
+            },
+          },
+          {
+            "alert": "LLMHealthSplitAuthority",
+            "expr": "count by (job) (count by (job, holder) (llm_health_remediator_lease_holder_info{" + $._config.remediatorSelector + "})) > 1\n",
+            "for": "2m",
+            "labels": {
+              "severity": "critical",
+            },
+            "annotations": {
+              "summary": "Remediators report different restart authorities: two instances may restart the same backends",
+              "description": "Instances of this remediator job name different lease holders for 2 minutes: they do not share one state (each on its own SQLite file, or on different databases), so each is an authority of its own. Point every instance at the same remediator.state (PostgreSQL, docs/ha.md) or run one.",
+              "runbook_url": $._config.runbookBaseUrl + "#llmhealthsplitauthority",
+            },
+          },
+          {
             "alert": "LLMHealthRolloutFailed",
             "expr": "max by (job, rollout) (llm_health_remediator_rollout_state{" + $._config.remediatorSelector + ", state=\"failed\"}) == 1\n",
             "for": "1m",
@@ -904,7 +930,7 @@
             "enable": true,
             "hide": false,
             "iconColor": "red",
-            "expr": "ALERTS{alertname=~\"LLMBackendStalled|LLMBackendDown|LLMBackendRestarted|LLMBackendRestartLoop|LLMKVCachePressure|LLMPreemptions|LLMBackendErrorRate|LLMMetricsBehindProxy|LLMBackendNoMetrics|LLMBackendVerdictUnknown|LLMBackendTargetMissing|LLMTooFewBackendsUp|LLMProxyDown|LLMHealthExporterDown|LLMHealthProbeSentToBusyBackend|LLMQueueDepthHigh|LLMQueueTimeHigh|LLMTimeToFirstTokenHigh|LLMTimeToFirstTokenSLOBreach|LLMBackendAdmissionStalled|LLMBackendDegraded|LLMHealthRemediatorDown|LLMHealthRemediatorUnhealthy|LLMHealthBreakerOpen|LLMHealthRolloutFailed|LLMHealthBackendNeedsAck|LLMHealthHostNeedsAttention|LLMHealthRestartsFailing|LLMHealthWebhookDeliveryFailing|LLMHealthRemediatorNotHearingAlertmanager|LLMHealthRemediatorConfigReloadFailed|LLMHealthExporterConfigReloadFailed|LLMHealthDiscoveryStale|LLMHealthDiscoveryDuplicateNames|LLMHealthBackendNotJudged\", alertstate=\"firing\", backend=~\"$backend|\"}",
+            "expr": "ALERTS{alertname=~\"LLMBackendStalled|LLMBackendDown|LLMBackendRestarted|LLMBackendRestartLoop|LLMKVCachePressure|LLMPreemptions|LLMBackendErrorRate|LLMMetricsBehindProxy|LLMBackendNoMetrics|LLMBackendVerdictUnknown|LLMBackendTargetMissing|LLMTooFewBackendsUp|LLMProxyDown|LLMHealthExporterDown|LLMHealthProbeSentToBusyBackend|LLMQueueDepthHigh|LLMQueueTimeHigh|LLMTimeToFirstTokenHigh|LLMTimeToFirstTokenSLOBreach|LLMBackendAdmissionStalled|LLMBackendDegraded|LLMHealthRemediatorDown|LLMHealthRemediatorUnhealthy|LLMHealthBreakerOpen|LLMHealthNoLeader|LLMHealthSplitAuthority|LLMHealthRolloutFailed|LLMHealthBackendNeedsAck|LLMHealthHostNeedsAttention|LLMHealthRestartsFailing|LLMHealthWebhookDeliveryFailing|LLMHealthRemediatorNotHearingAlertmanager|LLMHealthRemediatorConfigReloadFailed|LLMHealthExporterConfigReloadFailed|LLMHealthDiscoveryStale|LLMHealthDiscoveryDuplicateNames|LLMHealthBackendNotJudged\", alertstate=\"firing\", backend=~\"$backend|\"}",
             "titleFormat": "{{alertname}} {{backend}}",
             "textFormat": "severity {{severity}}; runbook: " + $._config.runbookBaseUrl + " (section {{alertname}})",
             "tagKeys": "alertname,backend,severity",
@@ -3598,7 +3624,7 @@
             "enable": true,
             "hide": false,
             "iconColor": "red",
-            "expr": "ALERTS{alertname=~\"LLMBackendStalled|LLMBackendDown|LLMBackendRestarted|LLMBackendRestartLoop|LLMKVCachePressure|LLMPreemptions|LLMBackendErrorRate|LLMMetricsBehindProxy|LLMBackendNoMetrics|LLMBackendVerdictUnknown|LLMBackendTargetMissing|LLMTooFewBackendsUp|LLMProxyDown|LLMHealthExporterDown|LLMHealthProbeSentToBusyBackend|LLMQueueDepthHigh|LLMQueueTimeHigh|LLMTimeToFirstTokenHigh|LLMTimeToFirstTokenSLOBreach|LLMBackendAdmissionStalled|LLMBackendDegraded|LLMHealthRemediatorDown|LLMHealthRemediatorUnhealthy|LLMHealthBreakerOpen|LLMHealthRolloutFailed|LLMHealthBackendNeedsAck|LLMHealthHostNeedsAttention|LLMHealthRestartsFailing|LLMHealthWebhookDeliveryFailing|LLMHealthRemediatorNotHearingAlertmanager|LLMHealthRemediatorConfigReloadFailed|LLMHealthExporterConfigReloadFailed|LLMHealthDiscoveryStale|LLMHealthDiscoveryDuplicateNames|LLMHealthBackendNotJudged\", alertstate=\"firing\", backend=~\"$backend|\"}",
+            "expr": "ALERTS{alertname=~\"LLMBackendStalled|LLMBackendDown|LLMBackendRestarted|LLMBackendRestartLoop|LLMKVCachePressure|LLMPreemptions|LLMBackendErrorRate|LLMMetricsBehindProxy|LLMBackendNoMetrics|LLMBackendVerdictUnknown|LLMBackendTargetMissing|LLMTooFewBackendsUp|LLMProxyDown|LLMHealthExporterDown|LLMHealthProbeSentToBusyBackend|LLMQueueDepthHigh|LLMQueueTimeHigh|LLMTimeToFirstTokenHigh|LLMTimeToFirstTokenSLOBreach|LLMBackendAdmissionStalled|LLMBackendDegraded|LLMHealthRemediatorDown|LLMHealthRemediatorUnhealthy|LLMHealthBreakerOpen|LLMHealthNoLeader|LLMHealthSplitAuthority|LLMHealthRolloutFailed|LLMHealthBackendNeedsAck|LLMHealthHostNeedsAttention|LLMHealthRestartsFailing|LLMHealthWebhookDeliveryFailing|LLMHealthRemediatorNotHearingAlertmanager|LLMHealthRemediatorConfigReloadFailed|LLMHealthExporterConfigReloadFailed|LLMHealthDiscoveryStale|LLMHealthDiscoveryDuplicateNames|LLMHealthBackendNotJudged\", alertstate=\"firing\", backend=~\"$backend|\"}",
             "titleFormat": "{{alertname}} {{backend}}",
             "textFormat": "severity {{severity}}; runbook: " + $._config.runbookBaseUrl + " (section {{alertname}})",
             "tagKeys": "alertname,backend,severity",

@@ -71,7 +71,8 @@ ALERT_NAMES = (
     "LLMQueueDepthHigh", "LLMQueueTimeHigh", "LLMTimeToFirstTokenHigh", "LLMTimeToFirstTokenSLOBreach",
     "LLMBackendAdmissionStalled", "LLMBackendDegraded",
     # llm-health.self
-    "LLMHealthRemediatorDown", "LLMHealthRemediatorUnhealthy", "LLMHealthBreakerOpen", "LLMHealthRolloutFailed",
+    "LLMHealthRemediatorDown", "LLMHealthRemediatorUnhealthy", "LLMHealthBreakerOpen", "LLMHealthNoLeader",
+    "LLMHealthSplitAuthority", "LLMHealthRolloutFailed",
     "LLMHealthBackendNeedsAck",
     "LLMHealthHostNeedsAttention",
     "LLMHealthRestartsFailing", "LLMHealthWebhookDeliveryFailing", "LLMHealthWatchdog",

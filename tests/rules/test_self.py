@@ -71,6 +71,29 @@ def breaker() -> Scenario:
     return s
 
 
+def no_leader() -> Scenario:
+    s = Scenario("two instances on one state; a failover at 5m leaves the lease lapsed 20 s; from 10m nobody renews it")
+    for inst in ("rem-1:9411", "rem-2:9411"):
+        s.add(rem("llm_health_remediator_lease_seconds_left", {}, f"4x19 -1 3x19 -1x{N}", inst))
+    s.silent("5m", "LLMHealthNoLeader")                  # a lapse while the next holder takes over
+    s.silent("10m30s", "LLMHealthNoLeader")
+    s.expect("12m", "LLMHealthNoLeader", REM)
+    return s
+
+
+def split_authority() -> Scenario:
+    s = Scenario("a failover at 5m both instances see; from 10m one instance reports a holder of its own")
+    s.add(rem("llm_health_remediator_lease_holder_info", {"holder": "a"}, "1x19 stale", "rem-1:9411"))
+    s.add(rem("llm_health_remediator_lease_holder_info", {"holder": "a"}, "1x19 stale", "rem-2:9411"))
+    s.add(rem("llm_health_remediator_lease_holder_info", {"holder": "b"}, f"_x19 1x{N}", "rem-1:9411"))
+    s.add(rem("llm_health_remediator_lease_holder_info", {"holder": "b"}, "_x19 1x20 stale", "rem-2:9411"))
+    s.add(rem("llm_health_remediator_lease_holder_info", {"holder": "c"}, f"_x39 1x{N}", "rem-2:9411"))
+    s.silent("6m", "LLMHealthSplitAuthority")
+    s.silent("11m", "LLMHealthSplitAuthority")
+    s.expect("13m", "LLMHealthSplitAuthority", REM)
+    return s
+
+
 def rollout_failed() -> Scenario:
     """A rollout's rollback did not complete (failed) from 10m; an earlier one only rolled back (no page)."""
     s = Scenario("rollout 3 rolled back at 5m (fine); rollout 4 failed its rollback at 10m; two workers")
@@ -242,7 +265,8 @@ def exporter_reload_failed() -> Scenario:
     return s
 
 
-SCENARIOS = [remediator_down, remediator_absent, remediator_unhealthy, breaker, rollout_failed, needs_ack, host_needs_attention,
+SCENARIOS = [remediator_down, remediator_absent, remediator_unhealthy, breaker, no_leader, split_authority,
+             rollout_failed, needs_ack, host_needs_attention,
              restarts_failing,
              webhook_failing, discovery_stale, backend_not_judged, discovery_duplicates, not_hearing_alertmanager,
              never_heard_without_a_watchdog_rule, webhook_failing_elsewhere, webhook_failing_ours,
