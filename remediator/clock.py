@@ -5,13 +5,14 @@ breaker count, because it must survive a reboot). `mono` drives everything that 
 an administrator or NTP steps the wall clock: the lease, action timeouts, drain and warm-up
 deadlines, the next look at an incident, the "unresponsive for N s" window.
 
-Monotonic values are stored in SQLite (lease expiry, incident and drain deadlines) and compared by
-other processes. That is sound because CLOCK_MONOTONIC is one system-wide clock on Linux: every
-gunicorn worker on the host reads the same counter (`time.monotonic()` is comparable across processes
-on one host). ASSUMPTION: all remediator workers that share a state file run on ONE host (they already
-share one SQLite file, which must not live on a network filesystem). After a reboot the counter
-starts again near zero, so the lease row also records the boot id; a holder that finds another boot
-id rebases the stored deadlines (Authority.recover).
+Monotonic values are stored in the state (incident and drain deadlines; on SQLite the lease expiry too)
+and compared by other processes. That is sound because CLOCK_MONOTONIC is one system-wide clock on
+Linux: every gunicorn worker on the host reads the same counter (`time.monotonic()` is comparable across
+processes on one host). On SQLite all workers that share the file run on ONE host (it must not live on a
+network filesystem). After a reboot the counter starts again near zero, so the lease row also records
+the boot id; a holder that finds another boot id rebases the stored deadlines (remediator/lease.py).
+On PostgreSQL the remediators run on several hosts: the lease is timed by the database's clock instead,
+and a holder taking over from another host (another boot id) rebases the deadlines the same way.
 """
 
 from __future__ import annotations
