@@ -186,7 +186,7 @@ def test_llm_health_commands_parse_with_the_real_cli(services: dict[str, dict[st
 def test_dockerfile_builds_the_llm_health_image(services: dict[str, dict[str, Any]]) -> None:
     text = (ROOT / "Dockerfile").read_text()
     assert re.search(r"^FROM python:3\.11-slim\s*$", text, re.M)
-    assert re.search(r"^RUN pip install \.", text, re.M)
+    assert re.search(r"^RUN pip install '\.\[postgresql\]'", text, re.M)     # with the PostgreSQL store's driver
     assert 'ENTRYPOINT ["llm-health"]' in text
     for package in ("llm_health", "exporter", "remediator", "simulator"):
         assert re.search(rf"^COPY {package} ", text, re.M), package
