@@ -94,11 +94,21 @@ def test_idle_is_probed_and_check_says_ok(rig: Rig) -> None:
 def test_busy_then_stall_with_work_then_recovery(rig: Rig) -> None:
     rig.wait_idle()
     n = SEQS + 2
+    loaded = time.monotonic()
     rig.load = Load(rig.engine.url, n, MAX_TOKENS, hold=True)
     t0 = time.monotonic()
-    TIMINGS["busy_seconds"] = rig.timeline.wait("busy", t0, 20)
-    wait_for(lambda: f"{SEQS} running, {n - SEQS} waiting" in rig.timeline.now()["reason"], 15,
-             "every slot busy, the rest waiting")
+    # deadlines for a loaded 2-core machine (6 clients connecting, the API server tokenizing, the engine
+    # admitting them): generous, each a poll; a miss says what the exporter showed instead
+    TIMINGS["busy_seconds"] = rig.timeline.wait("busy", t0, 60)
+    # every slot busy, the rest waiting. The rest may include the exporter's own probe: sent on the last idle
+    # page as the load arrived (the race no reading can see, docs/engines.md), it can reach the engine after
+    # the load's requests (the proxy is slower than they are) and waits behind them in FCFS order until a
+    # slot frees, ~30 s on a loaded machine (seen under two CPU hogs: 4 running, 3 waiting, for 30 s)
+    def probes_near_the_load() -> int:
+        return sum(1 for at in list(rig.proxy.probe_times) if at >= loaded - 2 * INTERVAL)
+
+    TIMINGS["full_seconds"] = rig.timeline.wait_reason(
+        lambda: [f"{SEQS} running, {n - SEQS + k} waiting" for k in range(probes_near_the_load() + 1)], t0, 60)
     busy_probes = rig.proxy.probes_while_busy
     code, out = check(rig.proxy.url, "--readings", 2, "--interval", 1, "--timeout", READ_TIMEOUT)
     assert code == 0 and out.startswith("OK: busy"), out
@@ -110,12 +120,19 @@ def test_busy_then_stall_with_work_then_recovery(rig: Rig) -> None:
     # a real engine under load, never stopped yet: a stall here would be a false one
     assert "stalled" not in rig.timeline.since(t0), rig.story(t0)
     core = rig.engine.engine_core()
+    stopped_at = time.time()   # wall clock: /verdicts gives the last progress it saw as wall time
     os.kill(core, signal.SIGSTOP)
     try:
         t1 = time.monotonic()
         assert get(rig.engine.url, "/health")[0] == 200
         TIMINGS["busy_stall_to_stalled_seconds"] = took = rig.timeline.wait("stalled", t1, STALL_BOUND + 5)
-        assert STALL_AFTER - INTERVAL <= took <= STALL_BOUND, (took, rig.story(t0))
+        # too early means the exporter counted quiet from before the SIGSTOP (its last progress, as
+        # /verdicts states it), i.e. it would have called the running engine stalled; the engine's own pages
+        # say whether its counters really stood still then (the machine) or moved (the exporter)
+        last_progress = rig.timeline.first("stalled", t1).get("last_progress") or 0.0
+        assert STALL_AFTER - INTERVAL <= took <= STALL_BOUND, (
+            f"stalled {took:.2f} s after SIGSTOP; the exporter's last progress {stopped_at - last_progress:.1f} s "
+            f"before it\n{rig.story(t0)}\n{rig.proxy.progress_since(t0)}")
         assert "down" not in rig.timeline.since(t1)
         code, out = check(rig.proxy.url, "--readings", 4, "--interval", 1, "--timeout", READ_TIMEOUT,
                           "--stall-after", 3)

@@ -454,6 +454,26 @@ class CountingProxy:
         return (f"{len(seen)} /metrics answers since; slowest: "
                 + ", ".join(f"{t - t0:+.1f} s took {d:.2f} s ({st})" for t, d, st in slow))
 
+    def progress_since(self, t0: float) -> str:
+        """What the engine's own /metrics pages said since `t0` (the last ones kept, answered through the
+        proxy to anyone): seconds from `t0`, running / waiting and vLLM's step count, one page per line. Tells
+        whether the engine's counters really stood still, whatever the exporter made of them."""
+        lines = []
+        for at, text in list(self.bodies):
+            if at < t0:
+                continue
+            try:
+                steps = series_value(text, "vllm:iteration_tokens_total_count")
+            except (KeyError, ValueError):
+                steps = float("nan")
+            try:
+                work = (f"{series_value(text, 'vllm:num_requests_running'):g} running, "
+                        f"{series_value(text, 'vllm:num_requests_waiting'):g} waiting")
+            except (KeyError, ValueError):
+                work = "no work gauges"
+            lines.append(f"{at - t0:+7.1f} s page: {work}, {steps:g} steps")
+        return "\n".join(lines[-40:])
+
     def stop(self) -> None:
         self.loop.stop()
 
@@ -630,6 +650,30 @@ class Timeline:
                 lines.append(f"{t - t0:+7.1f} s {v}: {r}")
                 last = (v, r)
         return "\n".join(lines[-60:])
+
+    def first(self, verdict: str, t0: float) -> dict[str, Any]:
+        """The /verdicts entry of the first `verdict` shown since `t0` ({} when none was)."""
+        return next((b for t, v, _, b in list(self.seen) if t >= t0 and v == verdict), {})
+
+    def wait_reason(self, text: str | Callable[[], list[str]], t0: float, timeout: float) -> float:
+        """Seconds from `t0` until the exporter first showed a reason containing `text` (or one of the texts
+        `text()` gives at each poll) after `t0`; a miss says what it showed instead (every change since `t0`)
+        and whether it answered at all."""
+        def texts() -> list[str]:
+            return [text] if isinstance(text, str) else text()
+
+        def first() -> float | None:
+            wanted = texts()
+            return next((t - t0 for t, _, r, _ in list(self.seen) if t >= t0 and any(w in r for w in wanted)),
+                        None)
+
+        try:
+            wait_for(lambda: first() is not None, timeout, f"reason {texts()!r}", 0.1)
+            return float(first() or 0.0)
+        except AssertionError:
+            missed = sum(1 for t in self.unanswered if t >= t0)
+            raise AssertionError(f"no reason with {texts()!r} within {timeout:.0f} s ({missed} polls of /verdicts "
+                                 f"unanswered since); shown since:\n{self.story(t0)}") from None
 
     def wait(self, verdict: str, t0: float, timeout: float) -> float:
         """Seconds from `t0` until the exporter first showed `verdict` after `t0`."""
