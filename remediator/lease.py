@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from llm_health.remediator.clock import Clocks
-from llm_health.remediator.store import Lease, StateStore, Transaction
+from llm_health.remediator.clock import Clocks, boot_id
+from llm_health.remediator.store import Lease, Reads, StateStore, Transaction
 
 log = logging.getLogger("llm_health.remediator")
 
@@ -108,3 +110,30 @@ class AuthorityLease:
                 log.exception("lease renewal failed")
                 self.holding.clear()
             stop.wait(self.ttl / 4)
+
+
+@dataclass(frozen=True)
+class Observed:
+    """The lease as anyone reading the state sees it (the API, the status page, /metrics)."""
+
+    holder: str
+    epoch: int
+    seconds_left: float | None     # on the lease's clock; None: another boot's monotonic clock (SQLite)
+    clock: str                     # "database" (PostgreSQL) or "host" (SQLite: the holder's monotonic clock)
+
+    def as_dict(self) -> dict[str, object]:
+        left = None if self.seconds_left is None else round(self.seconds_left, 1)
+        return {"holder": self.holder, "epoch": self.epoch, "seconds_left": left, "clock": self.clock,
+                "leading": left is not None and left >= 0}
+
+
+def observed(store: Reads) -> Observed | None:
+    """Who holds the authority's lease and how long it has left (None: nobody ever took it)."""
+    row = store.lease(NAME)
+    if row is None:
+        return None
+    shared = store.lease_clock()
+    if shared is not None:
+        return Observed(row.holder, row.epoch, row.expires_at - shared[0], "database")
+    left = row.expires_at - time.monotonic() if row.boot == boot_id() else None
+    return Observed(row.holder, row.epoch, left, "host")

@@ -8,7 +8,6 @@ values; the process series describe the worker that answered. Series names are a
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,9 +20,8 @@ from prometheus_client.registry import Collector
 
 from llm_health.buildinfo import BuildInfoCollector
 from llm_health.config import Config
+from llm_health.remediator import lease
 from llm_health.remediator.backend_io import VERIFY, WARMUP
-from llm_health.remediator.clock import boot_id
-from llm_health.remediator.lease import NAME as LEASE_NAME
 from llm_health.remediator.lifecycle import UNSEEN, LifecycleState
 from llm_health.remediator.store import AdminState, IncidentState, MemberStep, RolloutState, StateStore
 
@@ -164,7 +162,7 @@ class StateCollector(Collector):
 def lease_metrics(store: StateStore) -> Iterator[Metric]:
     """Who leads, as the state says (every instance on one state reports the same; instances that report
     different holders are not sharing one state: LLMHealthRemediatorSplitAuthority)."""
-    row = store.lease(LEASE_NAME)
+    seen = lease.observed(store)
     holder = GaugeMetricFamily("llm_health_remediator_lease_holder_info",
                                "1 for the instance that holds the restart authority's lease, as the state says.",
                                labels=["holder"])
@@ -173,16 +171,10 @@ def lease_metrics(store: StateStore) -> Iterator[Metric]:
     left = GaugeMetricFamily("llm_health_remediator_lease_seconds_left",
                              "Seconds the lease has left on its clock (the database's on PostgreSQL, the holder's "
                              "monotonic clock on SQLite; NaN: another boot's clock); below 0: no leader.")
-    if row is not None:
-        holder.add_metric([row.holder], 1)
-        epoch.add_metric([], row.epoch)
-        shared = store.lease_clock()
-        if shared is not None:
-            left.add_metric([], row.expires_at - shared[0])
-        elif row.boot == boot_id():
-            left.add_metric([], row.expires_at - time.monotonic())
-        else:
-            left.add_metric([], float("nan"))
+    if seen is not None:
+        holder.add_metric([seen.holder], 1)
+        epoch.add_metric([], seen.epoch)
+        left.add_metric([], float("nan") if seen.seconds_left is None else seen.seconds_left)
     yield holder
     yield epoch
     yield left

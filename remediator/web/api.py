@@ -11,6 +11,7 @@ from typing import Any
 from flask import Blueprint, Response, jsonify, request
 
 from llm_health.discovery import status_document
+from llm_health.remediator import lease
 from llm_health.remediator.commands import Command
 from llm_health.remediator.operate import Request, carry_out
 from llm_health.remediator.policy import Marker
@@ -33,7 +34,9 @@ def _guard() -> Any:
 @api.get("/backends")
 def get_backends() -> Any:
     c = ctx()
+    seen = lease.observed(c.store)
     return jsonify({"backends": backends_view(c), "breaker": c.store.breaker().as_dict(),
+                    "authority": None if seen is None else seen.as_dict(),
                     "dry_run": c.config.remediator.dry_run, "group": dict(c.config.remediator.group_labels)})
 
 

@@ -11,6 +11,7 @@ from flask import Blueprint, Response, jsonify, render_template, request
 from llm_health import groups
 from llm_health.exposition import metrics_answer
 from llm_health.redact import redact
+from llm_health.remediator import lease
 from llm_health.remediator.clock import wall_text
 from llm_health.remediator.web.context import ctx
 from llm_health.remediator.web.rollouts import rollout_view
@@ -44,6 +45,8 @@ def page() -> Any:
     with c.store.reader() as rd:
         latest = rd.rollouts(limit=1)
         rollout = rollout_view(rd, latest[0]) if latest else None
+    seen = lease.observed(c.store)
     return render_template("status.html", backends=backends_view(c), events=events, breaker=br, rollout=rollout,
+                           authority=None if seen is None else seen.as_dict(),
                            dry_run=c.config.remediator.dry_run, now=c.clock(), fmt=wall_text,
                            group=groups.shown(c.config.remediator.group_labels))

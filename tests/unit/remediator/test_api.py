@@ -78,3 +78,21 @@ def test_api_metrics_status_and_events(w: World) -> None:
     page = w.client.get("/")
     assert page.status_code == 200 and b"gpu-a" in page.data and b"warming" in page.data
     assert w.client.get("/healthz").status_code == 200
+
+
+def test_the_api_and_the_status_page_name_the_authority(tmp_path: Path) -> None:
+    w = four_backends(tmp_path)
+    try:
+        lease = w.authority.lease
+        got = w.client.get("/api/backends").get_json()["authority"]
+        assert got["holder"] == lease.holder and got["epoch"] == lease.epoch and got["leading"] is True
+        assert got["clock"] == ("database" if w.store.lease_clock() is not None else "host")
+        page = w.client.get("/").get_data(as_text=True)
+        assert f"Restart authority: <b>{lease.holder}</b> (epoch {lease.epoch}" in page
+        if w.store.lease_clock() is not None:        # PostgreSQL: the database's clock says it ran out
+            w.pass_time(lease.ttl + 1)
+            got = w.client.get("/api/backends").get_json()["authority"]
+            assert got["leading"] is False and got["seconds_left"] < 0
+            assert "No leader" in w.client.get("/").get_data(as_text=True)
+    finally:
+        w.close()
