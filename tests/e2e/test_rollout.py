@@ -29,6 +29,7 @@ from llm_health.drill.stack import BackendSpec, Load, Stack
 from llm_health.remediator.drain import show_stat
 from tests.support.dashboard_queries import annotation_queries, dashboards_queries
 from tests.support.haproxy import render_config
+from tests.support.postgres import PostgresServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
     not (shutil.which("haproxy") and shutil.which("prometheus")
@@ -45,8 +46,12 @@ def new_command(step: float = 0.05, version: str = "0.9-new") -> list[str]:
 
 
 class RolloutStack(Stack):
+    state_url = ""        # a PostgreSQL state (docs/ha.md) instead of the stack's SQLite file
+
     def config_data(self) -> dict[str, Any]:
         data = super().config_data()
+        if self.state_url:
+            data["remediator"]["state"] = self.state_url
         for b in data["backends"]:       # the previous command names its version too (a rollback restores it)
             b["restart"] = [*python_module("llm_health.simulator.ctl", "restart", self.sims[b["name"]].control_url),
                             *OLD]
@@ -132,8 +137,18 @@ class Rig:
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    yield from rollout_rig(tmp_path_factory, "")
+
+
+@pytest.fixture(scope="module")
+def rig_on_postgresql(tmp_path_factory: pytest.TempPathFactory, pg_server: PostgresServer) -> Iterator[Rig]:
+    yield from rollout_rig(tmp_path_factory, pg_server.new_database())
+
+
+def rollout_rig(tmp_path_factory: pytest.TempPathFactory, state_url: str) -> Iterator[Rig]:
     workdir = tmp_path_factory.mktemp("rollout")
     stack = RolloutStack(workdir, backends=tuple(BackendSpec(n, host=h) for n, h in HOSTS.items()), proxy=False)
+    stack.state_url = state_url
     haproxy = None
     with stack:
         port = free_port()
@@ -245,6 +260,19 @@ def crash(rig: Rig) -> None:
 
 
 def test_a_rollout_survives_a_kill_9_of_the_remediator(rig: Rig) -> None:
+    survives_two_kills(rig)
+
+
+def test_on_postgresql_a_rollout_carries_on_under_the_next_leader(rig_on_postgresql: Rig) -> None:
+    """The same on the PostgreSQL store: each new remediator is another holder, so it takes over only once
+    the killed one's lease ran out on the database's clock, in a new term (epoch)."""
+    rig = rig_on_postgresql
+    assert requests.get(f"{rig.url}/api/backends", timeout=5).json()["authority"]["clock"] == "database"
+    epochs = survives_two_kills(rig)
+    assert len(epochs) >= 3 and epochs == sorted(set(epochs)), epochs     # a new, larger term each time
+
+
+def survives_two_kills(rig: Rig) -> list[int]:
     rig.all_ready()
     rig.traffic()
     before = {n: rig.sim(n)["restarts"] for n in HOSTS}
@@ -258,4 +286,7 @@ def test_a_rollout_survives_a_kill_9_of_the_remediator(rig: Rig) -> None:
     after = {n: rig.sim(n)["restarts"] for n in HOSTS}
     assert {n: after[n] - before[n] for n in HOSTS} == dict.fromkeys(HOSTS, 1)     # nobody restarted twice
     assert {n: rig.sim(n)["version"] for n in HOSTS} == dict.fromkeys(HOSTS, "1.1-after-crash")
+    r = requests.get(f"{rig.url}/api/events", params={"kind": "lease_acquired", "limit": 100},
+                     headers=rig.stack.headers(), timeout=5)
+    return [int(e["detail"]["epoch"]) for e in reversed(r.json()["events"])]
 
