@@ -174,6 +174,7 @@ def test_one_restart_through_leader_kills_freezes_and_a_database_restart(
         rest = [i for i in instances if i is not first]
         second = one_leader(rest, TAKEOVER_BOUND + 5, "a follower takes over")
         took = time.monotonic() - t0
+        print(f"\nHA: kill -9 of the leader -> a follower holds the lease: {took:.2f} s (bound {TAKEOVER_BOUND:g} s)")
         assert took <= TAKEOVER_BOUND, took
         wait_until(lambda: any(e["detail"].get("epoch", 0) > epoch_1 for e in events(second, "lease_acquired")),
                    timeout=10, interval=0.1, what="a new term recorded")
@@ -181,7 +182,9 @@ def test_one_restart_through_leader_kills_freezes_and_a_database_restart(
         # the new leader frozen past its lease: the third takes over; resumed, the frozen one acts on nothing
         os.killpg(second.proc.proc.pid, signal.SIGSTOP)
         try:
+            t1 = time.monotonic()
             third = one_leader([i for i in rest if i is not second], TAKEOVER_BOUND + 5, "the third takes over")
+            print(f"HA: leader frozen (SIGSTOP) -> the third holds the lease: {time.monotonic() - t1:.2f} s")
         finally:
             os.killpg(second.proc.proc.pid, signal.SIGCONT)
         wait_until(lambda: leaders(rest) == [third], timeout=10, interval=0.1,
@@ -197,7 +200,9 @@ def test_one_restart_through_leader_kills_freezes_and_a_database_restart(
             wait_until(lambda: leaders(rest) == [], timeout=TTL + 10, interval=0.2, what="no leader without a state")
         finally:
             pg.start()
+        t2 = time.monotonic()
         one_leader(rest, 60, "one leader after the database came back")
+        print(f"HA: PostgreSQL started again -> one leader: {time.monotonic() - t2:.2f} s")
         wait_until(lambda: (backend(rest[0]).get("incident") or {}).get("state") == "warming", timeout=30,
                    interval=0.2, what="the incident kept")
         assert len(leaders(rest)) == 1
