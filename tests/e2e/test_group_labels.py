@@ -18,10 +18,8 @@ import requests
 import yaml
 
 from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
-from tests.support.alertmanager import AM_BINARY, running_alertmanager
-from tests.support.paths import REPO
+from tests.support.alertmanager import AM_BINARY, running_alertmanager, shipped_config_to
 
-AM_CONFIG = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
 TOKEN = "group-labels-test-token"
 CLUSTERS = ("eu-1", "us-2")
 
@@ -66,13 +64,7 @@ def remediators(tmp_path: Path) -> Iterator[dict[str, str]]:
 
 
 def shared_alertmanager_config(tmp_path: Path, remediators: dict[str, str]) -> Path:
-    config = yaml.safe_load(AM_CONFIG.read_text())
-    token = tmp_path / "remediator.token"
-    token.write_text(TOKEN + "\n")
-    (receiver,) = [r for r in config["receivers"] if r["name"] == "llm-health-remediator"]
-    (hook,) = receiver["webhook_configs"]
-    hook["http_config"]["authorization"]["credentials_file"] = str(token)
-    receiver["webhook_configs"] = [{**hook, "url": f"{url}/webhook"} for url in remediators.values()]
+    config = shipped_config_to(list(remediators.values()), TOKEN, tmp_path)
     (route,) = [r for r in config["route"]["routes"] if r["receiver"] == "llm-health-remediator"
                 and r["matchers"] == ['remediation="restart"']]
     assert route["group_by"] == ["cluster", "namespace", "backend"]     # as shipped

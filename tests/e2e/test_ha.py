@@ -32,11 +32,9 @@ import requests
 import yaml
 
 from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
-from tests.support.alertmanager import AM_BINARY, running_alertmanager
-from tests.support.paths import REPO
+from tests.support.alertmanager import AM_BINARY, running_alertmanager, shipped_config_to
 from tests.support.postgres import PostgresServer
 
-AM_CONFIG = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
 TOKEN = "ha-test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 TTL, RENEW = 5.0, 5.0 / 4
@@ -108,13 +106,7 @@ def events(inst: Instance, kind: str) -> list[dict[str, Any]]:
 
 
 def am_config(tmp: Path, instances: list[Instance]) -> Path:
-    config = yaml.safe_load(AM_CONFIG.read_text())
-    token = tmp / "remediator.token"
-    token.write_text(TOKEN + "\n")
-    (receiver,) = [r for r in config["receivers"] if r["name"] == "llm-health-remediator"]
-    (hook,) = receiver["webhook_configs"]
-    hook["http_config"]["authorization"]["credentials_file"] = str(token)
-    receiver["webhook_configs"] = [{**hook, "url": f"{i.url}/webhook"} for i in instances]
+    config = shipped_config_to([i.url for i in instances], TOKEN, tmp)
     for route in config["route"]["routes"]:
         if route["receiver"] == "llm-health-remediator":
             route["group_wait"] = "1s"

@@ -6,10 +6,15 @@ import shutil
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from llm_health.drill.procs import ManagedProcess, free_port
+from tests.support.paths import REPO
 
 AM_BINARY = shutil.which("prometheus-alertmanager")
+AM_CONFIG = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
 
 
 @contextmanager
@@ -33,3 +38,16 @@ def running_alertmanager(config: Path, folder: Path, *, cluster: bool = False, c
         yield url
     finally:
         proc.stop()
+
+
+def shipped_config_to(remediators: Sequence[str], token: str, folder: Path) -> dict[str, Any]:
+    """The shipped deploy/alertmanager/alertmanager.yml with its remediator receiver sending to every URL
+    in `remediators` (with `token`, written to folder/remediator.token); the caller adjusts the routes."""
+    config = yaml.safe_load(AM_CONFIG.read_text())
+    token_file = folder / "remediator.token"
+    token_file.write_text(token + "\n")
+    (receiver,) = [r for r in config["receivers"] if r["name"] == "llm-health-remediator"]
+    (hook,) = receiver["webhook_configs"]
+    hook["http_config"]["authorization"]["credentials_file"] = str(token_file)
+    receiver["webhook_configs"] = [{**hook, "url": f"{url}/webhook"} for url in remediators]
+    return dict(config)
