@@ -1,4 +1,4 @@
-"""`python -m bench.run [--only replay|scale|storm|fleet_remediator|fleet|slowclients] [--quick] [--out DIR]` (what `make bench` runs).
+"""`python -m bench.run [--only replay|scale|storm|fleet_remediator|fleet|slowclients|failover] [--quick] [--out DIR]` (what `make bench` runs).
 
 Each benchmark writes its section (markdown + JSON figures) to `bench/results/` (or, with `--out DIR`,
 to `<DIR>/bench-results/`), its plots to `<DIR>/img/`; then `<DIR>/benchmarks.md` is assembled
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-NAMES = ("replay", "scale", "storm", "fleet_remediator", "fleet", "slowclients")
+NAMES = ("replay", "scale", "storm", "fleet_remediator", "fleet", "slowclients", "failover")
 
 
 def machine() -> dict[str, str]:
@@ -58,6 +58,9 @@ def _runner(name: str) -> Callable[[Path, bool], tuple[str, dict[str, Any]]]:
     if name == "slowclients":
         from bench import slowclients
         return slowclients.run
+    if name == "failover":
+        from bench import failover
+        return failover.run
     from bench import storm
     return storm.run
 
@@ -146,6 +149,12 @@ def headline(results: Path) -> list[str]:
                f"5 s (worst answered: {old['max_ms'] / 1000:.1f} s)." if old and old["failed"] < old["asked"] else
                f"; before, with {old['slow_clients']}: not one of {old['asked']} asks answered within 5 s." if old
                else "."))
+    o = _load(results, "failover")
+    if o:
+        lines.append(
+            f"- **Failover on PostgreSQL**: leader killed or frozen, {len(o['trials'])} trials at the defaults: the "
+            f"other remediator held the lease after p50 {o['p50_s']:.1f} s, max {o['max_s']:.1f} s "
+            f"({o['ttl_s']:g} s lease); restarts run through all of them: {o['restarts']} (one was due).")
     lines.append("")
     return lines
 

@@ -110,7 +110,7 @@ def fake() -> Iterator[Callable[..., Any]]:
 # -- PostgreSQL: one server per test worker (started on first use), a fresh database per test ------------
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[Any]:
-    from tests.support.postgres import postgres_server
+    from llm_health.drill.postgres import postgres_server
 
     with postgres_server() as server:
         yield server

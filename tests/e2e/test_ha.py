@@ -31,9 +31,9 @@ import pytest
 import requests
 import yaml
 
+from llm_health.drill.postgres import PostgresServer
 from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
 from tests.support.alertmanager import AM_BINARY, running_alertmanager, shipped_config_to
-from tests.support.postgres import PostgresServer
 
 TOKEN = "ha-test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -24,12 +24,12 @@ from typing import Any
 import pytest
 import requests
 
+from llm_health.drill.postgres import PostgresServer
 from llm_health.drill.procs import ManagedProcess, free_port, llm_health, python_module, wait_until
 from llm_health.drill.stack import BackendSpec, Load, Stack
 from llm_health.remediator.drain import show_stat
 from tests.support.dashboard_queries import annotation_queries, dashboards_queries
 from tests.support.haproxy import render_config
-from tests.support.postgres import PostgresServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
     not (shutil.which("haproxy") and shutil.which("prometheus")

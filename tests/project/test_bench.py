@@ -96,3 +96,12 @@ def test_slow_clients_bench_runs_and_reports(tmp_path: Path) -> None:
     assert [row["slow_clients"] for row in r["after"]] == [0, 20]
     assert all(row["asked"] > 0 and row["max_ms"] >= row["p50_ms"] > 0 for row in r["after"])
     assert "## 6. Slow clients: remediator" in (tmp_path / "benchmarks.md").read_text()
+
+
+def test_failover_bench_runs_and_reports(tmp_path: Path) -> None:
+    from llm_health.drill.postgres import require_postgres
+
+    require_postgres()
+    f = bench(tmp_path, "failover")["failover"]
+    assert [t["fault"] for t in f["trials"]] == ["kill -9", "SIGSTOP"], f
+    assert f["restarts"] == 1 and f["incident_open"] == "warming", f          # through both faults

@@ -15,11 +15,11 @@ import psycopg
 import pytest
 
 from llm_health.config import ConfigError, parse_config
+from llm_health.drill.postgres import PostgresServer
 from llm_health.remediator.store import Lease, SqliteStore, StateError, store_for
 from llm_health.remediator.store.postgresql import PostgresStore
 from llm_health.remediator.store.postgresql.conn import translate
 from llm_health.remediator.store.sqlite.schema import SCHEMA_VERSION
-from tests.support.postgres import PostgresServer
 
 
 def columns_sqlite(path: Path) -> dict[str, set[tuple[str, bool]]]:

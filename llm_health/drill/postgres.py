@@ -1,10 +1,10 @@
-"""A real PostgreSQL server (Debian's `postgresql`) for the tests: `initdb` in a temporary folder, `pg_ctl`
-on a free loopback port, a fresh database per test, stopped afterwards.
+"""A throw-away PostgreSQL server (Debian's `postgresql`) for the tests and benchmarks: `initdb` in a
+temporary folder, `pg_ctl` on a free loopback port, fresh databases on demand, stopped and removed after.
 
-Binaries: on PATH, else the newest /usr/lib/postgresql/*/bin (Debian keeps them there). Missing: the tests
-that need it skip locally and fail under CI=true (scripts/ensure-debs.sh installs the package). As root the
-server runs as the `postgres` user (PostgreSQL refuses to run as root). Durability is off (fsync=off): the
-tests are about our behaviour, not the disk's.
+Binaries: on PATH, else the newest /usr/lib/postgresql/*/bin (Debian keeps them there); `require_postgres`
+skips a test locally when they are missing and fails it under CI=true (scripts/ensure-debs.sh installs the
+package). As root the server runs as the `postgres` user (PostgreSQL refuses to run as root). Durability is
+off (fsync=off): what is measured is our behaviour, not the disk's. Never for production state.
 """
 
 from __future__ import annotations
@@ -40,15 +40,18 @@ def bin_dir() -> Path | None:
     return None
 
 
-def require_postgres() -> Path:
-    import pytest
+MISSING = "PostgreSQL (initdb, pg_ctl) not installed: run `make debs` (Debian package postgresql)"
 
+
+def require_postgres() -> Path:
+    """The binaries' folder; in a test run without them: skip, or fail under CI=true."""
     found = bin_dir()
     if found is None:
-        text = "PostgreSQL (initdb, pg_ctl) not installed: run `make debs` (Debian package postgresql)"
+        import pytest
+
         if IN_CI:
-            pytest.fail("CI: " + text, pytrace=False)
-        pytest.skip(text)
+            pytest.fail("CI: " + MISSING, pytrace=False)
+        pytest.skip(MISSING)
     return found
 
 
@@ -119,9 +122,9 @@ class PostgresServer:
 
 
 @contextmanager
-def postgres_server() -> Iterator[PostgresServer]:
+def postgres_server(bin_path: Path | None = None) -> Iterator[PostgresServer]:
     """A running server in a new temporary folder (owned by the server's user), stopped and removed after."""
-    bin_path = require_postgres()
+    bin_path = bin_path or require_postgres()
     folder = Path(tempfile.mkdtemp(prefix="llmh-pg-"))
     if os.geteuid() == 0:
         shutil.chown(folder, "postgres", "postgres")
