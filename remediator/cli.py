@@ -7,6 +7,7 @@ once its app is loaded and before it accepts a request. create_app() itself star
 has its own authority; the lease in the store makes one of them act.
 
 SIGHUP (`systemctl reload`): gunicorn's reload, which reads our config file again (remediator/reload.py).
+`llm-health remediator migrate --from FILE --config FILE`: a SQLite state into PostgreSQL (remediator/migrate.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from llm_health import logs
 from llm_health.config import Config, ConfigError, load_config
 from llm_health.logs import LogLevel
 from llm_health.reload import ReloadStatus, fleet_change
+from llm_health.remediator import migrate
 from llm_health.remediator.app import create_app
 from llm_health.remediator.buffering import ServingLimits
 from llm_health.remediator.gunicorn_log import RootLogger
@@ -40,13 +42,14 @@ TEXT_FORMAT = "%(asctime)s %(process)d %(levelname)s %(message)s"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, help="llm-health YAML config")
+    parser.add_argument("--config", help="llm-health YAML config (required)")   # not required=True: `migrate` has its own
     parser.add_argument("--listen", help="HOST:PORT (default: remediator.listen)")
     parser.add_argument("--workers", type=int, help="gunicorn workers (default: remediator.workers)")
     parser.add_argument("--dry-run", action="store_true", help="record 'would restart', execute nothing")
     parser.add_argument("--insecure-no-auth", action="store_true",
                         help="serve without remediator.token_file (only with a loopback --listen; local trials)")
     logs.add_arguments(parser)
+    migrate.add_subcommand(parser)
 
 
 def apply_flags(config: Config, args: argparse.Namespace) -> Config:
@@ -144,6 +147,8 @@ def start_services(worker: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.config:
+        raise ConfigError("--config: required")
     logs.setup(args.log_format, args.log_level, stream=sys.stderr, text_format=TEXT_FORMAT, with_pid=True)
     config = apply_flags(load_config(args.config), args)
     token = read_token(config)
