@@ -44,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"psycopg is not installed ({exc}): pip install 'llm-health[postgresql]'") from exc
     try:
         target = store_for(config)
-        assert isinstance(target, PostgresStore)
+        if not isinstance(target, PostgresStore):      # is_database_url() said it is one
+            raise ConfigError(f"remediator.state in {args.config} does not name a PostgreSQL database")
         try:
             counts = copy_state(args.source, target)
         finally:
