@@ -30,12 +30,14 @@ _names = itertools.count(1)
 
 def bin_dir() -> Path | None:
     found = shutil.which("initdb")
-    if found and shutil.which("pg_ctl"):
-        return Path(found).parent
+    if found:
+        real = Path(found).resolve().parent           # a symlink on PATH: the server's own bin folder
+        if all((real / b).exists() for b in ("pg_ctl", "createdb")):
+            return real
     dirs = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda d: int(Path(d).parent.name)
                   if Path(d).parent.name.isdigit() else 0)
     for d in reversed(dirs):
-        if (Path(d) / "initdb").exists() and (Path(d) / "pg_ctl").exists():
+        if all((Path(d) / b).exists() for b in ("initdb", "pg_ctl", "createdb")):
             return Path(d)
     return None
 
@@ -112,12 +114,12 @@ class PostgresServer:
         return f"postgresql://{USER}@127.0.0.1:{self.port}/{dbname}"
 
     def new_database(self) -> str:
-        """A fresh, empty database; its URL."""
-        import psycopg
-
+        """A fresh, empty database (Debian's `createdb`: no SQL here, the store is the only room that speaks
+        it); its URL."""
         name = f"t{os.getpid()}_{next(_names)}_{int(time.monotonic() * 1000) % 100000}"
-        with psycopg.connect(self.url(), autocommit=True, connect_timeout=10) as c:
-            c.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+        r = subprocess.run([str(self.bin / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", USER,
+                            "-T", "template0", name], capture_output=True, text=True, timeout=30, check=False)
+        assert r.returncode == 0, r.stdout + r.stderr
         return self.url(name)
 
 
