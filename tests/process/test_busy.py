@@ -117,8 +117,18 @@ def test_f7_busy_wrapper_stops_loudly_when_the_marker_cannot_come_back(tmp_path:
     try:
         busy = tmp_path / "busy"
         wait_until(lambda: list(busy.glob("gpu-a@*")) and ran_on.exists(), what="marker file and job running")
-        shutil.rmtree(busy)
-        busy.write_text("a file where the marker folder was")     # the marker cannot be written again
+
+        def file_instead_of_folder() -> bool:
+            """The folder gone and a file in its place; the wrapper may re-create the folder in between (it
+            does its job: a lost marker comes back), then try again."""
+            shutil.rmtree(busy, ignore_errors=True)
+            try:
+                busy.write_text("a file where the marker folder was")     # the marker cannot be written again
+            except (IsADirectoryError, FileExistsError):
+                return False
+            return True
+
+        wait_until(file_instead_of_folder, timeout=10, interval=0.01, what="a file where the marker folder was")
         assert wait_until(lambda: proc.proc.poll() is not None and [proc.proc.returncode], timeout=15,
                           what="busy wrapper stopping")[0] == 3
         assert "cannot be re-created" in proc.log()
