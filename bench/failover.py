@@ -13,23 +13,20 @@ every 50 ms). At the end: restarts run (must be 1) and the incident still open (
 
 from __future__ import annotations
 
-import os
 import signal
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import requests
-import yaml
 
+from llm_health.drill.ha import Member, one_leader, recorder_argv, restarts
 from llm_health.drill.postgres import bin_dir, postgres_server
-from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
+from llm_health.drill.procs import free_port, wait_until
 
 TOKEN = "bench-failover-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 ALERT = {"version": "4", "status": "firing", "receiver": "llm-health-remediator", "truncatedAlerts": 0,
          "groupKey": '{}:{backend="gpu-a"}', "groupLabels": {"backend": "gpu-a"}, "commonLabels": {},
          "commonAnnotations": {}, "externalURL": "http://am-0:9093",
@@ -39,98 +36,52 @@ ALERT = {"version": "4", "status": "firing", "receiver": "llm-health-remediator"
                      "fingerprint": "f00d", "generatorURL": ""}]}
 
 
-class Instance:
-    def __init__(self, folder: Path, config: dict[str, Any]) -> None:
-        folder.mkdir()
-        (folder / "token").write_text(TOKEN + "\n")
-        os.chmod(folder / "token", 0o600)
-        (folder / "llm-health.yml").write_text(yaml.safe_dump(config))
-        self.folder = folder
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = self.start()
-
-    def start(self) -> ManagedProcess:
-        proc = ManagedProcess(llm_health("remediator", "--config", self.folder / "llm-health.yml", "--listen",
-                                         f"127.0.0.1:{self.port}", "--workers", 1), name=self.folder.name,
-                              log_dir=self.folder, cwd=self.folder)
-        proc.wait_http(self.url + "/healthz", timeout=60)
-        return proc
-
-    def leads(self) -> bool:
-        try:
-            return bool(requests.get(self.url + "/healthz", timeout=2).json().get("holds_lease"))
-        except (requests.RequestException, ValueError):
-            return False
-
-    def deliver(self) -> int:
-        try:
-            return requests.post(self.url + "/webhook", json=ALERT, headers=AUTH, timeout=10).status_code
-        except requests.RequestException:
-            return 0
-
-
-def leader(instances: list[Instance], timeout: float) -> Instance:
-    def one() -> Instance | None:
-        now = [i for i in instances if i.leads()]
-        return now[0] if len(now) == 1 else None
-    return wait_until(one, timeout=timeout, interval=0.05, what="exactly one leader")
-
-
 def measure(trials: int, poll_interval: float) -> dict[str, Any]:
     with postgres_server(bin_dir()) as pg, tempfile.TemporaryDirectory(prefix="llmh-failover-") as tmp:
         folder = Path(tmp)
         actions = folder / "actions.txt"
-        script = folder / "restart.py"
-        script.write_text("import os, sys\nwith open(sys.argv[1], 'a') as f:\n"
-                          "    f.write(os.environ['LLM_HEALTH_EPOCH'] + '\\n')\n")
         config = {
             "backends": [{"name": "gpu-a", "url": f"http://127.0.0.1:{free_port()}",
-                          "restart": [sys.executable, str(script), str(actions)]}],
+                          "restart": recorder_argv(folder, actions)}],
             "remediator": {"state": pg.new_database(), "token_file": "token", "poll_interval": poll_interval,
                            "verify_readings": 2, "verify_interval": 0.5, "warmup_timeout": 3600, "drain_timeout": 0},
         }
         ttl = max(5.0, 10 * poll_interval)
-        instances = [Instance(folder / name, config) for name in ("remediator-1", "remediator-2")]
+        members: list[Member] = []
         rows: list[dict[str, Any]] = []
         try:
-            first = leader(instances, 60)
-            first.deliver()
-            wait_until(lambda: actions.exists() and actions.read_text().strip(), timeout=60, interval=0.1,
-                       what="the one restart")
+            for name in ("remediator-1", "remediator-2"):
+                members.append(Member(folder / name, config, TOKEN))
+            one_leader(members, 60).deliver(ALERT)
+            wait_until(lambda: restarts(actions), timeout=60, interval=0.1, what="the one restart")
             for n in range(trials):
                 kind = "kill -9" if n % 2 == 0 else "SIGSTOP"
-                now = leader(instances, 3 * ttl)
-                other = next(i for i in instances if i is not now)
+                now = one_leader(members, 3 * ttl)
+                other = next(m for m in members if m is not now)
                 t0 = time.monotonic()
                 if kind == "kill -9":
                     now.proc.kill9()
                 else:
-                    os.killpg(now.proc.proc.pid, signal.SIGSTOP)
+                    now.signal(signal.SIGSTOP)
                 try:
                     wait_until(other.leads, timeout=3 * ttl, interval=0.05, what="the other takes over")
                     took = time.monotonic() - t0
                 finally:
                     if kind == "SIGSTOP":
-                        os.killpg(now.proc.proc.pid, signal.SIGCONT)
+                        now.signal(signal.SIGCONT)
                 if kind == "kill -9":
                     now.proc = now.start()
-                other.deliver()                       # Alertmanager's repeat: the same alert again
+                other.deliver(ALERT)                  # Alertmanager's repeat: the same alert again
                 rows.append({"trial": n + 1, "fault": kind, "takeover_s": round(took, 2)})
-            wait_until(lambda: len([i for i in instances if i.leads()]) == 1, timeout=3 * ttl, interval=0.05,
-                       what="one leader at the end")
-            (b,) = requests.get(instances[0].url + "/api/backends", timeout=5).json()["backends"]
-            restarts = actions.read_text().split()
+            one_leader(members, 3 * ttl, "one leader at the end")
+            (b,) = requests.get(members[0].url + "/api/backends", timeout=5).json()["backends"]
+            epochs = [line.split()[1] for line in restarts(actions)]
         finally:
-            for inst in instances:
-                try:
-                    os.killpg(inst.proc.proc.pid, signal.SIGCONT)
-                except (ProcessLookupError, PermissionError):
-                    pass
-                inst.proc.stop()
+            for m in members:
+                m.stop()
     takes = [r["takeover_s"] for r in rows]
     return {"trials": rows, "ttl_s": ttl, "renew_s": ttl / 4, "poll_interval_s": poll_interval,
-            "p50_s": statistics.median(takes), "max_s": max(takes), "restarts": len(restarts), "epochs": restarts,
+            "p50_s": statistics.median(takes), "max_s": max(takes), "restarts": len(epochs), "epochs": epochs,
             "incident_open": (b.get("incident") or {}).get("state")}
 
 

@@ -19,9 +19,7 @@ is renewed every 1.25 s (remediator/authority.py).
 
 from __future__ import annotations
 
-import os
 import signal
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,12 +29,12 @@ import pytest
 import requests
 import yaml
 
+from llm_health.drill.ha import Member, leaders, one_leader, recorder_argv, restarts
 from llm_health.drill.postgres import PostgresServer
-from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
+from llm_health.drill.procs import free_port, wait_until
 from tests.support.alertmanager import AM_BINARY, running_alertmanager, shipped_config_to
 
 TOKEN = "ha-test-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 TTL, RENEW = 5.0, 5.0 / 4
 TAKEOVER_BOUND = TTL + RENEW + 3.0     # the lease runs out, the next renewal takes it; slack for a loaded machine
 
@@ -46,66 +44,28 @@ pytestmark = [
 ]
 
 
-class Instance:
-    def __init__(self, name: str, folder: Path, url: str, actions: Path, backend_url: str) -> None:
-        folder.mkdir()
-        (folder / "token").write_text(TOKEN + "\n")
-        os.chmod(folder / "token", 0o600)
-        script = folder.parent / "restart.py"
-        script.write_text("import os, sys\nwith open(sys.argv[1], 'a') as f:\n"
-                          "    f.write(f\"{os.environ['LLM_HEALTH_BACKEND']} {os.environ['LLM_HEALTH_EPOCH']}\\n\")\n")
-        cfg = {
-            "backends": [{"name": "gpu-a", "url": backend_url, "restart": [sys.executable, str(script), str(actions)]}],
-            "remediator": {"state": url, "token_file": "token", "poll_interval": 0.2, "verify_readings": 2,
-                           "verify_interval": 0.2, "warmup_timeout": 600, "warmup_poll": 0.5,
-                           "drain_timeout": 0, "state_timeout": 3},
-        }
-        (folder / "llm-health.yml").write_text(yaml.safe_dump(cfg))
-        self.name = name
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = ManagedProcess(llm_health("remediator", "--config", folder / "llm-health.yml", "--listen",
-                                              f"127.0.0.1:{self.port}", "--workers", 1), name=name, log_dir=folder,
-                                   cwd=folder)
-
-    def health(self) -> dict[str, Any] | None:
-        try:
-            return dict(requests.get(self.url + "/healthz", timeout=2).json())
-        except (requests.RequestException, ValueError):
-            return None
-
-    def leads(self) -> bool:
-        h = self.health()
-        return bool(h and h.get("holds_lease"))
+def remediator_config(url: str, actions: Path, backend_url: str, folder: Path) -> dict[str, Any]:
+    return {
+        "backends": [{"name": "gpu-a", "url": backend_url, "restart": recorder_argv(folder, actions)}],
+        "remediator": {"state": url, "token_file": "token", "poll_interval": 0.2, "verify_readings": 2,
+                       "verify_interval": 0.2, "warmup_timeout": 600, "warmup_poll": 0.5,
+                       "drain_timeout": 0, "state_timeout": 3},
+    }
 
 
-def leaders(instances: list[Instance]) -> list[Instance]:
-    return [i for i in instances if i.leads()]
-
-
-def one_leader(instances: list[Instance], timeout: float, what: str) -> Instance:
-    def found() -> Instance | None:
-        now = leaders(instances)
-        return now[0] if len(now) == 1 else None
-    return wait_until(found, timeout=timeout, interval=0.1, what=what)
-
-
-def restarts(actions: Path) -> list[str]:
-    return actions.read_text().splitlines() if actions.exists() else []
-
-
-def backend(inst: Instance) -> dict[str, Any]:
+def backend(inst: Member) -> dict[str, Any]:
     (b,) = requests.get(inst.url + "/api/backends", timeout=5).json()["backends"]
     return dict(b)
 
 
-def events(inst: Instance, kind: str) -> list[dict[str, Any]]:
-    r = requests.get(inst.url + "/api/events", params={"kind": kind, "limit": 1000}, headers=AUTH, timeout=5)
+def events(inst: Member, kind: str) -> list[dict[str, Any]]:
+    r = requests.get(inst.url + "/api/events", params={"kind": kind, "limit": 1000}, headers=inst.headers,
+                     timeout=5)
     r.raise_for_status()
     return list(r.json()["events"])
 
 
-def am_config(tmp: Path, instances: list[Instance]) -> Path:
+def am_config(tmp: Path, instances: list[Member]) -> Path:
     config = shipped_config_to([i.url for i in instances], TOKEN, tmp)
     for route in config["route"]["routes"]:
         if route["receiver"] == "llm-health-remediator":
@@ -118,28 +78,24 @@ def am_config(tmp: Path, instances: list[Instance]) -> Path:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path, pg_server: PostgresServer) -> Iterator[tuple[list[Instance], Path, PostgresServer]]:
-    url = pg_server.new_database()
+def cluster(tmp_path: Path, pg_server: PostgresServer) -> Iterator[tuple[list[Member], Path, PostgresServer]]:
     actions = tmp_path / "actions.txt"
-    backend_url = f"http://127.0.0.1:{free_port()}"          # nothing listens: verified down
-    instances = [Instance(f"remediator-{n}", tmp_path / n, url, actions, backend_url) for n in ("a", "b", "c")]
+    # nothing listens at the backend: verified down
+    config = remediator_config(pg_server.new_database(), actions, f"http://127.0.0.1:{free_port()}", tmp_path)
+    instances: list[Member] = []
     try:
-        for inst in instances:
-            inst.proc.wait_http(inst.url + "/healthz", timeout=60)
+        for n in ("a", "b", "c"):
+            instances.append(Member(tmp_path / f"remediator-{n}", config, TOKEN))
         yield instances, actions, pg_server
     finally:
         for inst in instances:
-            try:
-                os.killpg(inst.proc.proc.pid, signal.SIGCONT)
-            except (ProcessLookupError, PermissionError):
-                pass
-            inst.proc.stop()
+            inst.stop()
         if not pg_server.running():
             pg_server.start()
 
 
 def test_one_restart_through_leader_kills_freezes_and_a_database_restart(
-        tmp_path: Path, cluster: tuple[list[Instance], Path, PostgresServer]) -> None:
+        tmp_path: Path, cluster: tuple[list[Member], Path, PostgresServer]) -> None:
     instances, actions, pg = cluster
     first = one_leader(instances, 30, "one leader among three")
     assert len(leaders(instances)) == 1
@@ -172,13 +128,13 @@ def test_one_restart_through_leader_kills_freezes_and_a_database_restart(
                    timeout=10, interval=0.1, what="a new term recorded")
 
         # the new leader frozen past its lease: the third takes over; resumed, the frozen one acts on nothing
-        os.killpg(second.proc.proc.pid, signal.SIGSTOP)
+        second.signal(signal.SIGSTOP)
         try:
             t1 = time.monotonic()
             third = one_leader([i for i in rest if i is not second], TAKEOVER_BOUND + 5, "the third takes over")
             print(f"HA: leader frozen (SIGSTOP) -> the third holds the lease: {time.monotonic() - t1:.2f} s")
         finally:
-            os.killpg(second.proc.proc.pid, signal.SIGCONT)
+            second.signal(signal.SIGCONT)
         wait_until(lambda: leaders(rest) == [third], timeout=10, interval=0.1,
                    what="the resumed one knows it lost its term")
         assert (backend(third).get("incident") or {}).get("state") == "warming"
@@ -186,9 +142,7 @@ def test_one_restart_through_leader_kills_freezes_and_a_database_restart(
         # PostgreSQL stopped: 503 to webhooks, nobody leads within the lease; started: one leader again
         pg.stop("fast")
         try:
-            r = requests.post(third.url + "/webhook", json={"version": "4", "status": "firing", "alerts": []},
-                              headers=AUTH, timeout=15)
-            assert r.status_code == 503, r.text
+            assert third.deliver({"version": "4", "status": "firing", "alerts": []}) == 503
             wait_until(lambda: leaders(rest) == [], timeout=TTL + 10, interval=0.2, what="no leader without a state")
         finally:
             pg.start()
