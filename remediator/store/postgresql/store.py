@@ -195,8 +195,8 @@ class PostgresStore(DatabaseClock):
     def integrity_problem(self) -> str:
         """'' when the database answers with the state id we opened."""
         try:
-            with self.tx() as tx:
-                self._pin(tx._db())          # type: ignore[arg-type]
+            with connection(self._pool(), self.where) as c:      # a read: no write lock taken
+                self._pin(PgDb(c, self.where))
         except StateError as exc:
             return str(exc)
         return ""
