@@ -127,6 +127,12 @@ class Observed:
                 "leading": left is not None and left >= 0}
 
 
+def shown(store: Reads) -> dict[str, object] | None:
+    """`observed()` as the API and the status page show it (None: nobody ever took the lease)."""
+    seen = observed(store)
+    return None if seen is None else seen.as_dict()
+
+
 def observed(store: Reads) -> Observed | None:
     """Who holds the authority's lease and how long it has left (None: nobody ever took it)."""
     row = store.lease(NAME)

@@ -34,9 +34,8 @@ def _guard() -> Any:
 @api.get("/backends")
 def get_backends() -> Any:
     c = ctx()
-    seen = lease.observed(c.store)
     return jsonify({"backends": backends_view(c), "breaker": c.store.breaker().as_dict(),
-                    "authority": None if seen is None else seen.as_dict(),
+                    "authority": lease.shown(c.store),
                     "dry_run": c.config.remediator.dry_run, "group": dict(c.config.remediator.group_labels)})
 
 

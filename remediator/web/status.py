@@ -45,8 +45,7 @@ def page() -> Any:
     with c.store.reader() as rd:
         latest = rd.rollouts(limit=1)
         rollout = rollout_view(rd, latest[0]) if latest else None
-    seen = lease.observed(c.store)
     return render_template("status.html", backends=backends_view(c), events=events, breaker=br, rollout=rollout,
-                           authority=None if seen is None else seen.as_dict(),
+                           authority=lease.shown(c.store),
                            dry_run=c.config.remediator.dry_run, now=c.clock(), fmt=wall_text,
                            group=groups.shown(c.config.remediator.group_labels))
