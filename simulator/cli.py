@@ -69,6 +69,15 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    # The handlers come before the listener: a SIGTERM that arrives as soon as /health answers must stop
+    # the simulator cleanly (exit 0), not kill it with the default action.
+    done = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        done.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     try:
         sim = Simulator(config_from_args(args))
         sim.start()
@@ -78,13 +87,6 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"llm-health sim: cannot listen: {exc}", file=sys.stderr)
         return 1
-    done = threading.Event()
-
-    def on_signal(signum: int, frame: object) -> None:
-        done.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     line = f"llm-health sim: serving {sim.url} (engine {args.engine}, model {args.model})"
     if sim.control_url:
         line += f" control {sim.control_url}"
