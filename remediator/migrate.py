@@ -9,6 +9,7 @@ table; exit 2 with one line (no traceback, never a password) on anything refused
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from llm_health.config import ConfigError, is_database_url, load_config
@@ -33,6 +34,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # The pool's own retry warnings ("error connecting in 'llm-health': ...", one per attempt) would reach the
+    # terminal through logging's last-resort handler: the one line below says what failed, once.
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
     config = load_config(args.config)
     if not is_database_url(config.remediator.state):
         raise ConfigError(f"remediator.state in {args.config} is {config.remediator.state!r}, not a postgresql:// "

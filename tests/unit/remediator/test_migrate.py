@@ -4,6 +4,7 @@ remediator/store/transfer.py), on a real SQLite file and a real PostgreSQL datab
 from __future__ import annotations
 
 import sqlite3
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 import yaml
 
 from llm_health.cli import main
+from llm_health.drill.procs import llm_health
 from llm_health.remediator.clock import Clocks, boot_id
 from llm_health.remediator.lease import NAME, AuthorityLease
 from llm_health.remediator.lifecycle import LifecycleState
@@ -267,6 +269,16 @@ def test_a_password_in_the_url_is_refused_and_never_printed(tmp_path: Path, sour
     captured = capsys.readouterr()
     assert "carries a password" in captured.err
     assert "s3cret-pw" not in captured.err + captured.out
+
+
+def test_the_command_says_an_unreachable_target_in_one_line(tmp_path: Path, source: Path) -> None:
+    """As an operator's terminal shows it: a process of its own, so no test's logging handler hides the pool's
+    retry warnings (before the fix, one 'error connecting' pair of lines per attempt came first)."""
+    config = write_config(tmp_path, "postgresql://llmh@127.0.0.1:1/llmh", state_timeout=1.0)
+    done = subprocess.run(llm_health("remediator", "migrate", "--from", source, "--config", config),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1 and "not reachable" in done.stderr, done.stderr
 
 
 def test_an_unreachable_target_is_refused_within_its_timeout(tmp_path: Path, source: Path,
