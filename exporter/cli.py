@@ -50,7 +50,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--discover-selector", metavar="SELECTOR",
                         help='which targets, e.g. \'job="vllm"\' (discovery.selector, default job="vllm")')
     parser.add_argument("--interval", type=float, help="seconds between two readings of one backend (default 15)")
-    parser.add_argument("--stall-after", type=float, help="seconds without progress before stalled (default 120)")
+    parser.add_argument("--stall-after", type=float,
+                        help="seconds without progress before stalled, for an engine that says nothing of its steps "
+                             "(default 120)")
+    parser.add_argument("--stall-floor", type=float,
+                        help="the least stall bound for an engine whose numbers bound its steps (default 30)")
     parser.add_argument("--down-after", type=int, help="consecutive failures before down (default 2)")
     parser.add_argument("--read-timeout", type=float, help="per-backend /metrics timeout (default 5)")
     parser.add_argument("--probe-timeout", type=float, help="idle probe timeout (default 10)")
@@ -85,7 +89,8 @@ def build_config(args: argparse.Namespace) -> Config:
     if not backends and not proxies and not discovery.enabled:
         raise ConfigError("nothing to watch: give --config, --discover-from or at least one --backend/--proxy")
     overrides = {
-        "interval": args.interval, "stall_after": args.stall_after, "down_after": args.down_after,
+        "interval": args.interval, "stall_after": args.stall_after,
+        "stall_floor": args.stall_floor, "down_after": args.down_after,
         "read_timeout": args.read_timeout, "probe_timeout": args.probe_timeout,
         "probe_every": args.probe_every, "listen": args.listen, "api_key_file": args.api_key_file,
     }

@@ -5,7 +5,8 @@ What a reload applies:
 * backends and proxies added, removed or moved (`ReadScheduler.set_backends` / `set_proxies`): one whose name
   and URL are unchanged keeps everything it has (verdict, history, counters, schedule), a new one starts as
   `unknown` until read, a removed one is forgotten;
-* the thresholds (LIVE_SETTINGS: stall_after, stall_ceiling, down_after, probe_every, probe_model).
+* the thresholds (LIVE_SETTINGS: stall_after, stall_floor, stall_ceiling, down_after, probe_every,
+  probe_model).
 
 What it refuses: a file that does not load (YAML, a bad key or value, a missing api key file: the same
 checks as at start), and a change to a setting only a restart applies (listen, interval, the timeouts,
@@ -30,7 +31,7 @@ from llm_health.reload import ReloadStatus, fleet_change
 
 log = logging.getLogger("llm_health.exporter")
 
-LIVE_SETTINGS = frozenset({"stall_after", "stall_ceiling", "down_after", "probe_every", "probe_model"})
+LIVE_SETTINGS = frozenset({"stall_after", "stall_floor", "stall_ceiling", "down_after", "probe_every", "probe_model"})
 
 
 def restart_only_changes(old: Config, new: Config, old_key: str, new_key: str) -> list[str]:

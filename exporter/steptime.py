@@ -4,7 +4,16 @@ During one engine step no counter moves. A stall is frozen counters for longer t
 steps can explain (principle 4), so the bound is derived per backend from what the engine says about
 its steps, never a single number for every engine:
 
-    bound = clamp(STEP_SAFETY x the longest plausible step, floor = stall_after, ceiling = stall_ceiling)
+    bound = clamp(STEP_SAFETY x the longest plausible step, floor = stall_floor, ceiling = stall_ceiling)
+    bound = stall_after, when the engine's numbers say nothing of its steps
+
+Two floors, because what is known differs: `stall_after` (120 s) is the bound for an engine that says
+nothing of its steps yet (a fresh process, a page without histograms): waiting long is the only safe
+answer. `stall_floor` (30 s: two readings at the default 15 s interval) is the least bound for an engine
+whose own numbers do bound its steps: a GPU engine whose slowest reported step is 0.4 s is judged stalled
+after 30 s of frozen counters, not 120 s (issue 25: every second beyond the engine's longest legitimate
+quiet period is paid by every user whose requests hang). The floor never exceeds `stall_after`, so a
+test-scaled `stall_after` of 5 s keeps meaning 5 s.
 
 The longest plausible step is the largest of what is known (`step_estimate`):
 
@@ -70,8 +79,10 @@ def unbounded_first_step(reading: Reading | None) -> bool:
             and reading.prompt_seconds_per_token is None and not reading.step_seconds)
 
 
-def quiet_bound(reading: Reading | None, learned: float, stall_after: float, ceiling: float) -> QuietBound:
-    """How long counters may stay frozen with work before the backend is stalled (see module doc)."""
+def quiet_bound(reading: Reading | None, learned: float, stall_after: float, ceiling: float,
+                stall_floor: float | None = None) -> QuietBound:
+    """How long counters may stay frozen with work before the backend is stalled (see module doc).
+    `stall_floor` None: stall_after is the floor for known steps too (the bound before issue 25)."""
     ceiling = max(ceiling, stall_after)
     estimate = step_estimate(reading, learned)
     if estimate.seconds is None:
@@ -80,8 +91,10 @@ def quiet_bound(reading: Reading | None, learned: float, stall_after: float, cei
                               "so nothing bounds its first step")
         return QuietBound(stall_after, f"stall_after {stall_after:g} s")
     wanted = STEP_SAFETY * estimate.seconds
-    if wanted <= stall_after:
-        return QuietBound(stall_after, f"stall_after {stall_after:g} s (longest step: {estimate.why})")
+    floor, name = ((stall_after, "stall_after") if stall_floor is None or stall_floor >= stall_after
+                   else (stall_floor, "stall_floor"))
+    if wanted <= floor:
+        return QuietBound(floor, f"{name} {floor:g} s (longest step: {estimate.why})")
     if wanted >= ceiling:
         return QuietBound(ceiling, f"stall_ceiling {ceiling:g} s ({STEP_SAFETY:g} x {estimate.why} is more)")
     return QuietBound(wanted, f"{STEP_SAFETY:g} x {estimate.why}")

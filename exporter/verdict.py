@@ -67,15 +67,17 @@ class Thresholds:
     down_after: int = 2
     stall_readings: int = 2   # consecutive no-progress readings (each compared with its predecessor)
     stall_ceiling: float = 900.0  # the most a step-derived stall bound may be (exporter/steptime.py)
+    stall_floor: float = 30.0     # the least bound when the engine's numbers bound its steps (exporter/steptime.py)
 
     @classmethod
     def from_settings(cls, settings: Any) -> Thresholds:
-        """From ExporterSettings (or anything with stall_after / down_after [/ stall_ceiling])."""
+        """From ExporterSettings (or anything with stall_after / down_after [/ stall_ceiling, stall_floor])."""
         return cls(stall_after=float(settings.stall_after), down_after=max(1, int(settings.down_after)),
-                   stall_ceiling=float(getattr(settings, "stall_ceiling", 900.0)))
+                   stall_ceiling=float(getattr(settings, "stall_ceiling", 900.0)),
+                   stall_floor=float(getattr(settings, "stall_floor", 30.0)))
 
     def bound(self, reading: Reading | None, learned: float) -> QuietBound:
-        return quiet_bound(reading, learned, self.stall_after, self.stall_ceiling)
+        return quiet_bound(reading, learned, self.stall_after, self.stall_ceiling, self.stall_floor)
 
 
 @dataclass(frozen=True)

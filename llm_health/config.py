@@ -76,8 +76,9 @@ class Proxy:
 class ExporterSettings:
     listen: str = "127.0.0.1:9410"
     interval: float = 15.0          # seconds between readings of one backend
-    stall_after: float = 120.0      # no engine progress for this long (and 2 readings) = stalled: the floor;
-                                    # an engine whose own numbers say its steps take longer gets more
+    stall_after: float = 120.0      # no engine progress for this long (and 2 readings) = stalled, when the
+                                    # engine's numbers say nothing of its steps (exporter/steptime.py)
+    stall_floor: float = 30.0       # the least stall bound when they do (2 x its slowest step, at least this)
     stall_ceiling: float = 900.0    # the most that step-derived stall bound may be (exporter/steptime.py)
     down_after: int = 2             # consecutive failed readings before "down"
     read_timeout: float = 5.0       # per-backend /metrics timeout
@@ -424,6 +425,8 @@ def _check_exporter(e: ExporterSettings) -> ExporterSettings:
         raise ConfigError("exporter.max_reads_per_endpoint: must be at least 1")
     if e.stall_ceiling < e.stall_after:
         raise ConfigError(f"exporter.stall_ceiling: must be at least stall_after ({e.stall_after:g} s)")
+    if e.stall_floor <= 0:
+        raise ConfigError("exporter.stall_floor: must be > 0 seconds (it is at most stall_after in effect)")
     return e
 
 

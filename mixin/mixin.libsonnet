@@ -28,7 +28,7 @@
     sglangSelector: "job=\"sglang\"",  // --sglang-selector
     llamacppSelector: "job=\"llamacpp\"",  // --llamacpp-selector
     exporterSelector: "job=\"llm-health-exporter\"",  // --exporter-selector
-    stallFor: "1m",  // --stall-for
+    stallFor: "0s",  // --stall-for
     downFor: "2m",  // --down-for
     downBusyGrace: "10m",  // --down-busy-grace
     restartWindow: "5m",  // --restart-window

@@ -195,7 +195,9 @@ class RuleSettings:
     scrape_interval: str = "15s"      # Prometheus' scrape interval for vLLM and the exporter (an assumption)
     # Windows of RATE_WINDOWS: None = derived, max(default, MIN_SCRAPES_PER_WINDOW x scrape_interval).
     stall_window: str | None = None   # no progress with work present for this long = stalled (2m)
-    stall_for: str = "1m"             # ... on consecutive evaluations for this long before firing
+    stall_for: str = "0s"             # ... on consecutive evaluations for this long before firing: none by
+    #                                   default, the evidence is waited out once (the window; the exporter's
+    #                                   two frozen readings over its step-derived bound), never stacked
     down_for: str = "2m"              # must exceed the model load time (a restarted vLLM refuses until loaded)
     down_busy_grace: str = "10m"      # failed scrapes within this long of a reading with work are not "down"
     restart_window: str | None = None  # LLMBackendRestarted looks back this far (5m)
@@ -285,7 +287,7 @@ class RuleSettings:
                 _check_severities(value, flag)
             elif f.name == "extra_labels":
                 _check_extra_labels(value, flag, s.group_labels)
-            elif f.name == "keep_firing_for":
+            elif f.name in ("keep_firing_for", "stall_for"):         # 0s: fire at the first evaluation
                 if not ZERO_DURATION_RE.match(value):
                     parse_duration(value, flag)
             elif isinstance(value, bool):

@@ -5,7 +5,8 @@ exporter.reading.read_text + judge(), and as promtool input_series. At every rea
 exporter has settled on busy, stalled, restarted or idle, the rules' `backend:llm_health_state:code`
 must carry the same code. Documented differences are skipped, not hidden: the exporter's first
 reading with work is `unknown` (no predecessor), and the rules keep `restarted` for the restart
-window (5m) while the exporter says it for one reading.
+window (5m) while the exporter says it for one reading. The exporter is judged with its stall floor at
+the rules' window (2m): its step-derived bound may be shorter, which the rules take from its verdict.
 """
 
 from __future__ import annotations
@@ -162,7 +163,10 @@ def input_series(backend: str, steps: list[Step], *, v1: bool, engine: str = "vl
 
 
 def judged_codes(steps: list[Step], *, v1: bool, engine: str = "vllm") -> list[tuple[str, int]]:
-    thresholds = verdict.Thresholds()  # stall_after 120 s = the rules' default stall window 2m
+    # The rules' counter path has one window (2m) for every engine; the exporter's bound is step-derived and
+    # may be shorter (stall_floor 30 s for an engine whose numbers bound its steps), and the rules fire on its
+    # verdict directly. Compared here is the counter logic at the same threshold: the floor raised to 120 s.
+    thresholds = verdict.Thresholds(stall_floor=120.0)  # stall_after 120 s = the rules' default stall window 2m
     state = None
     out = []
     for i, step in enumerate(steps):

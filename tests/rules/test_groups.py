@@ -141,7 +141,8 @@ def test_stalled_alert_keeps_namespace_for_alertmanagerconfig_routes(tmp_path: P
                        groups=groups))
     s.add(exporter_series("llm_health_verdict_code", {"backend": "expstuck", **groups}, f"2x8 5x{N}"))
     s.add(series("up", {**EXPORTER, **groups}, f"1x{N}"))
-    s.silent("3m", "LLMBackendStalled")
+    s.silent("2m", "LLMBackendStalled")   # the verdict says stalled from 2m15s; the alert has no `for` of its own
+    s.expect("2m30s", "LLMBackendStalled", {"backend": "expstuck", **groups})
     s.expect("8m30s", "LLMBackendStalled", {"backend": "expstuck", **groups}, {"backend": "stuck", **groups})
     s.silent("8m30s", "LLMHealthExporterDown")
     passes(tmp_path, rules_with(tmp_path, group_labels=("cluster", "namespace")), s)

