@@ -163,9 +163,10 @@ class RemediatorSettings:
     max_pending_per_peer: int = 128      # per worker and client address: incomplete requests; more get 503
     action_timeout: float = 600.0
     dedup_window: float = 300.0          # HA copies/repeats of one notification inside this are duplicates
-    verify_readings: int = 3             # fresh direct readings before acting
-    verify_interval: float = 10.0        # seconds between them; the window (readings-1)*interval must
-    #                                      exceed the longest single engine step (huge prefill, first JIT)
+    verify_readings: int = 2             # fresh direct readings before acting: the counters still frozen with
+    verify_interval: float = 5.0         # work, this far apart; the readings go on while the engine's own numbers
+    #                                      say one step could explain the frozen span (exporter/check.py), so the
+    #                                      window need not outlast a long step; the alert's evidence is not re-waited
     unresponsive_after: float = 120.0    # `unresponsive` (hung) for this long within one incident = restart-worthy
     warmup_timeout: float = 900.0
     warmup_poll: float = 5.0

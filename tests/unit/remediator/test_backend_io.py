@@ -126,7 +126,7 @@ def test_api_key_file_is_read_once_and_passed_to_verify(tmp_path: Path, monkeypa
     verify(config.backends[0])
     verify(config.backends[0])
     assert [kw["api_key"] for kw in seen] == ["s3cret", "s3cret"]
-    assert seen[0]["readings"] == 3 and seen[0]["interval"] == 10.0
+    assert seen[0]["readings"] == 2 and seen[0]["interval"] == 5.0
     missing = parse_config({"backends": [{"name": "a", "url": "http://127.0.0.1:9"}],
                             "exporter": {"api_key_file": "nope"}}, source=str(tmp_path / "x.yml"))
     v = backend_io.default_verifier(missing)(missing.backends[0])
