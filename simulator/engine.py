@@ -39,6 +39,9 @@ TTFT_BUCKETS: tuple[float, ...] = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
     20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
 )
+INTER_TOKEN_LATENCY_BUCKETS: tuple[float, ...] = (   # vLLM >= 0.8 (TPOT / ITL)
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)
 REQUEST_LATENCY_BUCKETS: tuple[float, ...] = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
     120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
@@ -70,6 +73,7 @@ class SimRequest:
     blocks: int = 0
     first_scheduled: float | None = None
     first_token_time: float | None = None
+    last_token_time: float | None = None
     finish_time: float | None = None
     finished_reason: str | None = None
     error: str | None = None
@@ -127,6 +131,8 @@ class EngineStats:
     iteration_tokens: Histogram = field(default_factory=lambda: Histogram(ITERATION_TOKENS_BUCKETS))
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     e2e: Histogram = field(default_factory=lambda: Histogram(REQUEST_LATENCY_BUCKETS))
+    inter_token: Histogram = field(default_factory=lambda: Histogram(INTER_TOKEN_LATENCY_BUCKETS))
+    prefill_time: Histogram = field(default_factory=lambda: Histogram(REQUEST_LATENCY_BUCKETS))
     finished: int = 0                 # requests finished (any reason)
     # sglang: forward passes per mode, decode batches since the gauges were last published
     prefill_passes: int = 0
@@ -373,6 +379,8 @@ class Engine:
                     req.first_token_time = self.now
                     prompt_credit += req.prompt_tokens
                     self.stats.ttft.observe(self.now - req.arrival)
+                    began = req.first_scheduled if req.first_scheduled is not None else req.arrival
+                    self.stats.prefill_time.observe(self.now - began)
                     if self.flavour == "llamacpp":
                         began = req.first_scheduled if req.first_scheduled is not None else req.arrival
                         spent = self.now - began + self.step_seconds  # the step that finished the prompt counts
@@ -381,6 +389,9 @@ class Engine:
                         self.stats.window_prompt_seconds += spent
             else:
                 req.computed += 1  # the KV of the token sampled last step
+                if req.last_token_time is not None:
+                    self.stats.inter_token.observe(self.now - req.last_token_time)
+            req.last_token_time = self.now
             req.generated += 1
             emitted += 1
             if req.generated >= req.max_tokens:

@@ -224,7 +224,11 @@ def vllm_families(engines: Sequence[Engine], flavour: Flavour, created: float) -
                           lambda e: e.stats.ttft))
     fams.append(histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
                           lambda e: e.stats.e2e))
-    if v1:
+    if v1:   # V1 >= 0.10 (verified on vLLM CPU 0.32.0's page): how long its steps take
+        fams.append(histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                              lambda e: e.stats.inter_token))
+        fams.append(histogram("vllm:request_prefill_time_seconds",
+                              "Histogram of time spent in PREFILL phase for request.", lambda e: e.stats.prefill_time))
         fams.append(cache_info)
     return fams
 
