@@ -7,23 +7,34 @@
   `exporter.reading.read_text` -> `exporter.verdict.judge` every exporter interval; the idle probe
   follows exporter.scheduler's rule (fresh reading with no work, one in flight, one per interval);
   the remediator is `remediator.policy.decide` (gates, then the real `exporter.check.verify` over
-  loopback against the simulated server, then the decision). Modelled, not run: Prometheus and
-  Alertmanager (alert `for` durations from rules/llm_health_alerts.yml, a fixed delay for scrape +
-  evaluation + group_wait, repeat_interval) and the authority's incident bookkeeping
-  (one incident per backend; warm-up ends when the server answers again).
+  loopback against the simulated server, then the decision, then the drain of a stalled backend
+  (`stalled_drain_timeout`: its requests finish nothing). Modelled, not run: Prometheus and Alertmanager
+  (bench/pipeline.py `Timing`: the exporter scraped every 15 s, the rules evaluated every 15 s with their
+  `for`, the restart route's `group_wait`, repeat_interval; each clock at a phase the seed draws) and the
+  authority's incident bookkeeping (one incident per backend; warm-up ends when the server answers again).
+  Every stall's path is timed (bench/pipeline.py `Path`): frozen -> first stalled verdict -> alert firing ->
+  notification delivered -> verification done -> drain done -> restart started.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from bench.pipeline import Path, Timing, shipped
 from bench.world import PROBE, WATCHDOG, StallRecord, World, count_since
-from llm_health.config import ExporterSettings, RemediatorSettings
 from llm_health.exporter.check import verify
-from llm_health.exporter.observation import Observation, ProbeOutcome, ProbeResult, ReadResult
+from llm_health.exporter.observation import Observation, ProbeOutcome, ProbeResult, ReadResult, VerifyOutcome
 from llm_health.exporter.reading import read_text
-from llm_health.exporter.verdict import BackendState, Thresholds, Verdict, idle_believable, judge
+from llm_health.exporter.verdict import (
+    BackendState,
+    Thresholds,
+    Verdict,
+    idle_believable,
+    judge,
+    may_probe_engine,
+)
 from llm_health.remediator import policy
+from llm_health.remediator.restart import choices
 
 BACKEND = "gpu-a"
 
@@ -91,26 +102,26 @@ class Incident:
 class LlmHealth:
     name = "llm-health"
 
-    def __init__(self, mirror_url: str, exporter: ExporterSettings | None = None,
-                 remediator: RemediatorSettings | None = None, alert_delay: float = 25.0,
-                 repeat_interval: float = 1800.0) -> None:
-        self.s = exporter or ExporterSettings()
-        self.r = remediator or RemediatorSettings()
+    def __init__(self, mirror_url: str, timing: Timing | None = None) -> None:
+        self.timing = timing or shipped()
+        self.s = self.timing.exporter
+        self.r = self.timing.remediator
         self.thresholds = Thresholds.from_settings(self.s)
         self.policy = policy.Settings(backoff=self.r.backoff, budget=self.r.budget, breaker=self.r.breaker,
                                       unknown_retry=max(self.r.verify_interval, self.r.poll_interval))
         self.url = mirror_url
-        self.alert_delay = alert_delay   # scrape of the exporter + rule evaluation + Alertmanager group_wait
-        self.repeat_interval = repeat_interval
         self.state: BackendState | None = None
-        self.next_cycle = 0.0
+        self.next_cycle = self.timing.exporter_phase
+        self.next_scrape = self.timing.scrape_phase
+        self.next_evaluation = self.timing.evaluation_phase
+        self.scraped: Verdict = Verdict.UNKNOWN          # the verdict as Prometheus last scraped it
         self.probe_result: ProbeResult | None = None
         self.probe_pending = False
         self.probe_sent_at = 0.0
         self.last_probe_cycle: float | None = None
         self.alerts = {
-            Verdict.STALLED: AlertState("LLMBackendStalled", 60.0),   # rules: for: 1m
-            Verdict.DOWN: AlertState("LLMBackendDown", 120.0),        # rules: for: 2m
+            Verdict.STALLED: AlertState("LLMBackendStalled", self.timing.stall_for),
+            Verdict.DOWN: AlertState("LLMBackendDown", self.timing.down_for),
         }
         self.outbox: list[tuple[float, str, str]] = []   # (deliver at, alertname, firing|resolved)
         self.incident: Incident | None = None
@@ -118,15 +129,32 @@ class LlmHealth:
         self.decisions: list[tuple[float, str, str]] = []
         self.verdicts: list[tuple[float, str, str]] = []  # verdict changes: (t, verdict, reason)
         self.detected: dict[int, float] = {}              # id(stall) -> first stalled/down verdict
+        self.paths: dict[int, Path] = {}                  # id(stall) -> when it passed each step
         self.alarms_without_stall: list[tuple[float, str, str]] = []
         self.cycles = 0
 
     # ---- the exporter ----------------------------------------------------------------------
+    def mark(self, world: World, step: str, t: float) -> None:
+        stall = world.stalled
+        if stall is not None:
+            path = self.paths.setdefault(id(stall), Path())
+            path.mark("frozen", stall.start)
+            path.mark(step, t)
+
     def tick(self, world: World, now: float) -> None:
         if now >= self.next_cycle:
             while self.next_cycle <= now:
                 self.next_cycle += self.s.interval
             self.cycle(world, now)
+        if now >= self.next_scrape:
+            while self.next_scrape <= now:
+                self.next_scrape += self.timing.scrape_interval
+            self.scraped = self.state.verdict if self.state is not None else Verdict.UNKNOWN
+        if now >= self.next_evaluation:
+            while self.next_evaluation <= now:
+                self.next_evaluation += self.timing.evaluation_interval
+            self._evaluate_alerts(world, now)
+        self.outbox.sort(key=lambda item: item[0])
         while self.outbox and self.outbox[0][0] <= world.now:
             _, alertname, status = self.outbox.pop(0)
             self.notify(world, alertname, status)
@@ -152,6 +180,7 @@ class LlmHealth:
             stall = world.stalled
             if stall is not None:
                 self.detected.setdefault(id(stall), now)
+                self.mark(world, "verdict", now)
             elif world.up and (not self.alarms_without_stall or self.alarms_without_stall[-1][0] < now - 60):
                 self.alarms_without_stall.append((now, v.value, self.state.reason))
         if self._may_probe(obs, now):
@@ -159,12 +188,13 @@ class LlmHealth:
             self.probe_pending = True
             self.probe_sent_at = now
             world.submit(PROBE, 2, 1, timeout=self.s.probe_timeout, on_done=self._probe_done)
-        self._evaluate_alerts(now)
 
     def _may_probe(self, obs: Observation, now: float) -> bool:
         """exporter.scheduler.ReadScheduler._may_probe's rule, on the simulated clock."""
         reading = obs.reading
         if obs.outcome != ReadResult.OK or reading is None or not reading.has_engine_metrics or reading.work > 0:
+            return False
+        if not may_probe_engine(reading):
             return False
         if self.probe_pending or self.state is None or not idle_believable(self.state, obs):
             return False
@@ -177,29 +207,35 @@ class LlmHealth:
         self.probe_result = ProbeResult(result, "" if result == ProbeOutcome.OK else outcome, at - self.probe_sent_at)
 
     # ---- Prometheus + Alertmanager (modelled) -------------------------------------------------
-    def _evaluate_alerts(self, now: float) -> None:
-        verdict = self.state.verdict if self.state is not None else Verdict.UNKNOWN
+    def _evaluate_alerts(self, world: World, now: float) -> None:
+        """One rule evaluation on the last scraped verdict: pending, then firing once active for `for`
+        (Prometheus: at the first evaluation at least `for` after the first active one)."""
+        t = self.timing
         for when, alert in self.alerts.items():
-            if verdict == when:
+            if self.scraped == when:
                 if alert.pending_since is None:
                     alert.pending_since = now
                 if not alert.firing and now - alert.pending_since >= alert.hold:
                     alert.firing = True
                     alert.last_sent = now
-                    self.outbox.append((now + self.alert_delay, alert.name, "firing"))
-                elif alert.firing and alert.last_sent is not None and now - alert.last_sent >= self.repeat_interval:
+                    self.outbox.append((now + t.group_wait, alert.name, "firing"))
+                    self.mark(world, "firing", now)
+                elif alert.firing and alert.last_sent is not None and now - alert.last_sent >= t.repeat_interval:
                     alert.last_sent = now
                     self.outbox.append((now, alert.name, "firing"))
             else:
                 alert.pending_since = None
                 if alert.firing:
                     alert.firing = False
-                    self.outbox.append((now + self.alert_delay, alert.name, "resolved"))
+                    self.outbox.append((now + t.group_interval, alert.name, "resolved"))
 
     # ---- the remediator ------------------------------------------------------------------------
     def notify(self, world: World, alertname: str, status: str) -> None:
         now = world.now
         if status == "firing":
+            self.mark(world, "delivered", now)
+            if world.stalled is not None and not self.paths[id(world.stalled)].alert:
+                self.paths[id(world.stalled)].alert = alertname
             if self.incident is None:
                 self.incident = Incident(opened=now, next_check=now + self.r.poll_interval)
                 self.decisions.append((now, "incident_opened", f"{alertname} firing"))
@@ -231,10 +267,15 @@ class LlmHealth:
                        sleep=lambda s: world.advance_to(world.now + s), clock=lambda: world.now,
                        model="sim-model")
             now = world.now
+            self.mark(world, "verified", now)
             d = policy.decide(self._facts(now), v, self.policy)
+            if d.kind == policy.RESTART:
+                self._drain(world, v.outcome)
+                now = world.now
         self.decisions.append((now, d.kind, d.reason))
         if d.kind == policy.RESTART:
             stall = world.stalled
+            self.mark(world, "restarted", now)
             world.restart(self.name, d.reason)
             if stall is not None:
                 self.detected.setdefault(id(stall), now)
@@ -245,6 +286,20 @@ class LlmHealth:
             self.incident = None
         else:
             inc.next_check = d.retry_at if d.retry_at is not None else now + self.r.poll_interval
+
+
+    def _drain(self, world: World, outcome: VerifyOutcome) -> None:
+        """remediator/restart/choices.py: a verified-down backend is not drained; a stalled one is drained for
+        `stalled_drain_timeout` (its requests finish nothing); anything else until its work is done (or
+        `drain_timeout`)."""
+        if outcome == VerifyOutcome.DOWN:
+            self.mark(world, "drained", world.now)
+            return
+        limit, _ = choices.drain_timeout(outcome, self.r)
+        deadline = world.now + limit
+        while world.now < deadline and world.in_flight > 0:
+            world.advance_to(min(deadline, world.now + 1.0))
+        self.mark(world, "drained", world.now)
 
 
 def detection_delays(world: World, detected: dict[int, float]) -> list[tuple[StallRecord, float | None]]:

