@@ -199,6 +199,8 @@ class Engine:
         self.next_idle_log_at: float | None = start + idle_log_seconds if flavour == "v0" else None
         self.stats = EngineStats()
         self.sleep_level = 0               # vLLM sleep mode: 0 awake, 1 weights offloaded, 2 discarded
+        self.frozen = False                # freeze_until() since the last advance_to(): the loop runs nothing
+        self.pending_aborts: list[SimRequest] = []   # clients gone while frozen: the loop takes them up later
         if flavour != "v0":
             self.stats.request_success = {reason: 0 for reason in FINISHED_REASONS_V1}
 
@@ -232,8 +234,14 @@ class Engine:
         return req
 
     def abort(self, req: SimRequest) -> None:
-        """The client went away: free the request's slot (counted as finished_reason=abort)."""
+        """The client went away: free the request's slot (counted as finished_reason=abort). A frozen
+        engine takes the abort up only when it runs again (the abort is a message to its loop; a wedged
+        vLLM EngineCore counts nothing, so a stall never looks like progress)."""
         if req.done:
+            return
+        if self.frozen:
+            if req not in self.pending_aborts:
+                self.pending_aborts.append(req)
             return
         self._remove(req)
         req.state = RequestState.FINISHED
@@ -244,7 +252,9 @@ class Engine:
         self._publish_gauges(force=self.in_flight == 0)
 
     def fail_all(self, reason: str) -> list[SimRequest]:
-        """The process died: every in-flight request fails."""
+        """The process died: every in-flight request fails (those whose client is gone already answer nobody)."""
+        gone = {r.request_id for r in self.pending_aborts}
+        self.pending_aborts.clear()
         failed = [*self.running, *self.waiting]
         for req in failed:
             req.state = RequestState.FAILED
@@ -254,10 +264,11 @@ class Engine:
         self.waiting.clear()
         self.free_blocks = self.kv_blocks
         self.next_step_at = None
-        return failed
+        return [r for r in failed if r.request_id not in gone]
 
     def freeze_until(self, t: float) -> None:
         """Move the clock to `t` without running any step (a wedged engine); work resumes afterwards."""
+        self.frozen = True
         if t <= self.now:
             return
         shift = t - self.now
@@ -269,6 +280,9 @@ class Engine:
 
     def advance_to(self, t: float) -> int:
         """Run every step (and idle stats log) due up to time `t`; return the number of steps run."""
+        self.frozen = False
+        while self.pending_aborts:
+            self.abort(self.pending_aborts.pop(0))
         steps = 0
         while True:
             step_due = self.next_step_at if self.next_step_at is not None and self.next_step_at <= t else None

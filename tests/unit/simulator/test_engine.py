@@ -133,3 +133,27 @@ def test_fail_all_and_abort_free_everything() -> None:
     failed = e.fail_all("restart")
     assert failed == [a] and a.state is RequestState.FAILED and a.error == "restart"
     assert e.in_flight == 0 and e.free_blocks == e.kv_blocks
+
+
+def test_a_frozen_engine_counts_no_abort_until_it_runs_again() -> None:
+    """A client that gives up on a wedged engine: the abort is a message to its loop, so nothing is counted
+    (and no gauge moves) while it is frozen; a stall never looks like progress (issue 25's replay found
+    an idle stall 'verified healthy' because the simulator counted the exporter's timed-out probe)."""
+    e = make()
+    e.advance_to(1.0)
+    req = e.submit(prompt_tokens=10, max_tokens=50)
+    e.freeze_until(5.0)
+    e.abort(req)
+    assert e.stats.request_success["abort"] == 0 and not req.done and e.in_flight == 1
+    e.freeze_until(9.0)
+    assert e.stats.request_success["abort"] == 0
+    e.advance_to(10.0)                       # the loop runs again: it takes the abort up first
+    assert e.stats.request_success["abort"] == 1 and req.done and e.in_flight == 0
+
+
+def test_a_restart_of_a_frozen_engine_fails_only_requests_whose_client_still_waits() -> None:
+    e = make()
+    gone, waiting = e.submit(prompt_tokens=10, max_tokens=50), e.submit(prompt_tokens=10, max_tokens=50)
+    e.freeze_until(5.0)
+    e.abort(gone)
+    assert e.fail_all("restart") == [waiting]
