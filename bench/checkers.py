@@ -23,7 +23,14 @@ from dataclasses import dataclass, field
 from bench.pipeline import Path, Timing, shipped
 from bench.world import PROBE, WATCHDOG, StallRecord, World, count_since
 from llm_health.exporter.check import verify
-from llm_health.exporter.observation import Observation, ProbeOutcome, ProbeResult, ReadResult, VerifyOutcome
+from llm_health.exporter.observation import (
+    FrozenEvidence,
+    Observation,
+    ProbeOutcome,
+    ProbeResult,
+    ReadResult,
+    VerifyOutcome,
+)
 from llm_health.exporter.reading import read_text
 from llm_health.exporter.verdict import (
     BackendState,
@@ -32,6 +39,7 @@ from llm_health.exporter.verdict import (
     idle_believable,
     judge,
     may_probe_engine,
+    progress_signature,
 )
 from llm_health.remediator import policy
 from llm_health.remediator.restart import choices
@@ -137,7 +145,7 @@ class LlmHealth:
     def mark(self, world: World, step: str, t: float) -> None:
         stall = world.stalled
         if stall is not None:
-            path = self.paths.setdefault(id(stall), Path())
+            path = self.paths.setdefault(id(stall), Path(work=stall.work > 0))
             path.mark("frozen", stall.start)
             path.mark(step, t)
 
@@ -265,7 +273,7 @@ class LlmHealth:
             v = verify(self.url, readings=max(2, self.r.verify_readings), interval=self.r.verify_interval,
                        read_timeout=self.s.read_timeout, probe_timeout=self.s.probe_timeout,
                        sleep=lambda s: world.advance_to(world.now + s), clock=lambda: world.now,
-                       model="sim-model")
+                       model="sim-model", evidence=self._evidence(now))
             now = world.now
             self.mark(world, "verified", now)
             d = policy.decide(self._facts(now), v, self.policy)
@@ -287,6 +295,14 @@ class LlmHealth:
         else:
             inc.next_check = d.retry_at if d.retry_at is not None else now + self.r.poll_interval
 
+
+    def _evidence(self, now: float) -> FrozenEvidence | None:
+        """What the exporter's /verdicts would answer the verification (remediator/backend_io.py)."""
+        st = self.state
+        if (not self.timing.evidence or st is None or st.verdict != Verdict.STALLED or st.last is None
+                or st.last_progress is None):
+            return None
+        return FrozenEvidence(progress_signature(st.last), now - st.last_progress, now, st.stall_bound)
 
     def _drain(self, world: World, outcome: VerifyOutcome) -> None:
         """remediator/restart/choices.py: a verified-down backend is not drained; a stalled one is drained for

@@ -1,4 +1,4 @@
-"""`python -m bench.run [--only replay|scale|storm|fleet_remediator|fleet|slowclients|failover] [--quick] [--out DIR]` (what `make bench` runs).
+"""`python -m bench.run [--only replay|path|scale|storm|fleet_remediator|fleet|slowclients|failover] [--quick] [--out DIR]` (what `make bench` runs).
 
 Each benchmark writes its section (markdown + JSON figures) to `bench/results/` (or, with `--out DIR`,
 to `<DIR>/bench-results/`), its plots to `<DIR>/img/`; then `<DIR>/benchmarks.md` is assembled
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-NAMES = ("replay", "scale", "storm", "fleet_remediator", "fleet", "slowclients", "failover")
+NAMES = ("replay", "path", "scale", "storm", "fleet_remediator", "fleet", "slowclients", "failover")
 
 
 def machine() -> dict[str, str]:
@@ -46,6 +46,9 @@ def _runner(name: str) -> Callable[[Path, bool], tuple[str, dict[str, Any]]]:
     if name == "replay":
         from bench import replay
         return replay.run
+    if name == "path":
+        from bench import path
+        return path.run
     if name == "scale":
         from bench import scale
         return scale.run
@@ -91,6 +94,24 @@ def headline(results: Path) -> list[str]:
             f"work in flight ({b['busy_by_cause']['stalled']} on a stalled engine with frozen gauges, "
             f"{b['busy_by_cause']['race']} within one engine step of a request's arrival; "
             f"{b['busy_by_cause']['visible']} where the page showed work).")
+    if r and r.get("path"):
+        aft, bef = r["path"]["after"]["with work"], r["path"]["before"]["with work"]
+        hard = r.get("harder_day") or {}
+        if aft.get("frozen -> restarted") and bef.get("frozen -> restarted"):
+            a_, b_ = aft["frozen -> restarted"], bef["frozen -> restarted"]
+            lines.append(
+                f"- **From a frozen engine to a started restart** (replay, {a_['n']} stalls with work over the seeds): "
+                f"p50 {a_['p50']:.0f} s, p95 {a_['p95']:.0f} s, max {a_['max']:.0f} s at the shipped defaults, against "
+                f"p50 {b_['p50']:.0f} s, p95 {b_['p95']:.0f} s before (verdict at stall_after for every engine, "
+                "`for: 1m`, group_wait 10s, verification 3 x 10 s)"
+                + (f"; the harder day: {sum(x['after']['false_restarts'] for x in hard.get('summary', []))} false "
+                   f"restarts, p95 {hard['with_work']['p95']:.0f} s" if hard.get("with_work") else "") + ".")
+    pth = _load(results, "path")
+    if pth and pth["summary"].get("frozen -> restarted") and not pth.get("quick"):
+        v = pth["summary"]["frozen -> restarted"]
+        lines.append(f"- **The same path on the real stack** (real Prometheus, Alertmanager, exporter, remediator at "
+                     f"the shipped settings, {v['n']} stalls): p50 {v['p50']:.0f} s, p95 {v['p95']:.0f} s, "
+                     f"max {v['max']:.0f} s.")
     s = _load(results, "scale")
     if s:
         big, fl = s["cycles"][-1], s.get("fleet")

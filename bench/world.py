@@ -61,6 +61,7 @@ class RestartRecord:
 class StallRecord:
     scheduled: float
     start: float
+    work: int = 0                 # requests in flight when the engine froze (0: an idle engine)
     restart_at: float | None = None
     restart_by: str = ""
 
@@ -255,7 +256,7 @@ class World:
                 break
             at = self.stall_queue.pop(0)
             if self.stalled is None:
-                self.stalled = StallRecord(scheduled=at, start=now)
+                self.stalled = StallRecord(scheduled=at, start=now, work=self.in_flight)
                 self.stalls.append(self.stalled)
             fired = True
         while self.pause_queue and self.pause_queue[0][0] <= now:

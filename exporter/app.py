@@ -16,7 +16,9 @@ llm_health/exposition.py); it includes llm_health_build_info and the exporter's 
  "proxies": [{"proxy": "lb", "url": "...", "up": true}],
  "cycles": 42, "lag_seconds": 0.001, "at": 1764470042.5}
 ```
-(`up` is null before the first check; `cycles` counts whole intervals since the exporter started;
+A stalled backend also has `progress_signature` and `frozen_for_seconds` (the frozen counters and for how
+long they have stood still: what a remediator's verification reuses, exporter/check.py). `?backend=NAME`
+answers that backend only. (`up` is null before the first check; `cycles` counts whole intervals since the exporter started;
 every backend is read on its own schedule, see exporter/cycle.py.) With discovery on, a `discovery`
 object is added: freshness, errors and refused targets (llm_health.discovery.status_document).
 """
@@ -28,6 +30,7 @@ import threading
 from collections.abc import Sequence
 from http.server import ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.registry import Collector
@@ -43,8 +46,17 @@ from llm_health.httpserver import QuietHandler
 from llm_health.redact import redact
 
 
-def verdicts_document(snap: Snapshot) -> dict[str, Any]:
-    """The /verdicts answer (unauthenticated: credentials in URLs redacted, llm_health.redact)."""
+def _frozen_evidence(b: Any, at: float) -> dict[str, Any]:
+    """A stalled backend: the signature of its frozen counters and for how long they have stood still (as
+    of this answer: a duration, so no two hosts' clocks are compared). What a verification reuses."""
+    if not b.progress_signature or b.last_progress is None:
+        return {}
+    return {"progress_signature": b.progress_signature, "frozen_for_seconds": round(max(0.0, at - b.last_progress), 3)}
+
+
+def verdicts_document(snap: Snapshot, only: str | None = None) -> dict[str, Any]:
+    """The /verdicts answer (unauthenticated: credentials in URLs redacted, llm_health.redact); `only`:
+    one backend (`/verdicts?backend=NAME`, what a remediator's verification asks)."""
     return redact({
         "backends": [
             {
@@ -65,8 +77,9 @@ def verdicts_document(snap: Snapshot) -> dict[str, Any]:
                 "readings": b.readings,
                 "last_reading": b.last_reading,
                 "stall_bound_seconds": round(b.stall_bound, 1),
+                **_frozen_evidence(b, snap.at),
             }
-            for b in snap.backends
+            for b in snap.backends if only is None or b.name == only
         ],
         "proxies": [{"proxy": p.name, "url": p.url, "up": p.up} for p in snap.proxies],
         "cycles": snap.cycles,
@@ -101,7 +114,8 @@ class ExporterServer:
                     answer = metrics_answer(registry, self.headers.get("Accept"), self.headers.get("Accept-Encoding"))
                     self.reply(200, answer.body, answer.content_type, dict(answer.headers))
                 elif path == "/verdicts":
-                    doc = verdicts_document(fleet.snapshot())
+                    query = parse_qs(self.path.split("?", 1)[1]) if "?" in self.path else {}
+                    doc = verdicts_document(fleet.snapshot(), (query.get("backend") or [None])[0])
                     if discovery is not None:
                         doc["discovery"] = status_document(discovery.status())
                     self.reply(200, json.dumps(doc, indent=1), "application/json")

@@ -12,7 +12,10 @@ are never compared.
 * no_progress   an engine with work is frozen across all readings (the reason names it), for longer than
                 its own steps can explain: when the engine's numbers say one step can take longer than
                 the readings span (exporter/steptime.py), more readings are taken, `interval` apart, until
-                they span it (at most `stall_ceiling`)
+                they span it (at most `stall_ceiling`). `evidence` (the exporter's, FrozenEvidence): when the
+                first fresh reading shows the very counters the exporter saw frozen, they have stood still
+                since then, and that time counts toward the span: the alert's evidence is not waited out
+                again, only what could have changed is re-checked (issue 25)
 * down          refused / errors on every reading, or idle and the probe failed twice (refused,
                 timeout, 5xx), or no metrics and the cheap endpoints fail
 * no_progress   (also) llama.cpp: every reading timed out while /health answers; its /metrics is a
@@ -36,6 +39,7 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from llm_health.config import ConfigError, _check_url
 from llm_health.exporter.backend import (
@@ -47,6 +51,7 @@ from llm_health.exporter.backend import (
     observe,
 )
 from llm_health.exporter.observation import (
+    FrozenEvidence,
     Observation,
     ProbeOutcome,
     ReadResult,
@@ -57,7 +62,13 @@ from llm_health.exporter.observation import (
 from llm_health.exporter.probe import Prober
 from llm_health.exporter.reading import Reading, rate_text, rates
 from llm_health.exporter.steptime import required_span
-from llm_health.exporter.verdict import Verdict, may_probe_engine, other_process, progressed
+from llm_health.exporter.verdict import (
+    Verdict,
+    may_probe_engine,
+    other_process,
+    progress_signature,
+    progressed,
+)
 from llm_health.redact import redact
 
 DEFAULT_CEILING = 900.0   # exporter.stall_ceiling's default
@@ -81,6 +92,7 @@ def _examine(
     api_key: str = "",
     stall_ceiling: float = DEFAULT_CEILING,
     on_probe: OnProbe | None = None,
+    evidence: FrozenEvidence | None = None,
 ) -> tuple[Verification, Verdict]:
     target = Target(url, read_timeout, api_key)
     seen: list[tuple[Observation, float]] = []
@@ -90,19 +102,27 @@ def _examine(
                 sleep(interval)
             seen.append((observe(target), clock()))
         # frozen with work over a span one of this engine's steps can explain: read on until it cannot
-        while interval > 0 and (need := _more_span_needed(seen, stall_ceiling)) > 0:
+        while interval > 0 and (need := _more_span_needed(seen, stall_ceiling, evidence)) > 0:
             sleep(min(interval, need))
             seen.append((observe(target), clock()))
     finally:
         target.close()
-    return _judge_seen(url, seen, read_timeout, probe_timeout, probe, model, api_key, stall_ceiling, on_probe)
+    result, verdict = _judge_seen(url, seen, read_timeout, probe_timeout, probe, model, api_key, stall_ceiling,
+                                  on_probe)
+    good = _good(seen)
+    before = frozen_before(good[0], evidence) if good else 0.0
+    if result.outcome == VerifyOutcome.NO_PROGRESS and before > 0:
+        result = replace(result, reason=f"{result.reason}; the very counters the exporter saw frozen, "
+                                        f"{before:.0f} s before the first of them")
+    return result, verdict
 
 
 def _good(seen: list[tuple[Observation, float]]) -> list[tuple[Reading, float]]:
     return [(o.reading, t) for o, t in seen if o.outcome == ReadResult.OK and o.reading and o.reading.has_engine_metrics]
 
 
-def _more_span_needed(seen: list[tuple[Observation, float]], ceiling: float) -> float:
+def _more_span_needed(seen: list[tuple[Observation, float]], ceiling: float,
+                      evidence: FrozenEvidence | None = None) -> float:
     """Seconds more the readings must span before frozen counters prove a stall (0: enough, or not frozen)."""
     good = _good(seen)
     if len(good) < 2 or len(good) != len(seen):
@@ -110,9 +130,23 @@ def _more_span_needed(seen: list[tuple[Observation, float]], ceiling: float) -> 
     judged = _engines(good, all_good=True)
     if judged is None or judged[0].outcome != VerifyOutcome.NO_PROGRESS:
         return 0.0
-    span = good[-1][1] - good[0][1]
+    before = frozen_before(good[0], evidence)
+    span = good[-1][1] - good[0][1] + before
     required = required_span(good[-1][0], 0.0, ceiling)
+    if before > 0 and evidence is not None and evidence.bound is not None:
+        # the same counters the exporter judged with this process's history (steps seen chunked, pauses
+        # seen end): its bound is the better one (the page alone cannot tell a chunked prefill from a step)
+        required = min(required, evidence.bound)
     return max(0.0, min(required, ceiling) - span)
+
+
+def frozen_before(first: tuple[Reading, float], evidence: FrozenEvidence | None) -> float:
+    """How long the counters of the first fresh reading had already stood still, by the exporter's
+    evidence: 0 without it, or when the counters are not the ones it saw frozen (they moved since)."""
+    reading, t = first
+    if evidence is None or progress_signature(reading) != evidence.signature:
+        return 0.0
+    return max(0.0, evidence.frozen_for + max(0.0, t - evidence.at))
 
 
 def _judge_seen(url: str, seen: list[tuple[Observation, float]], read_timeout: float, probe_timeout: float,
@@ -293,10 +327,11 @@ def verify(
     api_key: str = "",
     stall_ceiling: float = DEFAULT_CEILING,
     on_probe: OnProbe | None = None,
+    evidence: FrozenEvidence | None = None,
 ) -> Verification:
     """Fresh direct readings of one server, `interval` apart: may it be restarted? (see module doc)"""
     return _examine(url, readings, interval, read_timeout, probe_timeout, sleep, clock, True, model, api_key,
-                    stall_ceiling, on_probe)[0]
+                    stall_ceiling, on_probe, evidence)[0]
 
 
 EXIT_CODES = {

@@ -84,6 +84,17 @@ class VerifyOutcome(StrEnum):
 
 
 @dataclass(frozen=True)
+class FrozenEvidence:
+    """What the exporter saw of a stalled backend (its /verdicts): the signature of the frozen counters
+    (`verdict.progress_signature`) and for how long they had stood still when it answered; `at` is the
+    verifier's own clock at that answer. Reused only when a fresh reading shows the same signature."""
+    signature: str
+    frozen_for: float
+    at: float
+    bound: float | None = None     # the exporter's stall bound (it knows this process's history; None: unknown)
+
+
+@dataclass(frozen=True)
 class Verification:
     outcome: VerifyOutcome
     reason: str

@@ -63,6 +63,7 @@ from llm_health.exporter.verdict import (
     judge,
     may_probe_engine,
     page_is_work_queue,
+    progress_signature,
 )
 
 READ_WORKERS = 256       # reads, /health checks and proxy checks in flight at once, per lane
@@ -124,6 +125,7 @@ class BackendView:
     lag_seconds: float = 0.0              # how late the last read started after its scheduled time
     last_reading: float | None = None     # wall clock of its last judged reading (None: never judged)
     stall_bound: float = 0.0              # how long its counters may stay frozen with work (exporter/steptime.py)
+    progress_signature: str = ""          # stalled only: the frozen counters (verdict.progress_signature)
 
 
 @dataclass
@@ -598,6 +600,8 @@ class ReadScheduler:
             lag_seconds=slot.lag_seconds,
             last_reading=None if slot.judged_at == float("-inf") else slot.judged_at + to_wall,
             stall_bound=st.stall_bound,
+            progress_signature=(progress_signature(st.last) if st.verdict == Verdict.STALLED and st.last is not None
+                                else ""),
         )
 
     def snapshot(self) -> Snapshot:

@@ -52,12 +52,33 @@ class QuietBound:
     why: str                  # what set it: "stall_after", "2 x ...", "stall_ceiling"
 
 
-def step_estimate(reading: Reading | None, learned: float = 0.0) -> StepEstimate:
+def prefill_step(reading: Reading, learned: float, watched_gap: float | None) -> tuple[float | None, bool]:
+    """(the longest prefill that may have been one step, whether longer ones were ruled out). A prefill of d
+    seconds as one step freezes every counter for d; when d is longer than the gap between two readings,
+    one reading falls inside it, and the pause the exporter then sees end in progress (`learned`) is at least
+    d. So a prefill longer than both `learned` and `watched_gap` (the longest gap between this process's
+    readings since its first, which showed no prefill yet: the exporter watched every one), was chunked
+    (vLLM V1's default: the KV gauge moves chunk by chunk), not one step."""
+    longest: float | None = None
+    ruled_out = False
+    for low, high, _ in reading.prefill_buckets:
+        if watched_gap is not None and low >= max(learned, watched_gap):
+            ruled_out = True
+            continue
+        longest = high if longest is None else max(longest, high)
+    return longest, ruled_out
+
+
+def step_estimate(reading: Reading | None, learned: float = 0.0, watched_gap: float | None = None) -> StepEstimate:
     """The longest single step the engine's own numbers make plausible (largest of what is known)."""
     candidates: list[tuple[float, str]] = []
     if reading is not None:
         if reading.step_seconds is not None:
             candidates.append((reading.step_seconds, f"the slowest step it reported ({reading.step_seconds:g} s)"))
+        prefill, ruled_out = prefill_step(reading, learned, watched_gap)
+        if prefill is not None:
+            candidates.append((prefill, f"the slowest prefill it reported ({prefill:g} s)" + (
+                "; longer ones were seen progressing: chunked" if ruled_out else "")))
         per_token = reading.prompt_seconds_per_token
         context = reading.context_tokens or reading.tokens_max
         if per_token is not None and context:
@@ -80,11 +101,11 @@ def unbounded_first_step(reading: Reading | None) -> bool:
 
 
 def quiet_bound(reading: Reading | None, learned: float, stall_after: float, ceiling: float,
-                stall_floor: float | None = None) -> QuietBound:
+                stall_floor: float | None = None, watched_gap: float | None = None) -> QuietBound:
     """How long counters may stay frozen with work before the backend is stalled (see module doc).
     `stall_floor` None: stall_after is the floor for known steps too (the bound before issue 25)."""
     ceiling = max(ceiling, stall_after)
-    estimate = step_estimate(reading, learned)
+    estimate = step_estimate(reading, learned, watched_gap)
     if estimate.seconds is None:
         if unbounded_first_step(reading):
             return QuietBound(ceiling, f"stall_ceiling {ceiling:g} s: llama.cpp has processed no prompt yet, "

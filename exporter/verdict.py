@@ -25,6 +25,7 @@ No I/O and no clock of its own: everything it knows arrives in the `Observation`
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -76,8 +77,8 @@ class Thresholds:
                    stall_ceiling=float(getattr(settings, "stall_ceiling", 900.0)),
                    stall_floor=float(getattr(settings, "stall_floor", 30.0)))
 
-    def bound(self, reading: Reading | None, learned: float) -> QuietBound:
-        return quiet_bound(reading, learned, self.stall_after, self.stall_ceiling, self.stall_floor)
+    def bound(self, reading: Reading | None, learned: float, watched_gap: float | None = None) -> QuietBound:
+        return quiet_bound(reading, learned, self.stall_after, self.stall_ceiling, self.stall_floor, watched_gap)
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,8 @@ class BackendState:
     longest_quiet: float = 0.0            # longest pause with work seen end in progress, on this process
     steps_moved: float | None = None      # engine steps between the last two readings (None: not comparable)
     stall_bound: float = 0.0              # the stall bound that applied at the last reading (0: none yet)
+    watched_gap: float | None = None      # this process seen with no prefill observed yet at its first reading:
+    #                                       the longest gap between its good readings since (None: not watched)
 
 
 def _work_text(r: Reading | EngineReading) -> str:
@@ -118,6 +121,19 @@ def progressed(old: EngineReading, new: EngineReading) -> bool:
         if before is not None and value > before:
             return True
     return old.kv_usage is not None and new.kv_usage is not None and new.kv_usage != old.kv_usage
+
+
+def progress_signature(reading: Reading) -> str:
+    """What `progressed()` compares, as one short string: two readings of one process with the same
+    signature show no engine progress between them (counters only grow; the KV gauge is in it too). The
+    exporter publishes it for a stalled backend (/verdicts), so a verification can tell from one fresh
+    reading that the counters are still the ones the exporter saw frozen (exporter/check.py)."""
+    parts = [f"p={reading.process_start!r};h={reading.start_header!r}"]
+    for key in sorted(reading.engines):
+        eng = reading.engines[key]
+        counters = ",".join(f"{n}={v!r}" for n, v in sorted(eng.counters.items()))
+        parts.append(f"{key}:{counters};kv={eng.kv_usage!r}")
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
 
 
 def other_process(old: Reading, new: Reading) -> str:
@@ -316,7 +332,9 @@ def _judge_reading(
     base: dict[str, Any] = {"failures": 0, "silent_since": None, "last": reading, "last_at": now,
                             "in_flight": reading.work, "steps_moved": None}
     last = prev.last
+    fresh_watch = 0.0 if not any(n for _, _, n in reading.prefill_buckets) else None
     if last is None or not last.has_engine_metrics:
+        base["watched_gap"] = fresh_watch
         tracks = {e: EngineTrack(stuck_since=now if r.work > 0 else None) for e, r in reading.engines.items()}
         if reading.asleep:
             return _asleep(prev, reading, now, tokens_per_second=0.0, steps_per_second=0.0, **base)
@@ -327,6 +345,7 @@ def _judge_reading(
                        stall_bound=settings.bound(reading, 0.0).seconds, **base)
     changed = other_process(last, reading)
     if changed:
+        base["watched_gap"] = fresh_watch
         tracks = {e: EngineTrack(stuck_since=now if r.work > 0 else None) for e, r in reading.engines.items()}
         return _become(prev, Verdict.RESTARTED, f"another process answered: {changed}; {_work_text(reading)}",
                        now, engines=tracks, tokens_per_second=0.0, steps_per_second=0.0, probe_failures=0,
@@ -337,6 +356,8 @@ def _judge_reading(
         return _asleep(prev, reading, now, tokens_per_second=tps, steps_per_second=sps, **base)
 
     elapsed = max(now - (prev.last_at if prev.last_at is not None else now), 1e-9)
+    watched = None if prev.watched_gap is None else max(prev.watched_gap, elapsed)
+    base["watched_gap"] = watched
     tps, sps = rates(last, reading, elapsed)
     steps_now, steps_before = reading.steps(), last.steps()
     base["steps_moved"] = steps_now - steps_before if steps_now is not None and steps_before is not None else None
@@ -372,7 +393,7 @@ def _judge_reading(
         if worst is None or since < (now if worst[2].stuck_since is None else worst[2].stuck_since):
             worst = (key, eng, t)
     last_progress = now if any_progress else prev.last_progress
-    bound = settings.bound(reading, learned)
+    bound = settings.bound(reading, learned, watched)
     base.update(engines=tracks, tokens_per_second=tps, steps_per_second=sps, last_progress=last_progress,
                 longest_quiet=learned, stall_bound=bound.seconds)
     multi = len(reading.engines) > 1

@@ -176,6 +176,8 @@ class RemediatorSettings:
     #                                      endpoint update after the readiness sidecar's answer; capped by the deadline)
     min_ready: int = 0
     alertmanager_url: str = ""           # for silences during a restart (API v2)
+    exporter_url: str = ""               # the exporter whose /verdicts a verification reuses (how long the counters
+    #                                      stood still): "" = http://<exporter.listen> of this file, "none" = off
     agent_listen: str = ""               # HAProxy agent-check endpoint host:port, empty = off
     haproxy_socket: str = ""             # HAProxy stats socket: during a drain its scur must reach 0 too
     haproxy_proxy: str = "vllm"          # the HAProxy backend (proxy) whose servers are our backends
@@ -432,6 +434,8 @@ def _check_exporter(e: ExporterSettings) -> ExporterSettings:
 
 
 def _check_remediator(r: RemediatorSettings) -> None:
+    if r.exporter_url not in ("", "none"):
+        _check_url(r.exporter_url, "remediator.exporter_url")
     if r.request_timeout <= 0 or r.idle_timeout <= 0:
         raise ConfigError("remediator.request_timeout and remediator.idle_timeout: must be > 0 seconds")
     if r.max_header_bytes < 1024 or r.max_body_bytes < 1:

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import inspect
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from llm_health.config import Backend, Config, ConfigError
 from llm_health.exporter.backend import HttpFailure, Target, load_api_key
-from llm_health.exporter.observation import Verification, VerifyOutcome
+from llm_health.exporter.observation import FrozenEvidence, Verification, VerifyOutcome
 from llm_health.remediator import action as act
 from llm_health.remediator import diagnostics, inflight, policy
 from llm_health.remediator.inflight import InFlight
@@ -94,10 +96,74 @@ def read_api_key(config: Config) -> tuple[str, str]:
         return "", f"API key unreadable: {exc}"
 
 
-def default_verifier(config: Config, on_probe: OnProbe | None = None) -> Verifier:
-    """exporter.check.verify with the configured readings; any error is `unknown` (fail closed)."""
+EVIDENCE_TIMEOUT = 2.0        # the exporter's /verdicts: a total deadline; without an answer, verify as before
+SIGNATURE_RE = re.compile(r"[0-9a-f]{8,64}")
+
+
+def exporter_url(config: Config) -> str:
+    """Where this config's exporter answers /verdicts ("" = not asked): `remediator.exporter_url`, or by
+    default `exporter.listen` of the same file (one file serves both on a host)."""
+    url = config.remediator.exporter_url
+    if url == "none":
+        return ""
+    if url:
+        return url
+    host, _, port = config.exporter.listen.rpartition(":")
+    host = host.strip("[]")
+    if not port.isdigit():
+        return ""
+    if host in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1"
+    return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+
+
+def frozen_evidence(base: str, backend: Backend, clock: Callable[[], float] = time.time,
+                    timeout: float = EVIDENCE_TIMEOUT) -> FrozenEvidence | None:
+    """What the exporter saw of `backend` if it judges it stalled (its frozen counters' signature and for how
+    long they stood still); None on anything else: no answer within `timeout`, not stalled, a malformed
+    answer. Only ever shortens a verification whose fresh readings show those very counters (check.py)."""
+    if not base:
+        return None
+    try:
+        target = Target(base, timeout)
+    except ValueError:
+        return None
+    try:
+        answer = target.get(f"/verdicts?backend={quote(backend.name, safe='')}")
+        if answer.status != 200:
+            return None
+        doc = answer.json()
+    except (HttpFailure, ValueError, OSError):
+        return None
+    finally:
+        target.close()
+    at = clock()
+    rows = doc.get("backends") if isinstance(doc, dict) else None
+    for row in rows if isinstance(rows, list) else []:
+        if not isinstance(row, dict) or row.get("backend") != backend.name or row.get("verdict") != "stalled":
+            continue
+        signature, frozen_for = row.get("progress_signature"), row.get("frozen_for_seconds")
+        bound = row.get("stall_bound_seconds")
+        if (isinstance(signature, str) and SIGNATURE_RE.fullmatch(signature)
+                and isinstance(frozen_for, (int, float)) and not isinstance(frozen_for, bool)
+                and 0 <= frozen_for < 86_400):
+            good_bound = (isinstance(bound, (int, float)) and not isinstance(bound, bool) and 0 < bound < 86_400)
+            return FrozenEvidence(signature, float(frozen_for), at, float(bound) if good_bound else None)
+    return None
+
+
+def default_verifier(config: Config, on_probe: OnProbe | None = None,
+                     evidence: Callable[[Backend], FrozenEvidence | None] | None = None) -> Verifier:
+    """exporter.check.verify with the configured readings; any error is `unknown` (fail closed). `evidence`
+    (default: the exporter's /verdicts, `frozen_evidence`) lets the readings reuse how long the counters
+    had already stood still."""
     r = config.remediator
     api_key, key_problem = read_api_key(config)
+    if evidence is None:
+        base = exporter_url(config)
+
+        def evidence(backend: Backend) -> FrozenEvidence | None:
+            return frozen_evidence(base, backend)
 
     def verify_backend(backend: Backend) -> Verification:
         try:
@@ -112,6 +178,11 @@ def default_verifier(config: Config, on_probe: OnProbe | None = None) -> Verifie
             extra["api_key"] = api_key
         if on_probe is not None and "on_probe" in accepts:
             extra["on_probe"] = lambda: on_probe(backend)
+        if "evidence" in accepts:
+            try:
+                extra["evidence"] = evidence(backend)
+            except Exception as exc:  # noqa: BLE001 - no evidence is the safe side: the readings span it all
+                log.warning("exporter evidence for %s unavailable: %r", backend.name, exc)
         try:
             return verify(
                 backend.url, readings=max(2, r.verify_readings), interval=r.verify_interval,

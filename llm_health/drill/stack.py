@@ -61,10 +61,13 @@ class Timings:
         ("--probe-busy-window", "10s"),
         ("--proxy-window", "30s"),
     )
-    group_wait: str = "1s"
-    group_interval: str = "2s"
-    repeat_interval: str = "6s"
+    group_wait: str | None = "1s"       # None (all three): the shipped deploy/alertmanager/alertmanager.yml's
+    group_interval: str | None = "2s"
+    repeat_interval: str | None = "6s"
+    verify_readings: int = 2
     verify_interval: float = 0.5
+    stalled_drain_timeout: float = 0.5
+    poll_interval: float = 0.2
     warmup_timeout: float = 30.0
     warmup_poll: float = 0.3
     backoff_initial: float = 30.0
@@ -333,14 +336,14 @@ class Stack:
                 "workers": self.remediator_workers,
                 "action_timeout": 20.0,
                 "dedup_window": 60.0,
-                "verify_readings": 2,
+                "verify_readings": t.verify_readings,
                 "verify_interval": t.verify_interval,
                 "unresponsive_after": t.stall_after,
                 "warmup_timeout": t.warmup_timeout,
                 "warmup_poll": t.warmup_poll,
                 "drain_timeout": t.drain_timeout,
-                "stalled_drain_timeout": 0.5,
-                "poll_interval": 0.2,
+                "stalled_drain_timeout": t.stalled_drain_timeout,
+                "poll_interval": t.poll_interval,
                 "alertmanager_url": self.alertmanager_url(0) if self.am_ports else "",
                 "backoff": {"initial": t.backoff_initial, "factor": 2.0, "cap": 600.0, "stable_after": 600.0},
                 "budget": {"restarts": 3, "window": 600.0},
@@ -369,7 +372,7 @@ class Stack:
         def shorten(route: dict[str, Any]) -> None:
             for key, value in (("group_wait", t.group_wait), ("group_interval", t.group_interval),
                                ("repeat_interval", t.repeat_interval)):
-                if key in route or route is data["route"]:
+                if value is not None and (key in route or route is data["route"]):
                     route[key] = value
             for child in route.get("routes", []) or []:
                 shorten(child)

@@ -127,6 +127,40 @@ def test_stalled_is_detected_after_stall_after_and_not_before(sim, exporter) -> 
     e.wait_verdict("a", "busy")
 
 
+def test_a_stalled_backends_frozen_counters_are_published_and_a_verification_reuses_them(sim, exporter) -> None:
+    """Issue 25: /verdicts?backend= shows the signature of the frozen counters and for how long they stood
+    still; the remediator's verification (remediator/backend_io.py frozen_evidence) reads it, and one fresh
+    look that shows the same counters is enough."""
+    from llm_health.config import Backend
+    from llm_health.exporter.backend import Target, observe
+    from llm_health.exporter.verdict import progress_signature
+    from llm_health.remediator.backend_io import frozen_evidence
+
+    s, other = sim(), sim()
+    Load(s.url, 3)
+    e = exporter({"a": s.url, "b": other.url})
+    e.wait_verdict("a", "busy")
+    assert "progress_signature" not in e.backend("a")          # only a stalled backend has one
+    s.fault("stall")
+    e.wait_verdict("a", "stalled", timeout=STALL_AFTER + 4 * INTERVAL + 5)
+    doc = requests.get(e.url + "/verdicts", params={"backend": "a"}, timeout=5).json()
+    assert [b["backend"] for b in doc["backends"]] == ["a"]
+    row = doc["backends"][0]
+    target = Target(s.url, 2.0)
+    try:
+        fresh = observe(target).reading
+    finally:
+        target.close()
+    assert fresh is not None and row["progress_signature"] == progress_signature(fresh)
+    assert row["frozen_for_seconds"] >= STALL_AFTER - INTERVAL
+    evidence = frozen_evidence(e.url, Backend("a", s.url))
+    assert evidence is not None and evidence.signature == row["progress_signature"]
+    assert frozen_evidence(e.url, Backend("b", other.url)) is None       # not stalled: nothing to reuse
+    v = verify(s.url, readings=2, interval=0.2, read_timeout=2, probe_timeout=2, evidence=evidence)
+    assert v.outcome == "no_progress" and "the very counters the exporter saw frozen" in v.reason
+    assert frozen_evidence("http://127.0.0.1:9", Backend("a", s.url), timeout=1.0) is None   # no exporter
+
+
 # ------------------------------------------------------------------------------------ restarted
 
 

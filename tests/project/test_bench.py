@@ -137,3 +137,15 @@ def test_the_replay_models_the_shipped_restart_route(tmp_path: Path) -> None:
     changed = tmp_path / "am.yml"
     changed.write_text(ALERTMANAGER.read_text().replace("group_wait: 0s         # at once", "group_wait: 10s  # x"))
     assert restart_route_group_wait(changed) == 10.0
+
+
+def test_the_real_stack_path_is_timed_part_by_part(tmp_path: Path) -> None:
+    """bench/path.py --quick: real Prometheus, Alertmanager, exporter, remediator, simulators (drill timings)."""
+    r = bench(tmp_path, "path")["path"]
+    assert r["targets"]["every stall restarted"]
+    assert len(r["rows"]) == 2
+    for row in r["rows"]:
+        parts = [row[p] for p in ("frozen -> verdict", "verdict -> firing", "firing -> delivered",
+                                  "delivered -> verified", "verified -> drained", "drained -> restarted")]
+        assert all(p is not None and p >= -0.05 for p in parts), row     # each step after the one before
+        assert abs(sum(parts) - row["frozen -> restarted"]) < 1e-6

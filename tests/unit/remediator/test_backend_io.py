@@ -4,13 +4,14 @@ read once and passed to verify."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
 
-from llm_health.config import parse_config
+from llm_health.config import Backend, ConfigError, parse_config
 from llm_health.drill.procs import free_port, wait_until
 from llm_health.exporter import check, probe
 from llm_health.exporter.observation import Observation, ProbeOutcome, ProbeResult, ReadResult, Verification
@@ -149,3 +150,69 @@ def test_a_backend_seen_for_the_first_time_passes_the_whole_warm_up_gate(tmp_pat
     assert not ready and "no_progress" in why             # answers /health and /v1/models, yet not warm
     outcome["now"] = VerifyOutcome.IDLE_OK
     assert io.first_seen_check(config.backends[0])[0]
+
+
+def test_the_exporter_is_this_files_own_unless_told_otherwise() -> None:
+    base = {"backends": [{"name": "a", "url": "http://127.0.0.1:9"}]}
+    assert backend_io.exporter_url(parse_config(base)) == "http://127.0.0.1:9410"
+    assert backend_io.exporter_url(parse_config({**base, "exporter": {"listen": "0.0.0.0:9555"}})) == \
+        "http://127.0.0.1:9555"
+    assert backend_io.exporter_url(parse_config({**base, "remediator": {"exporter_url": "none"}})) == ""
+    assert backend_io.exporter_url(parse_config(
+        {**base, "remediator": {"exporter_url": "http://exporter:9410"}})) == "http://exporter:9410"
+    with pytest.raises(ConfigError, match="remediator.exporter_url"):
+        parse_config({**base, "remediator": {"exporter_url": "exporter:9410"}})
+
+
+@pytest.mark.parametrize("row", [
+    {"backend": "a", "verdict": "busy", "progress_signature": "ab" * 16, "frozen_for_seconds": 60},
+    {"backend": "a", "verdict": "stalled", "progress_signature": "not hex!", "frozen_for_seconds": 60},
+    {"backend": "a", "verdict": "stalled", "progress_signature": "ab" * 16, "frozen_for_seconds": -1},
+    {"backend": "a", "verdict": "stalled", "progress_signature": "ab" * 16, "frozen_for_seconds": True},
+    {"backend": "a", "verdict": "stalled", "progress_signature": "ab" * 16},
+    {"backend": "other", "verdict": "stalled", "progress_signature": "ab" * 16, "frozen_for_seconds": 60},
+], ids=["not-stalled", "bad-signature", "negative", "bool", "missing", "another-backend"])
+def test_an_exporter_answer_that_is_not_clear_evidence_is_none(row: dict[str, Any]) -> None:
+    import json
+    from http.server import ThreadingHTTPServer
+
+    from llm_health.httpserver import QuietHandler
+
+    class Handler(QuietHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.reply(200, json.dumps({"backends": [row]}), "application/json")
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        good = {**row, "backend": "a", "verdict": "stalled", "progress_signature": "ab" * 16,
+                "frozen_for_seconds": 60}
+        assert backend_io.frozen_evidence(url, Backend("a", "http://127.0.0.1:9")) is None
+        row.clear()
+        row.update(good)                      # the same server, a clear answer: evidence
+        ev = backend_io.frozen_evidence(url, Backend("a", "http://127.0.0.1:9"), clock=lambda: 5.0)
+        assert ev is not None and (ev.signature, ev.frozen_for, ev.at) == ("ab" * 16, 60.0, 5.0)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_verifier_hands_the_evidence_to_verify(monkeypatch: pytest.MonkeyPatch) -> None:
+    from llm_health.exporter import check
+    from llm_health.exporter.observation import FrozenEvidence
+    seen: list[Any] = []
+
+    def fake_verify(url: str, *, evidence: FrozenEvidence | None = None, **kw: Any) -> Verification:
+        seen.append(evidence)
+        return Verification("idle_ok", "fake")
+    monkeypatch.setattr(check, "verify", fake_verify)
+    config = parse_config({"backends": [{"name": "a", "url": "http://127.0.0.1:9"}]})
+    ev = FrozenEvidence("ab" * 16, 60.0, 1.0)
+    backend_io.default_verifier(config, evidence=lambda b: ev)(config.backends[0])
+
+    def broken(_b: Backend) -> FrozenEvidence | None:
+        raise RuntimeError("boom")
+    assert backend_io.default_verifier(config, evidence=broken)(config.backends[0]).outcome == "idle_ok"
+    assert seen == [ev, None]
