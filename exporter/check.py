@@ -280,6 +280,10 @@ def _engines(good: list[tuple[Reading, float]], all_good: bool) -> tuple[Verific
             Verdict.BUSY if b.work > 0 else Verdict.IDLE)
 
 
+def _any_progress(old: Reading, new: Reading) -> bool:
+    return any(progressed(eng, new.engines[key]) for key, eng in old.engines.items() if key in new.engines)
+
+
 def _probe_idle(
     url: str, probe_timeout: float, read_timeout: float, last: Reading, model: str, api_key: str = "",
     on_probe: OnProbe | None = None,
@@ -307,6 +311,11 @@ def _probe_idle(
             if again.reading.work > 0 or other_process(last, again.reading):
                 return (Verification(VerifyOutcome.UNKNOWN, f"probe {failures[-1]}; then the server changed "
                                      f"({_work(again.reading)})", again.reading.work), Verdict.UNKNOWN)
+            if result.unanswered and not _any_progress(last, again.reading):
+                # the unanswered probe may still be in the engine's queue (behind frozen gauges): a second
+                # one would only join it; the engine not moving since is the second failure
+                failures.append("no engine progress since, not probed again")
+                break
         if len(failures) >= 2:
             return Verification(VerifyOutcome.DOWN, f"idle and the probe failed twice ({'; '.join(failures)})", 0.0), Verdict.DOWN
         return Verification(VerifyOutcome.UNKNOWN, f"idle, probe {failures[-1]}, then /metrics failed", 0.0), Verdict.UNKNOWN

@@ -41,6 +41,11 @@ class ProbeResult:
         """The server answered but refused the request (4xx): the probe is misconfigured, not failed."""
         return 400 <= self.status < 500
 
+    @property
+    def unanswered(self) -> bool:
+        """No answer in time (a timeout, or 504): the request may still sit in the engine's queue."""
+        return self.outcome == ProbeOutcome.TIMEOUT or self.status == 504
+
 
 def rejection_hint(status: int) -> str:
     """What to check when a probe is rejected with `status`."""

@@ -509,7 +509,7 @@ class ReadScheduler:
             return False
         if not may_probe_engine(reading) or not idle_believable(slot.state, obs):
             return False
-        if slot.probe is not None:
+        if slot.probe is not None or slot.state.probe_unanswered:   # the last one may still be in its queue
             return False
         gap = max(self.settings.interval, self.settings.probe_every)
         return slot.last_probe_due is None or due - slot.last_probe_due >= gap - 1e-6

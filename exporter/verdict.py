@@ -107,6 +107,8 @@ class BackendState:
     longest_quiet: float = 0.0            # longest pause with work seen end in progress, on this process
     steps_moved: float | None = None      # engine steps between the last two readings (None: not comparable)
     stall_bound: float = 0.0              # the stall bound that applied at the last reading (0: none yet)
+    probe_unanswered: bool = False        # the last probe timed out and the engine has not moved since: it may
+    #                                       still sit in the engine's queue, so no new probe until it moves
     watched_gap: float | None = None      # this process seen with no prefill observed yet at its first reading:
     #                                       the longest gap between its good readings since (None: not watched)
 
@@ -335,6 +337,7 @@ def _judge_reading(
     fresh_watch = 0.0 if not any(n for _, _, n in reading.prefill_buckets) else None
     if last is None or not last.has_engine_metrics:
         base["watched_gap"] = fresh_watch
+        base["probe_unanswered"] = False
         tracks = {e: EngineTrack(stuck_since=now if r.work > 0 else None) for e, r in reading.engines.items()}
         if reading.asleep:
             return _asleep(prev, reading, now, tokens_per_second=0.0, steps_per_second=0.0, **base)
@@ -346,6 +349,7 @@ def _judge_reading(
     changed = other_process(last, reading)
     if changed:
         base["watched_gap"] = fresh_watch
+        base["probe_unanswered"] = False
         tracks = {e: EngineTrack(stuck_since=now if r.work > 0 else None) for e, r in reading.engines.items()}
         return _become(prev, Verdict.RESTARTED, f"another process answered: {changed}; {_work_text(reading)}",
                        now, engines=tracks, tokens_per_second=0.0, steps_per_second=0.0, probe_failures=0,
@@ -393,6 +397,7 @@ def _judge_reading(
         if worst is None or since < (now if worst[2].stuck_since is None else worst[2].stuck_since):
             worst = (key, eng, t)
     last_progress = now if any_progress else prev.last_progress
+    base["probe_unanswered"] = prev.probe_unanswered and not any_progress
     bound = settings.bound(reading, learned, watched)
     base.update(engines=tracks, tokens_per_second=tps, steps_per_second=sps, last_progress=last_progress,
                 longest_quiet=learned, stall_bound=bound.seconds)
@@ -442,6 +447,17 @@ def _idle(prev: BackendState, obs: Observation, now: float, settings: Thresholds
             # another process answered and is idle: it stays "restarted" until it answers a probe
             return _become(prev, Verdict.RESTARTED, prev.reason.split("; now ")[0] + f"; now {text}, "
                            "awaiting the probe's answer", now, **changes)
+        if changes.get("probe_unanswered") and prev.probe_failures < settings.down_after:
+            # not probed again (the timed-out probe may still be in the engine's queue, invisible behind
+            # frozen gauges): the engine not moving since is the next failure
+            failures = prev.probe_failures + 1
+            detail = "the probe that timed out is still unanswered: no engine progress since, not probed again"
+            if failures >= settings.down_after:
+                changes["in_flight"] = 0.0
+                return _become(prev, Verdict.DOWN, f"idle and {detail} ({failures} in a row)", now,
+                               probe_failures=failures, **changes)
+            return _become(prev, Verdict.IDLE, f"{text}; {detail} ({failures} of {settings.down_after} before "
+                           "down)", now, probe_failures=failures, **changes)
         if prev.probe_failures >= settings.down_after:
             # the page says idle, but the server did not answer: a stalled engine's gauges are frozen,
             # so "idle" proves nothing here. It stays down until a probe answers (or the engine moves).
@@ -452,10 +468,12 @@ def _idle(prev: BackendState, obs: Observation, now: float, settings: Thresholds
             text += f"; last probe failed ({prev.probe_failures} of {settings.down_after})"
         return _become(prev, Verdict.IDLE, text, now, **changes)
     if probe.outcome == ProbeOutcome.OK:
+        changes["probe_unanswered"] = False
         return _become(prev, Verdict.IDLE, f"{text}; probe answered in {probe.seconds:.2f} s", now,
                        probe_failures=0, probe_rejected="", **changes)
     failures = prev.probe_failures + 1
     detail = f"probe {probe.outcome}" + (f": {probe.detail}" if probe.detail else "")
+    changes["probe_unanswered"] = probe.unanswered
     if failures >= settings.down_after:
         changes["in_flight"] = 0.0
         return _become(prev, Verdict.DOWN, f"idle and {detail} ({failures} in a row)", now,

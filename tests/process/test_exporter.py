@@ -161,6 +161,22 @@ def test_a_stalled_backends_frozen_counters_are_published_and_a_verification_reu
     assert frozen_evidence("http://127.0.0.1:9", Backend("a", s.url), timeout=1.0) is None   # no exporter
 
 
+def test_an_idle_engine_that_froze_gets_one_probe_not_one_per_interval(sim, exporter) -> None:
+    """The probe that timed out stays in a wedged engine's queue (it takes no abort); before, a new probe
+    joined it every interval until the restart. Now: one probe, then down because the engine has not moved."""
+    s = sim()
+    e = exporter({"a": s.url})
+    wait_until(lambda: s.stats()["probes"] >= 1 and e.verdict("a") == "idle", timeout=10, what="idle, probed")
+    s.fault("stall")
+    sent = s.stats()["probes"]
+    e.wait_verdict("a", "down", timeout=20)
+    down_at = e.backend("a")["readings"]["ok"]
+    wait_until(lambda: e.backend("a")["readings"]["ok"] >= down_at + 10, timeout=20, what="ten more readings")
+    assert e.verdict("a") == "down"
+    assert s.stats()["probes"] - sent <= 2, s.stats()      # the one in flight at the stall, and at most one after
+    assert "not probed again" in e.backend("a")["reason"] or "down until a probe answers" in e.backend("a")["reason"]
+
+
 # ------------------------------------------------------------------------------------ restarted
 
 

@@ -93,13 +93,13 @@ def test_verdict_waits_out_a_long_llamacpp_step_and_still_catches_a_freeze() -> 
     assert state.verdict is Verdict.STALLED and "bound: 2 x a 4096-token prompt step" in state.reason
 
 
-def test_verify_reads_on_until_no_step_of_the_engine_explains_the_freeze(monkeypatch: Any) -> None:
-    """verify's window is 2 readings 1 s apart; llama.cpp's step can be ~25 s: frozen counters over 1 s
-    prove nothing, so it reads on until they span 2 x 25 s (or progress)."""
+def _frozen_verify(monkeypatch: Any, evidence: Any, interval: float = 5.0, start: float = 100.0) -> tuple[Any, list[float]]:
+    """verify() of a llama.cpp whose counters never move (a ~25 s prompt step is plausible), on a fake clock;
+    `evidence(reading, now)` gives the exporter's. The verification and the times of its readings."""
     from llm_health.exporter import backend, check
 
     frozen = read_text(llamacpp(3907, 23.9, 41)).with_props(EngineProps(sleeping=False, context_tokens=4096))
-    clock = [0.0]
+    clock = [start]
     reads: list[float] = []
 
     def observe(_target: Any) -> Observation:
@@ -108,10 +108,21 @@ def test_verify_reads_on_until_no_step_of_the_engine_explains_the_freeze(monkeyp
 
     monkeypatch.setattr(check, "observe", observe)
     monkeypatch.setattr(backend, "observe", observe)
-    v = verify("http://127.0.0.1:1", readings=2, interval=1.0, read_timeout=1, probe_timeout=1,
-               sleep=lambda s: clock.__setitem__(0, clock[0] + s), clock=lambda: clock[0], stall_ceiling=900.0)
+    v = verify("http://127.0.0.1:1", readings=2, interval=interval, read_timeout=1, probe_timeout=1,
+               sleep=lambda s: clock.__setitem__(0, clock[0] + s), clock=lambda: clock[0], stall_ceiling=900.0,
+               evidence=evidence(frozen, clock[0]) if evidence else None)
+    return v, reads
+
+
+def test_verify_reads_on_until_no_step_of_the_engine_explains_the_freeze(monkeypatch: Any) -> None:
+    """verify's window is 2 readings 1 s apart; llama.cpp's step can be ~25 s: frozen counters over 1 s
+    prove nothing, so it reads on until they span 2 x 25 s (or progress)."""
+    from llm_health.exporter import check
+
+    v, reads = _frozen_verify(monkeypatch, None, interval=1.0, start=0.0)
     assert v.outcome == VerifyOutcome.NO_PROGRESS
     assert reads[-1] - reads[0] >= 2 * 24 and len(reads) > 40
+    clock = [0.0]
     moved = [0]
 
     def observe_moving(_target: Any) -> Observation:
@@ -123,25 +134,6 @@ def test_verify_reads_on_until_no_step_of_the_engine_explains_the_freeze(monkeyp
     clock[0] = 0.0
     assert verify("http://127.0.0.1:1", readings=2, interval=1.0, read_timeout=1, probe_timeout=1,
                   sleep=lambda s: clock.__setitem__(0, clock[0] + s), clock=lambda: clock[0]).outcome == VerifyOutcome.PROGRESS
-
-
-def _frozen_verify(monkeypatch: Any, evidence: Any) -> tuple[Any, list[float]]:
-    from llm_health.exporter import backend, check
-
-    frozen = read_text(llamacpp(3907, 23.9, 41)).with_props(EngineProps(sleeping=False, context_tokens=4096))
-    clock = [100.0]
-    reads: list[float] = []
-
-    def observe(_target: Any) -> Observation:
-        reads.append(clock[0])
-        return Observation("ok", frozen)
-
-    monkeypatch.setattr(check, "observe", observe)
-    monkeypatch.setattr(backend, "observe", observe)
-    v = verify("http://127.0.0.1:1", readings=2, interval=5.0, read_timeout=1, probe_timeout=1,
-               sleep=lambda s: clock.__setitem__(0, clock[0] + s), clock=lambda: clock[0], stall_ceiling=900.0,
-               evidence=evidence(frozen, clock[0]) if evidence else None)
-    return v, reads
 
 
 def test_verify_reuses_the_exporters_frozen_span_when_the_counters_are_the_same(monkeypatch: Any) -> None:
@@ -231,3 +223,34 @@ def test_the_verdict_watches_prefills_from_the_first_reading_of_a_process() -> N
     state = judge(None, Observation("ok", _v1(((20.0, 40.0, 1.0),), 1.0)), 0.0, t)
     state = judge(state, Observation("ok", _v1(((20.0, 40.0, 1.0),), 2.0)), 15.0, t)
     assert state.watched_gap is None and state.stall_bound == 80.0
+
+
+def test_verify_sends_no_second_probe_to_an_engine_that_has_not_moved(monkeypatch: Any) -> None:
+    """An idle page, a probe without an answer (timeout or 504), a fresh page with the very same counters:
+    the probe may still sit in the wedged engine's queue, so it is down without a second probe. When the
+    engine moved (it took the abort, or answered late), the second probe goes out as before."""
+    from llm_health.exporter import backend, check
+    from llm_health.exporter.observation import ProbeOutcome, ProbeResult
+
+    idle = read_text(llamacpp(3907, 23.9, 41, processing=0)).with_props(EngineProps(sleeping=False,
+                                                                                       context_tokens=4096))
+    moved = read_text(llamacpp(3907, 23.9, 42, processing=0)).with_props(EngineProps(sleeping=False,
+                                                                                        context_tokens=4096))
+    for after, probes_expected, outcome in ((idle, 1, VerifyOutcome.DOWN), (moved, 2, VerifyOutcome.DOWN)):
+        pages = iter([idle, idle, after, after, after])
+        sent: list[int] = []
+
+        def observe(_t: Any, pages: Any = pages) -> Observation:
+            return Observation("ok", next(pages))
+
+        def probe(_self: Any, sent: list[int] = sent) -> ProbeResult:
+            sent.append(1)
+            return ProbeResult(ProbeOutcome.TIMEOUT, "no answer in 1 s")
+        monkeypatch.setattr(check, "observe", observe)
+        monkeypatch.setattr(backend, "observe", observe)
+        monkeypatch.setattr(check.Prober, "probe", probe)
+        v = verify("http://127.0.0.1:1", readings=2, interval=0.0, read_timeout=1, probe_timeout=1,
+                   sleep=lambda s: None, clock=lambda: 0.0)
+        assert v.outcome == outcome and len(sent) == probes_expected, (v, sent)
+        if probes_expected == 1:
+            assert "not probed again" in v.reason

@@ -233,16 +233,31 @@ def test_failed_probes_of_an_idle_backend() -> None:
 def test_down_by_failed_probes_holds_between_probes() -> None:
     """With probes spaced wider than the interval (probe_every, or a probe_timeout longer than the
     interval), cycles without a probe result must not flip a down server back to idle: that flapping
-    kept LLMBackendDown (`for:`) from ever firing for a server wedged behind frozen gauges."""
+    kept LLMBackendDown (`for:`) from ever firing for a server wedged behind frozen gauges. (Here the engine
+    moves a little between the probes, e.g. its abort of the timed-out probe, so each probe counts once.)"""
     bad = ProbeResult("timeout", "no answer within 10 s")
     good = ProbeResult("ok", seconds=0.05)
-    states = run([(0, ok(reading())), (15, ok(reading(), bad)), (30, ok(reading())),
-                  (45, ok(reading(), bad)), (60, ok(reading())), (75, ok(reading())),
-                  (90, ok(reading(), good))])
+    states = run([(0, ok(reading())), (15, ok(reading(), bad)), (30, ok(reading(gen=101))),
+                  (45, ok(reading(gen=102), bad)), (60, ok(reading(gen=102))), (75, ok(reading(gen=102))),
+                  (90, ok(reading(gen=103), good))])
     assert [s.verdict for s in states] == [Verdict.IDLE, Verdict.IDLE, Verdict.IDLE, Verdict.DOWN,
                                            Verdict.DOWN, Verdict.DOWN, Verdict.IDLE]
     assert states[5].since == 45, "down holds without restarting its clock"
     assert "down until a probe answers" in states[4].reason
+
+
+def test_an_unanswered_probe_is_not_followed_by_another_while_the_engine_stands_still() -> None:
+    """A probe that timed out may still sit in the engine's queue behind frozen gauges (a wedged vLLM
+    takes no abort): no second probe joins it; the engine not moving since is the next failure. A healthy
+    engine moves (it answers the probe late, or counts its abort): the probe counted once, probing resumes."""
+    bad = ProbeResult("timeout", "no answer within 10 s")
+    states = run([(0, ok(reading())), (15, ok(reading(), bad)), (30, ok(reading()))])
+    assert states[1].probe_unanswered and states[2].verdict == Verdict.DOWN
+    assert "still unanswered" in states[2].reason and "not probed again" in states[2].reason
+    moved = run([(0, ok(reading())), (15, ok(reading(), bad)), (30, ok(reading(gen=101)))])
+    assert moved[2].verdict == Verdict.IDLE and not moved[2].probe_unanswered and moved[2].probe_failures == 1
+    refused = run([(0, ok(reading())), (15, ok(reading(), ProbeResult("error", "connection refused")))])
+    assert not refused[1].probe_unanswered            # an answer of any kind: nothing left in its queue
 
 
 def test_v0_idle_page_is_idle_not_busy() -> None:

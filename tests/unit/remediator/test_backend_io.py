@@ -37,8 +37,8 @@ def test_on_probe_is_called_before_every_probe_also_one_that_fails(monkeypatch: 
             pass
 
         def probe(self) -> ProbeResult:
-            log.append("probe")
-            return ProbeResult(ProbeOutcome.TIMEOUT, "no answer")
+            log.append("probe")   # an error (not a timeout: that one is not followed by a second probe)
+            return ProbeResult(ProbeOutcome.ERROR, "connection reset")
 
         def close(self) -> None:
             pass
