@@ -202,7 +202,7 @@ class LlmHealth:
         reading = obs.reading
         if obs.outcome != ReadResult.OK or reading is None or not reading.has_engine_metrics or reading.work > 0:
             return False
-        if not may_probe_engine(reading):
+        if not may_probe_engine(reading) or (self.state is not None and self.state.probe_unanswered):
             return False
         if self.probe_pending or self.state is None or not idle_believable(self.state, obs):
             return False

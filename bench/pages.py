@@ -1,6 +1,6 @@
 """Realistic vLLM v1 `/metrics` pages for the scale benchmarks, built with `simulator.metrics`.
 
-`simulator.metrics.render` gives the families the simulator models (3 histograms). A real vLLM
+`simulator.metrics.render` gives the families the simulator models (5 histograms). A real vLLM
 0.10/0.11 v1 page carries ten more request histograms (names and buckets from
 docs/reference/vllm-metrics-facts.md §1.2); `full=True` adds them, built with the
 simulator's own `Family` / histogram formatting, so the page has the size and shape the exporter
@@ -83,7 +83,8 @@ def page_variants(n: int, full: bool = True, step_seconds: float = 0.1, every: f
         for e in engines:
             e.advance_to((k + 1) * every)
         fams = process_families(start) + vllm_families(engines, FLAVOUR, start)
-        if full:
-            fams += _extra(engines, start)
+        if full:   # the families the simulator does not render itself (it has inter-token and prefill time)
+            have = {f.name for f in fams}
+            fams += [f for f in _extra(engines, start) if f.name not in have]
         pages.append(format_families(fams, False))
     return pages
