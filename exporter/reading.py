@@ -90,7 +90,6 @@ LLAMACPP_PROMPT_SECONDS = "llamacpp:prompt_seconds_total"
 LLAMACPP_TOKENS_MAX = "llamacpp:n_tokens_max"
 VLLM_SLEEP = "vllm:engine_sleep_state"
 # latency histograms whose highest non-empty bucket bounds how long one engine step has taken
-PREFILL_HISTOGRAM = "vllm:request_prefill_time_seconds_bucket"
 STEP_HISTOGRAMS = frozenset({
     "vllm:inter_token_latency_seconds_bucket", "vllm:time_per_output_token_seconds_bucket",
     "vllm:request_prefill_time_seconds_bucket",
@@ -159,9 +158,9 @@ class Reading:
     server: dict[str, float] = field(default_factory=dict)   # SGLang tokenizer-side counters (all ranks)
     sleep: Sleep = Sleep.UNKNOWN
     step_seconds: float | None = None             # longest step the engine's own histograms have seen
-    # vLLM's request_prefill_time_seconds, kept apart (a chunked prefill spans many steps; exporter/steptime.py):
-    # (lower bound, upper bound, observations) of each bucket that holds some, summed over its series
-    prefill_buckets: tuple[tuple[float, float, float], ...] = ()
+    # their buckets that hold observations: (lower bound, upper bound, observations), over every step
+    # histogram and its series (exporter/steptime.py rules out the ones an exporter saw were no single step)
+    step_buckets: tuple[tuple[float, float, float], ...] = ()
     prompt_seconds_per_token: float | None = None  # llama.cpp: prompt_seconds_total / prompt_tokens_total
     prompt_timing: bool = False                   # llama.cpp: the page has prompt_seconds_total (b3xxx+)
     tokens_max: float | None = None               # llama.cpp: largest sequence seen (n_tokens_max)
@@ -192,8 +191,8 @@ class Reading:
             kwargs: dict[str, Any] = {k: v for k, v in data.items() if k in known}
             kwargs["engines"] = {k: EngineReading(**v) for k, v in data["engines"].items()}
             kwargs["sleep"] = Sleep(kwargs.get("sleep", ""))
-            kwargs["prefill_buckets"] = tuple((float(lo), float(hi), float(n))
-                                              for lo, hi, n in kwargs.get("prefill_buckets", ()))
+            kwargs["step_buckets"] = tuple((float(lo), float(hi), float(n))
+                                           for lo, hi, n in kwargs.get("step_buckets", ()))
             return cls(**kwargs)
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise ValueError(f"not a reading: {exc}") from None
@@ -383,9 +382,8 @@ def from_page(page: Page, start_header: float | None = None) -> Reading:
     if not has_running:
         # without a running-requests gauge we cannot tell idle from busy: treat as no engine metrics
         reading.engines = {}
-    prefill = {k: v for k, v in buckets.items() if k.startswith(PREFILL_HISTOGRAM)}
-    reading.step_seconds = _longest_step({k: v for k, v in buckets.items() if k not in prefill})
-    reading.prefill_buckets = _bucket_counts(prefill)
+    reading.step_seconds = _longest_step(buckets)
+    reading.step_buckets = _bucket_counts(buckets)
     reading.sleep = _sleep_state(sleep)
     if flavour == "llamacpp" and prompt_seconds is not None:
         reading.prompt_timing = True
@@ -396,21 +394,18 @@ def from_page(page: Page, start_header: float | None = None) -> Reading:
 
 
 def _bucket_counts(buckets: dict[str, list[tuple[float, float]]]) -> tuple[tuple[float, float, float], ...]:
-    """(lower bound, upper bound, observations) of every bucket holding some, over the series of one
-    histogram (a bucket's lower bound is the bound before it on the page)."""
-    per_bound: dict[float, float] = {}
-    edges: set[float] = set()
+    """(lower bound, upper bound, observations) of every bucket holding some, over every series (a bucket's
+    lower bound is the bound before it in its own series; equal buckets of several series are summed)."""
+    counts: dict[tuple[float, float], float] = {}
     for series in buckets.values():
         series.sort()
-        below = 0.0
+        below, low = 0.0, 0.0
         for bound, count in series:
-            edges.add(bound)
             if count > below:
-                per_bound[bound] = per_bound.get(bound, 0.0) + (count - below)
+                counts[(low, bound)] = counts.get((low, bound), 0.0) + (count - below)
             below = max(below, count)
-    ordered = sorted(edges)
-    lower = {b: (ordered[i - 1] if i else 0.0) for i, b in enumerate(ordered)}
-    return tuple((lower[b], b, per_bound[b]) for b in sorted(per_bound))
+            low = bound
+    return tuple((lo, hi, n) for (lo, hi), n in sorted(counts.items()))
 
 
 def _longest_step(buckets: dict[str, list[tuple[float, float]]]) -> float | None:

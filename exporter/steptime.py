@@ -19,7 +19,10 @@ The longest plausible step is the largest of what is known (`step_estimate`):
 
 * the engine's latency histograms: the slowest step it has reported (`Reading.step_seconds`: the upper
   bound of the highest bucket with observations of vLLM's inter-token latency and request prefill time,
-  SGLang's inter-token latency);
+  SGLang's inter-token latency). Neither is a step: a chunked prefill spans many, an inter-token gap holds
+  a preemption's wait or a pause. What was observed while this exporter read the process counts at most
+  the longest pause it saw end or the longest gap between its readings (`histogram_step`): a longer single
+  step would have shown as a pause that long;
 * llama.cpp: its whole context as one prompt batch at the prompt speed it has measured itself
   (`context_tokens` from /props, else the largest sequence seen, times `prompt_seconds_total /
   prompt_tokens_total`): one `llama_decode` of a long prompt is one step, tens of seconds on a CPU;
@@ -52,33 +55,50 @@ class QuietBound:
     why: str                  # what set it: "stall_after", "2 x ...", "stall_ceiling"
 
 
-def prefill_step(reading: Reading, learned: float, watched_gap: float | None) -> tuple[float | None, bool]:
-    """(the longest prefill that may have been one step, whether longer ones were ruled out). A prefill of d
-    seconds as one step freezes every counter for d; when d is longer than the gap between two readings,
-    one reading falls inside it, and the pause the exporter then sees end in progress (`learned`) is at least
-    d. So a prefill longer than both `learned` and `watched_gap` (the longest gap between this process's
-    readings since its first, which showed no prefill yet: the exporter watched every one), was chunked
-    (vLLM V1's default: the KV gauge moves chunk by chunk), not one step."""
+Buckets = tuple[tuple[float, float, float], ...]
+
+
+def histogram_step(reading: Reading, learned: float, watched_gap: float | None,
+                   before: Buckets = ()) -> tuple[float | None, bool]:
+    """(the longest step the latency histograms make plausible, whether longer observations were ruled out).
+    A step of d seconds freezes every counter for d; when d is longer than the gap between two readings, one
+    reading falls inside it, and the pause the exporter then sees end in progress (`learned`) is at least d.
+    So for what a process observed since the exporter began to read it (`watched_gap` not None: the longest
+    gap between its readings since; `before`: the buckets at its first reading, taken as they are), no step
+    was longer than both `learned` and `watched_gap`:
+    an observation beyond that was no single step (a chunked prefill: vLLM V1's default, its prefill time spans
+    every chunk; a request's wait while preempted, in its inter-token gap; a pause the exporter did see, at
+    `learned`), and one in a bucket reaching past it was at most that long."""
     longest: float | None = None
     ruled_out = False
-    for low, high, _ in reading.prefill_buckets:
-        if watched_gap is not None and low >= max(learned, watched_gap):
+    cap = None if watched_gap is None else max(learned, watched_gap)
+    earlier = {(lo, hi): n for lo, hi, n in before}
+    for low, high, n in reading.step_buckets:
+        if cap is not None and n > earlier.get((low, high), 0.0):
+            pass                                # observed while watched: judged below
+        elif cap is not None:
+            longest = high if longest is None else max(longest, high)   # from before the watch: as it is
+            continue
+        if cap is not None and low >= cap:
             ruled_out = True
             continue
+        if cap is not None and high > cap:
+            ruled_out, high = True, cap
         longest = high if longest is None else max(longest, high)
+    if not reading.step_buckets:
+        longest = reading.step_seconds          # a reading built without the buckets (tests, old JSON)
     return longest, ruled_out
 
 
-def step_estimate(reading: Reading | None, learned: float = 0.0, watched_gap: float | None = None) -> StepEstimate:
+def step_estimate(reading: Reading | None, learned: float = 0.0, watched_gap: float | None = None,
+                  before: Buckets = ()) -> StepEstimate:
     """The longest single step the engine's own numbers make plausible (largest of what is known)."""
     candidates: list[tuple[float, str]] = []
     if reading is not None:
-        if reading.step_seconds is not None:
-            candidates.append((reading.step_seconds, f"the slowest step it reported ({reading.step_seconds:g} s)"))
-        prefill, ruled_out = prefill_step(reading, learned, watched_gap)
-        if prefill is not None:
-            candidates.append((prefill, f"the slowest prefill it reported ({prefill:g} s)" + (
-                "; longer ones were seen progressing: chunked" if ruled_out else "")))
+        step, ruled_out = histogram_step(reading, learned, watched_gap, before)
+        if step is not None:
+            candidates.append((step, f"the slowest step it reported ({step:g} s)" + (
+                "; longer ones were no single step: seen progressing" if ruled_out else "")))
         per_token = reading.prompt_seconds_per_token
         context = reading.context_tokens or reading.tokens_max
         if per_token is not None and context:
@@ -101,11 +121,12 @@ def unbounded_first_step(reading: Reading | None) -> bool:
 
 
 def quiet_bound(reading: Reading | None, learned: float, stall_after: float, ceiling: float,
-                stall_floor: float | None = None, watched_gap: float | None = None) -> QuietBound:
+                stall_floor: float | None = None, watched_gap: float | None = None,
+                before: Buckets = ()) -> QuietBound:
     """How long counters may stay frozen with work before the backend is stalled (see module doc).
     `stall_floor` None: stall_after is the floor for known steps too (the bound before issue 25)."""
     ceiling = max(ceiling, stall_after)
-    estimate = step_estimate(reading, learned, watched_gap)
+    estimate = step_estimate(reading, learned, watched_gap, before)
     if estimate.seconds is None:
         if unbounded_first_step(reading):
             return QuietBound(ceiling, f"stall_ceiling {ceiling:g} s: llama.cpp has processed no prompt yet, "

@@ -77,8 +77,10 @@ class Thresholds:
                    stall_ceiling=float(getattr(settings, "stall_ceiling", 900.0)),
                    stall_floor=float(getattr(settings, "stall_floor", 30.0)))
 
-    def bound(self, reading: Reading | None, learned: float, watched_gap: float | None = None) -> QuietBound:
-        return quiet_bound(reading, learned, self.stall_after, self.stall_ceiling, self.stall_floor, watched_gap)
+    def bound(self, reading: Reading | None, learned: float, watched_gap: float | None = None,
+              before: tuple[tuple[float, float, float], ...] = ()) -> QuietBound:
+        return quiet_bound(reading, learned, self.stall_after, self.stall_ceiling, self.stall_floor, watched_gap,
+                           before)
 
 
 @dataclass(frozen=True)
@@ -109,8 +111,8 @@ class BackendState:
     stall_bound: float = 0.0              # the stall bound that applied at the last reading (0: none yet)
     probe_unanswered: bool = False        # the last probe timed out and the engine has not moved since: it may
     #                                       still sit in the engine's queue, so no new probe until it moves
-    watched_gap: float | None = None      # this process seen with no prefill observed yet at its first reading:
-    #                                       the longest gap between its good readings since (None: not watched)
+    watched_gap: float | None = None      # the longest gap between this process's good readings since its first
+    watch_before: tuple[tuple[float, float, float], ...] = ()   # its step buckets at that first reading
 
 
 def _work_text(r: Reading | EngineReading) -> str:
@@ -334,9 +336,8 @@ def _judge_reading(
     base: dict[str, Any] = {"failures": 0, "silent_since": None, "last": reading, "last_at": now,
                             "in_flight": reading.work, "steps_moved": None}
     last = prev.last
-    fresh_watch = 0.0 if not any(n for _, _, n in reading.prefill_buckets) else None
     if last is None or not last.has_engine_metrics:
-        base["watched_gap"] = fresh_watch
+        base["watched_gap"], base["watch_before"] = 0.0, reading.step_buckets
         base["probe_unanswered"] = False
         tracks = {e: EngineTrack(stuck_since=now if r.work > 0 else None) for e, r in reading.engines.items()}
         if reading.asleep:
@@ -348,7 +349,7 @@ def _judge_reading(
                        stall_bound=settings.bound(reading, 0.0).seconds, **base)
     changed = other_process(last, reading)
     if changed:
-        base["watched_gap"] = fresh_watch
+        base["watched_gap"], base["watch_before"] = 0.0, reading.step_buckets
         base["probe_unanswered"] = False
         tracks = {e: EngineTrack(stuck_since=now if r.work > 0 else None) for e, r in reading.engines.items()}
         return _become(prev, Verdict.RESTARTED, f"another process answered: {changed}; {_work_text(reading)}",
@@ -398,7 +399,7 @@ def _judge_reading(
             worst = (key, eng, t)
     last_progress = now if any_progress else prev.last_progress
     base["probe_unanswered"] = prev.probe_unanswered and not any_progress
-    bound = settings.bound(reading, learned, watched)
+    bound = settings.bound(reading, learned, watched, prev.watch_before)
     base.update(engines=tracks, tokens_per_second=tps, steps_per_second=sps, last_progress=last_progress,
                 longest_quiet=learned, stall_bound=bound.seconds)
     multi = len(reading.engines) > 1

@@ -186,26 +186,30 @@ def _v1(prefill: tuple[tuple[float, float, float], ...], tokens: float = 100.0) 
     from llm_health.exporter.reading import EngineReading, Reading
     return Reading(flavour="v1", engines={"0": EngineReading(running=2, counters={"generation_tokens": tokens},
                                                              kv_usage=0.1)},
-                   process_start=1000.0, step_seconds=0.1, prefill_buckets=prefill)
+                   process_start=1000.0, step_seconds=max((hi for _, hi, _ in prefill), default=0.1),
+                   step_buckets=((0.05, 0.1, 5.0), *prefill) if prefill else ())
 
 
-def test_a_prefill_seen_progressing_is_no_step_one_not_watched_is() -> None:
-    """vLLM's prefill time spans many steps when chunked: a 20-40 s prefill of a process the exporter watched
-    from its first prefill, 15 s apart, without ever seeing a pause longer than 5 s, was chunked."""
+def test_a_long_observation_seen_progressing_is_no_step_one_not_watched_may_be() -> None:
+    """vLLM's prefill time spans many steps when chunked, an inter-token gap holds a preemption's wait: a
+    20-40 s observation on a process the exporter watched from its first one, 15 s apart, without ever seeing
+    a pause longer than 5 s, was no single step."""
     long_prefill = ((20.0, 40.0, 1.0),)
     assert step_estimate(_v1(long_prefill), 5.0, watched_gap=15.0).seconds == 5.0     # ruled out: the pause
-    assert "chunked" not in step_estimate(_v1(long_prefill), 5.0, watched_gap=15.0).why
+    assert "learned" not in step_estimate(_v1(long_prefill), 5.0, watched_gap=15.0).why
     assert step_estimate(_v1(long_prefill), 5.0, watched_gap=None).seconds == 40.0    # not watched: may be a step
-    assert step_estimate(_v1(long_prefill), 25.0, watched_gap=15.0).seconds == 40.0   # a long pause was seen
-    assert step_estimate(_v1(long_prefill), 5.0, watched_gap=25.0).seconds == 40.0    # readings too far apart
+    # a 25 s pause was seen end: a single step of the 20-40 s bucket was at most that (a longer one would
+    # have shown as a longer pause), and so are readings 25 s apart, which could miss a step up to 25 s
+    assert step_estimate(_v1(long_prefill), 25.0, watched_gap=15.0).seconds == 25.0
+    assert step_estimate(_v1(long_prefill), 5.0, watched_gap=25.0).seconds == 25.0
     both = ((0.25, 0.5, 9.0), (20.0, 40.0, 1.0))
     e = step_estimate(_v1(both), 0.0, watched_gap=15.0)
-    assert e.seconds == 0.5 and "chunked" in e.why
+    assert e.seconds == 0.5 and "no single step" in e.why
     assert quiet_bound(_v1(both), 0.0, 120.0, 900.0, 30.0, watched_gap=15.0).seconds == 30.0
     assert quiet_bound(_v1(both), 0.0, 120.0, 900.0, 30.0).seconds == 80.0
 
 
-def test_the_verdict_watches_prefills_from_the_first_reading_of_a_process() -> None:
+def test_the_verdict_judges_only_what_it_watched_from_the_first_reading_of_a_process() -> None:
     t = Thresholds()
     state = None
     tokens = 0.0
@@ -219,10 +223,10 @@ def test_the_verdict_watches_prefills_from_the_first_reading_of_a_process() -> N
     for i in range(6, 9):                                   # frozen from here: stalled after 30 s, not 80 s
         state = judge(state, Observation("ok", _v1(((20.0, 40.0, 1.0),), tokens)), 15.0 * i, t)
     assert state.verdict == Verdict.STALLED
-    # a process already holding prefill observations when first read: not watched, the prefill may be a step
+    # a process already holding that observation when first read: it happened unseen, it may be a step
     state = judge(None, Observation("ok", _v1(((20.0, 40.0, 1.0),), 1.0)), 0.0, t)
     state = judge(state, Observation("ok", _v1(((20.0, 40.0, 1.0),), 2.0)), 15.0, t)
-    assert state.watched_gap is None and state.stall_bound == 80.0
+    assert state.watch_before and state.stall_bound == 80.0
 
 
 def test_verify_sends_no_second_probe_to_an_engine_that_has_not_moved(monkeypatch: Any) -> None:

@@ -105,7 +105,7 @@ def every_field_set() -> Reading:
     reading = Reading(flavour="llamacpp", engines=engines, process_start=1.7e9, created={"a": 1.0}, start_header=2.0,
                       server={"generation_tokens": 3.0}, sleep=Sleep.AWAKE, step_seconds=4.5,
                       prompt_seconds_per_token=0.01, prompt_timing=True, tokens_max=300.0, context_tokens=4096.0,
-                      prefill_buckets=((10.0, 20.0, 3.0), (20.0, 40.0, 1.0)))
+                      step_buckets=((10.0, 20.0, 3.0), (20.0, 40.0, 1.0)))
     defaults = Reading(flavour="", engines={})
     unset = [f.name for f in dataclasses.fields(Reading)
              if f.name not in ("flavour", "engines") and getattr(reading, f.name) == getattr(defaults, f.name)]
