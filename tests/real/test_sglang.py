@@ -203,7 +203,9 @@ def test_stall_while_idle_is_down_by_the_probe(rig: Rig) -> None:
         TIMINGS["idle_stall_to_down_seconds"] = took = rig.timeline.wait("down", t0, WEDGE_BOUND + 5)
         assert took <= WEDGE_BOUND, (took, rig.story(t0))
         assert "probe" in rig.timeline.now()["reason"]
-        assert rig.proxy.probes - probes >= DOWN_AFTER  # it took down_after failed probes, each counted
+        # one probe went out (or the one in flight at the stop) and timed out; no second joined it in the
+        # stopped engine's queue while nothing moved: that standing still was the next failure
+        assert rig.proxy.probes - probes <= 1, rig.proxy.probes - probes
         assert "stalled" not in rig.timeline.since(t0)
         page = metrics_text(rig.engine.url) or ""
         assert read_text(page).work == 0  # the frozen page says idle, with probes queued behind it

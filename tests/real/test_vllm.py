@@ -154,7 +154,9 @@ def test_idle_wedge_is_caught_by_the_probe(rig: Rig) -> None:
         TIMINGS["idle_wedge_to_down_seconds"] = took = rig.timeline.wait("down", t0, WEDGE_BOUND + 5)
         assert took <= WEDGE_BOUND, took
         assert "probe" in rig.timeline.now()["reason"]
-        assert rig.proxy.probes - probes >= DOWN_AFTER  # it took down_after failed probes, each counted
+        # one probe went out (or the one in flight at the stop) and timed out; no second joined it in the
+        # stopped engine's queue while nothing moved: that standing still was the next failure
+        assert rig.proxy.probes - probes <= 1, rig.proxy.probes - probes
         page = metrics_text(rig.engine.url) or ""
         assert series_value(page, "vllm:num_requests_running") == 0  # the frozen page says idle
         code, out = check(rig.proxy.url, "--readings", 2, "--interval", 1, "--timeout", READ_TIMEOUT,
@@ -193,9 +195,12 @@ def test_engine_core_killed_gives_500_then_503_then_refused(rig: Rig) -> None:
     t0 = time.monotonic()
     rig.timeline.wait("busy", t0, 20)
     health: list[int] = []
-    rig.load.stop()  # each client's completion in flight now is its last
+    # killed first, then stopped: a held client always has a completion in flight (one that is answered
+    # 200 is followed by the next), so each client's last is the one the kill failed. Stopped first, a
+    # completion could end 200 before the kill landed (seen on a fast machine: 400 tokens in under 1 s).
     os.kill(rig.engine.engine_core(), signal.SIGKILL)
     t1 = time.monotonic()
+    rig.load.stop()
 
     def gone() -> bool:
         health.append(get(rig.engine.url, "/health", 1.0)[0])
