@@ -78,9 +78,13 @@ def candidates() -> list[Knob]:
     return out
 
 
+# libyaml's safe loader when PyYAML has it (the same documents, ~10 x faster: knobs_for() renders 70 times)
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def rendered(settings: RuleSettings) -> dict[str, Any]:
     """The rule files and dashboards of one rendering, parsed."""
-    rules = {name: yaml.safe_load(text) for name, text in render(settings).items()}
+    rules = {name: yaml.load(text, Loader=_YAML_LOADER) for name, text in render(settings).items()}
     boards = {name: json.loads(text) for name, text in dashboards.render(settings).items()}
     return {"rules": rules, "dashboards": boards}
 

@@ -18,6 +18,7 @@ annotation templates pass through untouched. Bad settings raise ConfigError and 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import shutil
@@ -525,7 +526,10 @@ def in_service(expr: str, on: str) -> str:
     return f"{indent}(\n{body}\n{indent})\n{indent}unless on ({on}) {RETIRED_SERIES}\n"
 
 
+@functools.cache
 def _environment() -> jinja2.Environment:
+    """One environment per process: it compiles each template once (its cache keeps them; the loader gives
+    no up-to-date check, so a shipped template is never re-read)."""
     root = resources.files(TEMPLATE_PACKAGE).joinpath(TEMPLATE_DIR)
     env = jinja2.Environment(
         loader=jinja2.FunctionLoader(lambda name: root.joinpath(name).read_text()),
