@@ -45,6 +45,25 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 # group rides on a node id that pytest no longer lets it change), so `make test` does not rely on it; the
 # real engines run in a run of their own, one at a time.
 REAL_ENGINES_GROUP = "real-engines"
+# Modules whose tests share nothing (no module-scoped server, no order) and each take seconds of real time:
+# under `--dist loadscope` their tests are spread, a test function (on both stores) at a time, instead of
+# one worker running the whole module while the others wait at the end of the run.
+SPREAD_MODULES = frozenset({"tests/unit/remediator/test_authority.py"})
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getoption("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            if module in SPREAD_MODULES:
+                return nodeid.split("[", 1)[0]
+            return super()._split_scope(nodeid)
+
+    return Scheduling(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
