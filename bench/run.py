@@ -1,4 +1,4 @@
-"""`python -m bench.run [--only replay|path|scale|storm|fleet_remediator|fleet|slowclients|failover] [--quick] [--out DIR]` (what `make bench` runs).
+"""`python -m bench.run [--only replay|path|scale|storm|fleet_remediator|fleet|slowclients|failover|faults] [--quick] [--out DIR]` (what `make bench` runs).
 
 Each benchmark writes its section (markdown + JSON figures) to `bench/results/` (or, with `--out DIR`,
 to `<DIR>/bench-results/`), its plots to `<DIR>/img/`; then `<DIR>/benchmarks.md` is assembled
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-NAMES = ("replay", "path", "scale", "storm", "fleet_remediator", "fleet", "slowclients", "failover")
+NAMES = ("replay", "path", "scale", "storm", "fleet_remediator", "fleet", "slowclients", "failover", "faults")
 
 
 def machine() -> dict[str, str]:
@@ -64,6 +64,9 @@ def _runner(name: str) -> Callable[[Path, bool], tuple[str, dict[str, Any]]]:
     if name == "failover":
         from bench import failover
         return failover.run
+    if name == "faults":
+        from bench import faults
+        return faults.run
     from bench import storm
     return storm.run
 
@@ -176,6 +179,13 @@ def headline(results: Path) -> list[str]:
             f"- **Failover on PostgreSQL**: leader killed or frozen, {len(o['trials'])} trials at the defaults: the "
             f"other remediator held the lease after p50 {o['p50_s']:.1f} s, max {o['max_s']:.1f} s "
             f"({o['ttl_s']:g} s lease); restarts run through all of them: {o['restarts']} (one was due).")
+    fi = _load(results, "faults")
+    if fi and not fi.get("quick"):
+        lines.append(
+            f"- **Fault injection on PostgreSQL**: {fi['faults']} faults (kill -9, SIGSTOP, store restart) at random "
+            f"moments of {fi['backends']} restarts under way: **{fi['double_restarts']} double restarts, "
+            f"{fi['lost_incidents']} lost incidents** ({fi['restarted_once']} restarted once, "
+            f"{fi['held_outcome_unknown']} held for a person with the outcome unknown).")
     lines.append("")
     return lines
 

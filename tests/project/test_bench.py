@@ -110,6 +110,19 @@ def test_failover_bench_runs_and_reports(tmp_path: Path) -> None:
     assert f["restarts"] == 1 and f["incident_open"] == "warming", f          # through both faults
 
 
+def test_fault_injection_bench_counts_double_restarts_and_lost_incidents(tmp_path: Path) -> None:
+    from llm_health.drill.postgres import require_postgres
+
+    require_postgres()
+    f = bench(tmp_path, "faults")["faults"]
+    assert [t["fault"] for t in f["trials"]] == ["kill -9", "SIGSTOP", "store restart"], f
+    assert f["backends"] == 6 and f["accepted"] == 6, f
+    assert f["double_restarts"] == 0 and f["lost_incidents"] == 0 and not f["unsettled"], f
+    assert f["restarted_once"] + f["held_outcome_unknown"] == 6, f
+    assert f["leaders_at_end"] == 1
+    assert "## 7b. Fault injection" in (tmp_path / "benchmarks.md").read_text()
+
+
 def test_the_replay_times_every_part_of_the_path_and_after_beats_before(tmp_path: Path) -> None:
     r = bench(tmp_path, "replay")["replay"]
     path = r["path"]
