@@ -1,6 +1,6 @@
 """The remediator as its own dead man's switch: when did Alertmanager last reach us?
 
-Every notification accepted at POST /webhook stamps `heard(WEBHOOK)`; one with a firing Watchdog (the
+Every notification accepted at POST /webhook stamps `Heard.WEBHOOK`; one with a firing Watchdog (the
 always-firing alert of kube-prometheus and prometheus-operator, `Watchdog`, or ours, `LLMHealthWatchdog`
 from `llm-health rules render --watchdog`) also stamps `heard(WATCHDOG)`. Both are in the state file, so
 every gunicorn worker exports the same times (llm_health_remediator_last_webhook_timestamp_seconds,
@@ -31,15 +31,11 @@ def only_watchdogs(n: Notification) -> bool:
 
 
 def stamp(tx: Transaction, n: Notification, now: float) -> None:
+    """When Alertmanager reached us, inside the transaction that records the notification
+    (incident.ingest, watchdogs_only)."""
     tx.heard(Heard.WEBHOOK, now)
     if any(is_watchdog(a) and a.status == "firing" for a in n.alerts):
         tx.heard(Heard.WATCHDOG, now)
-
-
-def heard(store: StateStore, n: Notification, now: float) -> None:
-    """A notification that went through incident.ingest: stamp when it arrived."""
-    with store.tx() as tx:
-        stamp(tx, n, now)
 
 
 def watchdogs_only(store: StateStore, n: Notification, now: float) -> dict[str, Any]:

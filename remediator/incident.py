@@ -20,6 +20,7 @@ from typing import Any
 
 from llm_health import groups
 from llm_health.config import NAME_RE, Backend, Config
+from llm_health.remediator import heartbeat
 from llm_health.remediator.alert import Alert, Notification
 from llm_health.remediator.store import NO_RESTART_UNDER_WAY, Incident, IncidentState, StateStore, Transaction
 
@@ -54,8 +55,11 @@ def _brief(alert: Alert) -> dict[str, Any]:
 
 
 def ingest(store: StateStore, config: Config, n: Notification, now: float, dedup_window: float) -> dict[str, Any]:
-    """Record one notification; returns a summary for the HTTP answer."""
+    """Record one notification, and when it arrived (heartbeat.stamp), in one write transaction (a second
+    one per notification doubled the writers queueing for the state's write lock in a storm); returns a
+    summary for the HTTP answer."""
     with store.tx() as tx:
+        heartbeat.stamp(tx, n, now)
         for a in n.alerts:
             tx.bump("alerts_received", a.status)
         key = n.dedup_key()

@@ -1,6 +1,6 @@
 """POST /webhook: Alertmanager's notifications. Validated, recorded in one short transaction, answered 2xx;
 the authority does the work (often in another gunicorn worker), from the store. When it arrived is stamped
-too (remediator/heartbeat.py: the remediator's own dead man's switch)."""
+in that same transaction (remediator/heartbeat.py: the remediator's own dead man's switch)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,5 @@ def receive() -> Any:
         return jsonify({"accepted": True, **heartbeat.watchdogs_only(c.store, notification, now)}), 202
     # never a Prometheus query here: an alert about a backend this worker's discovery has not seen yet
     # opens its incident, and the authority looks it up after a (rate-limited) refresh (incident.py)
-    summary = ingest(c.store, c.config, notification, now, c.config.remediator.dedup_window)
-    heartbeat.heard(c.store, notification, now)
+    summary = ingest(c.store, c.config, notification, now, c.config.remediator.dedup_window)   # stamps it too
     return jsonify({"accepted": True, **summary}), 202

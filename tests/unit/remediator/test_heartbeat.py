@@ -114,3 +114,24 @@ def test_a_version_1_state_file_gets_the_table(tmp_path: Path) -> None:
     store.close()
     with sqlite3.connect(path) as c:
         assert int(c.execute("PRAGMA user_version").fetchone()[0]) == SCHEMA_VERSION
+
+
+def test_a_notification_is_recorded_and_stamped_in_one_write_transaction(tmp_path: Path, monkeypatch: Any) -> None:
+    """Two write transactions per notification (the record, then the stamp) doubled the writers queueing
+    for the state's write lock in an alert storm: one now, with both in it."""
+    client, store, clock = build(tmp_path)
+    opened: list[int] = []
+    real_tx = store.tx
+
+    def counted() -> Any:
+        opened.append(1)
+        return real_tx()
+
+    monkeypatch.setattr(store, "tx", counted)
+    clock.advance(10)
+    assert client.post("/webhook", json=payload(alert()), headers=AUTH).status_code == 202
+    assert len(opened) == 1
+    assert store.last_heard().webhook_at == clock.t and "received" in [e.kind for e in store.events(limit=10)]
+    clock.advance(10)                                   # the HA copy: deduplicated, stamped all the same
+    assert client.post("/webhook", json=payload(alert()), headers=AUTH).get_json()["deduplicated"] is True
+    assert len(opened) == 2 and store.last_heard().webhook_at == clock.t
