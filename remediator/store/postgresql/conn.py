@@ -66,6 +66,12 @@ class Result:
         return self._rows
 
 
+#: what a statement or COMMIT raises when the database cannot be used now: unreachable, timed out, or the
+#: server ended the session (IdleInTransactionSessionTimeout is an InternalError: our process was stopped
+#: inside a transaction for longer than the server allows, and its transaction is gone)
+DATABASE_GONE = (psycopg.OperationalError, psycopg.errors.IdleInTransactionSessionTimeout)
+
+
 def unreachable(exc: BaseException, where: str) -> StateError:
     return StateError(f"state database {where} is not reachable: {str(exc).strip() or type(exc).__name__}")
 
@@ -80,7 +86,7 @@ class PgDb:
     def execute(self, sql: str, parameters: Sequence[Any] = ()) -> Any:
         try:
             return self._c.execute(translate(sql), tuple(parameters))
-        except psycopg.OperationalError as exc:
+        except DATABASE_GONE as exc:
             raise unreachable(exc, self._where) from exc
 
 
@@ -104,5 +110,5 @@ def connection(pool: psycopg_pool.ConnectionPool[Any], where: str) -> Iterator[p
     try:
         with pool.connection() as c:
             yield c
-    except (psycopg_pool.PoolTimeout, psycopg.OperationalError) as exc:
+    except (psycopg_pool.PoolTimeout, *DATABASE_GONE) as exc:
         raise unreachable(exc, where) from exc

@@ -31,12 +31,24 @@ import psycopg_pool
 
 from llm_health.remediator.store.base import StateError
 from llm_health.remediator.store.postgresql import schema
-from llm_health.remediator.store.postgresql.conn import PgDb, PooledReads, connection, pg_row, unreachable
+from llm_health.remediator.store.postgresql.conn import (
+    DATABASE_GONE,
+    PgDb,
+    PooledReads,
+    connection,
+    pg_row,
+    unreachable,
+)
 from llm_health.remediator.store.tables import ReadVerbs, WriteVerbs
 from llm_health.remediator.store.tables.connected import Db
 
 #: the key of the advisory lock every write transaction takes (any constant; ours: "llmh" in ASCII)
 WRITE_LOCK = 0x6C6C6D68
+#: a transaction of ours waits on nothing but the database, so one idle this long has a frozen or vanished
+#: client (SIGSTOP, a paused VM, a lost host): PostgreSQL ends it, and WRITE_LOCK with it, well inside the
+#: shortest lease (5 s). At 60 s, a leader frozen inside a write transaction held every other remediator's
+#: writes (the lease's takeover, every webhook) for a minute: the fault-injection benchmark found it.
+IDLE_IN_TRANSACTION_MS = 2500
 POOL_SIZE = 8
 
 
@@ -100,7 +112,7 @@ class PostgresStore(DatabaseClock):
             "autocommit": True, "row_factory": pg_row, "connect_timeout": max(1, int(self.timeout)),
             "application_name": "llm-health-remediator",
             "options": f"-c statement_timeout={ms} -c lock_timeout={ms} "
-                       f"-c idle_in_transaction_session_timeout={max(ms * 6, 60000)}",
+                       f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}",
             "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3,
             "tcp_user_timeout": ms,
         }
@@ -156,7 +168,7 @@ class PostgresStore(DatabaseClock):
                     if self.state_id:
                         self._pin(db)
                     yield PgTx(db)
-            except psycopg.OperationalError as exc:      # COMMIT itself failed: the server went away
+            except DATABASE_GONE as exc:                 # COMMIT itself failed: the server went away
                 raise unreachable(exc, self.where) from exc
 
     @contextmanager

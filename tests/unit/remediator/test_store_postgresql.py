@@ -104,6 +104,38 @@ def test_writers_are_serialised_across_connections(pg_url: str) -> None:
     b.close()
 
 
+def test_a_writer_frozen_inside_its_transaction_holds_the_others_for_seconds_not_a_minute(pg_url: str) -> None:
+    """A leader stopped (SIGSTOP, a paused VM) inside a write transaction keeps WRITE_LOCK: the other
+    remediator's takeover and webhooks waited for it until PostgreSQL ended the idle transaction, after 60 s
+    (each waiter failing at lock_timeout, 10 s, meanwhile). Now it is ended while the lease still runs,
+    the other's write goes through inside its lock_timeout, and the frozen one's commit fails."""
+    frozen, other = PostgresStore(pg_url), PostgresStore(pg_url)
+    frozen.init()
+    other.init()
+    holding, outcome = threading.Event(), []
+
+    def freeze() -> None:
+        try:
+            with frozen.tx() as tx:
+                tx.put_lease(Lease("n", "frozen", 0.0, "", 1))
+                holding.set()
+                time.sleep(15)                  # stopped between two statements, the lock held
+        except StateError as exc:
+            outcome.append(str(exc))
+
+    t = threading.Thread(target=freeze, daemon=True)
+    t.start()
+    assert holding.wait(30)
+    with other.tx() as tx:                      # waits for the lock: at most lock_timeout (10 s), then StateError
+        tx.put_lease(Lease("n", "other", 0.0, "", 2))
+    lease = other.lease("n")
+    assert lease is not None and lease.holder == "other"
+    t.join(30)
+    assert outcome and "not reachable" in outcome[0], outcome   # the frozen one's transaction was ended
+    frozen.close()
+    other.close()
+
+
 def test_an_error_inside_a_transaction_writes_nothing(pg_url: str) -> None:
     store = PostgresStore(pg_url)
     store.init()
