@@ -111,7 +111,7 @@ def run(out_dir: Path, quick: bool) -> tuple[str, dict[str, Any]]:
         *[f"| {t['trial']} | {t['fault']} | {t['takeover_s']:.2f} |" for t in r["trials"]],
         "",
         "Expected: the lease's remaining time (up to its length) plus up to one renewal interval. Faults at random "
-        "points of restarts under way: section 7b. Not measured yet: the webhook storm on PostgreSQL.",
+        "points of restarts under way: section 7b; the webhook storm on PostgreSQL: section 3b.",
         "",
         "Targets:",
         *[f"- {'PASS' if ok else 'FAIL'}: {name}" for name, ok in targets.items()],
