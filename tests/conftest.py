@@ -48,7 +48,8 @@ REAL_ENGINES_GROUP = "real-engines"
 # Modules whose tests share nothing (no module-scoped server, no order) and each take seconds of real time:
 # under `--dist loadscope` their tests are spread, a test function (on both stores) at a time, instead of
 # one worker running the whole module while the others wait at the end of the run.
-SPREAD_MODULES = frozenset({"tests/unit/remediator/test_authority.py"})
+SPREAD_MODULES = frozenset({"tests/unit/remediator/test_authority.py",
+                            "tests/project/test_bench.py"})       # each test a benchmark of its own, 3 min in all
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
