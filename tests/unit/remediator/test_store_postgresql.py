@@ -112,14 +112,14 @@ def test_a_writer_frozen_inside_its_transaction_holds_the_others_for_seconds_not
     frozen, other = PostgresStore(pg_url), PostgresStore(pg_url)
     frozen.init()
     other.init()
-    holding, outcome = threading.Event(), []
+    holding, resumed, outcome = threading.Event(), threading.Event(), []
 
     def freeze() -> None:
         try:
             with frozen.tx() as tx:
                 tx.put_lease(Lease("n", "frozen", 0.0, "", 1))
                 holding.set()
-                time.sleep(15)                  # stopped between two statements, the lock held
+                resumed.wait(15)                # stopped between two statements, the lock held
         except StateError as exc:
             outcome.append(str(exc))
 
@@ -130,6 +130,7 @@ def test_a_writer_frozen_inside_its_transaction_holds_the_others_for_seconds_not
         tx.put_lease(Lease("n", "other", 0.0, "", 2))
     lease = other.lease("n")
     assert lease is not None and lease.holder == "other"
+    resumed.set()                               # SIGCONT: its transaction is gone
     t.join(30)
     assert outcome and "not reachable" in outcome[0], outcome   # the frozen one's transaction was ended
     frozen.close()
