@@ -382,8 +382,10 @@ def from_page(page: Page, start_header: float | None = None) -> Reading:
     if not has_running:
         # without a running-requests gauge we cannot tell idle from busy: treat as no engine metrics
         reading.engines = {}
-    reading.step_seconds = _longest_step(buckets)
     reading.step_buckets = _bucket_counts(buckets)
+    # the upper bound of the highest bucket that holds an observation, over every step histogram (inf when
+    # some observation lies beyond the largest finite bound); None when nothing was observed
+    reading.step_seconds = max((hi for _, hi, _ in reading.step_buckets), default=None)
     reading.sleep = _sleep_state(sleep)
     if flavour == "llamacpp" and prompt_seconds is not None:
         reading.prompt_timing = True
@@ -406,23 +408,6 @@ def _bucket_counts(buckets: dict[str, list[tuple[float, float]]]) -> tuple[tuple
             below = max(below, count)
             low = bound
     return tuple((lo, hi, n) for (lo, hi), n in sorted(counts.items()))
-
-
-def _longest_step(buckets: dict[str, list[tuple[float, float]]]) -> float | None:
-    """The upper bound of the highest bucket that holds an observation, over every step histogram
-    (inf when some observation lies beyond the largest finite bound); None when nothing was observed."""
-    longest: float | None = None
-    for series in buckets.values():
-        series.sort()
-        below = 0.0
-        top: float | None = None
-        for bound, count in series:
-            if count > below:
-                top = bound
-            below = max(below, count)
-        if top is not None:
-            longest = top if longest is None else max(longest, top)
-    return longest
 
 
 def _sleep_state(states: dict[str, dict[str, float]]) -> Sleep:
