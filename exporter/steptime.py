@@ -74,16 +74,13 @@ def histogram_step(reading: Reading, learned: float, watched_gap: float | None,
     cap = None if watched_gap is None else max(learned, watched_gap)
     earlier = {(lo, hi): n for lo, hi, n in before}
     for low, high, n in reading.step_buckets:
+        # observed while watched: judged against the cap; from before the watch (or unwatched): as it is
         if cap is not None and n > earlier.get((low, high), 0.0):
-            pass                                # observed while watched: judged below
-        elif cap is not None:
-            longest = high if longest is None else max(longest, high)   # from before the watch: as it is
-            continue
-        if cap is not None and low >= cap:
-            ruled_out = True
-            continue
-        if cap is not None and high > cap:
-            ruled_out, high = True, cap
+            if low >= cap:
+                ruled_out = True
+                continue
+            if high > cap:
+                ruled_out, high = True, cap
         longest = high if longest is None else max(longest, high)
     if not reading.step_buckets:
         longest = reading.step_seconds          # a reading built without the buckets (tests, old JSON)
