@@ -282,6 +282,18 @@ class Config:
         return Path(self.source).parent / p
 
 
+def local_url(listen: str) -> str:
+    """The http URL at which this host reaches a server listening on `listen` (host:port): a wildcard host
+    (all interfaces) is reached on 127.0.0.1, an IPv6 one in brackets; "" when it has no port."""
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]")
+    if not port.isdigit():
+        return ""
+    if host in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1"
+    return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+
+
 def _check_url(url: Any, where: str) -> str:
     if not isinstance(url, str):
         raise ConfigError(f"{where}: url must be a string")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from llm_health.config import Backend, Config, ConfigError
+from llm_health.config import Backend, Config, ConfigError, local_url
 from llm_health.exporter.backend import HttpFailure, Target, load_api_key
 from llm_health.exporter.observation import FrozenEvidence, Verification, VerifyOutcome
 from llm_health.remediator import action as act
@@ -106,15 +106,7 @@ def exporter_url(config: Config) -> str:
     url = config.remediator.exporter_url
     if url == "none":
         return ""
-    if url:
-        return url
-    host, _, port = config.exporter.listen.rpartition(":")
-    host = host.strip("[]")
-    if not port.isdigit():
-        return ""
-    if host in ("", "0.0.0.0", "::"):
-        host = "127.0.0.1"
-    return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    return url or local_url(config.exporter.listen)
 
 
 def frozen_evidence(base: str, backend: Backend, clock: Callable[[], float] = time.time,

@@ -22,7 +22,7 @@ import socket
 import sys
 from typing import Any
 
-from llm_health.config import load_config
+from llm_health.config import load_config, local_url
 from llm_health.exporter.backend import load_api_key
 from llm_health.http_client import HttpFailure, fetch
 from llm_health.redact import redact
@@ -69,11 +69,7 @@ def endpoint(args: argparse.Namespace) -> tuple[str, str]:
         from llm_health.remediator.web.tokens import read_token
 
         config = load_config(args.config)
-        host, _, port = config.remediator.listen.rpartition(":")
-        host = host.strip("[]")
-        if host in ("", "0.0.0.0", "::"):
-            host = "127.0.0.1"
-        return f"http://{host}:{port}", read_token(config)
+        return local_url(config.remediator.listen), read_token(config)
     return args.remediator.rstrip("/"), load_api_key(args.token_file or "", "--token-file")
 
 

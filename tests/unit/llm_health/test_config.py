@@ -16,6 +16,7 @@ from llm_health.config import (
     ExporterSettings,
     RemediatorSettings,
     load_config,
+    local_url,
     parse_config,
     parse_named_url,
 )
@@ -93,3 +94,13 @@ def test_default_verification_is_one_fresh_look_not_the_evidence_again() -> None
     r = RemediatorSettings()
     assert (r.verify_readings, r.verify_interval) == (2, 5.0)
     assert r.unresponsive_after == 120.0
+
+
+def test_local_url_of_a_listen_address() -> None:
+    """What `llm-health ctl --config` and the remediator's exporter evidence call: the URL this host reaches
+    a listen address at."""
+    assert local_url("127.0.0.1:9411") == "http://127.0.0.1:9411"
+    assert local_url("0.0.0.0:9410") == local_url(":9410") == local_url("[::]:9410") == "http://127.0.0.1:9410"
+    assert local_url("[::1]:9410") == "http://[::1]:9410"
+    assert local_url("exporter:9410") == "http://exporter:9410"
+    assert local_url("127.0.0.1") == local_url("host:http") == ""
