@@ -109,13 +109,12 @@ class ExporterServer:
             protocol_version = "HTTP/1.1"
 
             def do_GET(self) -> None:  # noqa: N802 - http.server API
-                path = self.path.split("?", 1)[0]
+                path, _, query = self.path.partition("?")
                 if path == "/metrics":
                     answer = metrics_answer(registry, self.headers.get("Accept"), self.headers.get("Accept-Encoding"))
                     self.reply(200, answer.body, answer.content_type, dict(answer.headers))
                 elif path == "/verdicts":
-                    query = parse_qs(self.path.split("?", 1)[1]) if "?" in self.path else {}
-                    doc = verdicts_document(fleet.snapshot(), (query.get("backend") or [None])[0])
+                    doc = verdicts_document(fleet.snapshot(), (parse_qs(query).get("backend") or [None])[0])
                     if discovery is not None:
                         doc["discovery"] = status_document(discovery.status())
                     self.reply(200, json.dumps(doc, indent=1), "application/json")

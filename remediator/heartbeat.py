@@ -2,9 +2,10 @@
 
 Every notification accepted at POST /webhook stamps `Heard.WEBHOOK`; one with a firing Watchdog (the
 always-firing alert of kube-prometheus and prometheus-operator, `Watchdog`, or ours, `LLMHealthWatchdog`
-from `llm-health rules render --watchdog`) also stamps `heard(WATCHDOG)`. Both are in the state file, so
-every gunicorn worker exports the same times (llm_health_remediator_last_webhook_timestamp_seconds,
-..._last_watchdog_timestamp_seconds) and a restart of the remediator forgets neither; the alert
+from `llm-health rules render --watchdog`) also stamps `Heard.WATCHDOG`, in the transaction that records
+it. Both are in the state file, so every gunicorn worker exports the same times
+(llm_health_remediator_last_webhook_timestamp_seconds, ..._last_watchdog_timestamp_seconds) and a restart
+of the remediator forgets neither; the alert
 LLMHealthRemediatorNotHearingAlertmanager fires when the Watchdog stops arriving.
 
 A notification of Watchdogs only (the example route sends the Watchdog to us every few minutes, grouped by
