@@ -22,18 +22,12 @@ from typing import Any
 
 import requests
 
-from llm_health.drill.ha import Member, one_leader, recorder_argv, restarts
+from llm_health.drill.ha import Member, one_leader, recorder_argv, restart_alert, restarts
 from llm_health.drill.postgres import bin_dir, postgres_server
 from llm_health.drill.procs import free_port, wait_until
 
 TOKEN = "bench-failover-token"
-ALERT = {"version": "4", "status": "firing", "receiver": "llm-health-remediator", "truncatedAlerts": 0,
-         "groupKey": '{}:{backend="gpu-a"}', "groupLabels": {"backend": "gpu-a"}, "commonLabels": {},
-         "commonAnnotations": {}, "externalURL": "http://am-0:9093",
-         "alerts": [{"status": "firing", "labels": {"alertname": "LLMBackendStalled", "backend": "gpu-a",
-                                                    "remediation": "restart", "severity": "critical"},
-                     "annotations": {}, "startsAt": "2026-12-03T10:00:00Z", "endsAt": "0001-01-01T00:00:00Z",
-                     "fingerprint": "f00d", "generatorURL": ""}]}
+ALERT = restart_alert("gpu-a")
 
 
 def measure(trials: int, poll_interval: float) -> dict[str, Any]:

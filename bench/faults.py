@@ -36,7 +36,7 @@ from typing import Any
 
 import requests
 
-from llm_health.drill.ha import Member, leaders, one_leader, restarts
+from llm_health.drill.ha import Member, leaders, one_leader, restart_alert, restarts
 from llm_health.drill.postgres import PostgresServer, bin_dir, postgres_server
 from llm_health.drill.procs import WaitTimeout, free_port, wait_until
 
@@ -51,16 +51,6 @@ ACTION = ("import os, sys, time\nwith open(sys.argv[1], 'a') as f:\n"
           "    f.write(f\"{os.environ['LLM_HEALTH_BACKEND']} {os.environ['LLM_HEALTH_EPOCH']}\\n\")\n"
           "time.sleep(float(sys.argv[2]))\n")
 SETTLED = {"needs_ack", "observed", "closed"}
-
-
-def alert(backend: str) -> dict[str, Any]:
-    return {"version": "4", "status": "firing", "receiver": "llm-health-remediator", "truncatedAlerts": 0,
-            "groupKey": f'{{}}:{{backend="{backend}"}}', "groupLabels": {"backend": backend}, "commonLabels": {},
-            "commonAnnotations": {}, "externalURL": "http://am-0:9093",
-            "alerts": [{"status": "firing", "labels": {"alertname": "LLMBackendStalled", "backend": backend,
-                                                       "remediation": "restart", "severity": "critical"},
-                        "annotations": {}, "startsAt": "2026-12-04T10:00:00Z", "endsAt": "0001-01-01T00:00:00Z",
-                        "fingerprint": f"f-{backend}", "generatorURL": ""}]}
 
 
 class Alertmanagers:
@@ -91,7 +81,7 @@ class Alertmanagers:
     def _post(self, backend: str, i: int) -> bool:
         m = self.members[i]
         try:
-            r = requests.post(m.url + "/webhook", json=alert(backend), headers=m.headers, timeout=2)
+            r = requests.post(m.url + "/webhook", json=restart_alert(backend), headers=m.headers, timeout=2)
             return 200 <= r.status_code < 300
         except requests.RequestException:
             return False

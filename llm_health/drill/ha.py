@@ -3,6 +3,7 @@
 * `Member`: one `llm-health remediator` process (1 worker) with its own folder, config and token;
   `leads()` reads its /healthz `holds_lease`; `deliver()` posts a notification to its webhook;
 * `one_leader()`: wait until exactly one member leads;
+* `restart_alert()`: the notification an Alertmanager sends about one backend's firing restart alert;
 * `recorder_argv()` / `restarts()`: a restart action that appends "<backend> <epoch>" to a file (the epoch
   its process got in LLM_HEALTH_EPOCH), and the lines it wrote: a repeated restart shows there.
 """
@@ -23,6 +24,18 @@ from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_u
 
 RECORDER = ("import os, sys\nwith open(sys.argv[1], 'a') as f:\n"
             "    f.write(f\"{os.environ['LLM_HEALTH_BACKEND']} {os.environ['LLM_HEALTH_EPOCH']}\\n\")\n")
+
+
+def restart_alert(backend: str, starts_at: str = "2026-12-03T10:00:00Z") -> dict[str, Any]:
+    """A webhook notification of one firing LLMBackendStalled (remediation=restart) about `backend`, grouped
+    by backend as the shipped restart route groups it; the same dict every time (a repeat, an HA copy)."""
+    return {"version": "4", "status": "firing", "receiver": "llm-health-remediator", "truncatedAlerts": 0,
+            "groupKey": f'{{}}:{{backend="{backend}"}}', "groupLabels": {"backend": backend}, "commonLabels": {},
+            "commonAnnotations": {}, "externalURL": "http://am-0:9093",
+            "alerts": [{"status": "firing", "labels": {"alertname": "LLMBackendStalled", "backend": backend,
+                                                       "remediation": "restart", "severity": "critical"},
+                        "annotations": {}, "startsAt": starts_at, "endsAt": "0001-01-01T00:00:00Z",
+                        "fingerprint": f"f-{backend}", "generatorURL": ""}]}
 
 
 def recorder_argv(folder: Path, actions: Path) -> list[str]:
