@@ -330,6 +330,15 @@ def _judge_no_metrics(prev: BackendState, obs: Observation, now: float, settings
                    in_flight=0.0, tokens_per_second=0.0, steps_per_second=0.0, probe_failures=0)
 
 
+def _watch_anew(base: dict[str, Any], reading: Reading, now: float) -> dict[str, EngineTrack]:
+    """A process read for the first time (the first reading, or another process answered): its watch starts
+    here (no gap seen yet, its step buckets as they are, no probe of ours in its queue) and its engines'
+    tracks afresh."""
+    base["watched_gap"], base["watch_before"] = 0.0, reading.step_buckets
+    base["probe_unanswered"] = False
+    return {e: EngineTrack(stuck_since=now if r.work > 0 else None) for e, r in reading.engines.items()}
+
+
 def _judge_reading(
     prev: BackendState, obs: Observation, reading: Reading, now: float, settings: Thresholds
 ) -> BackendState:
@@ -337,9 +346,7 @@ def _judge_reading(
                             "in_flight": reading.work, "steps_moved": None}
     last = prev.last
     if last is None or not last.has_engine_metrics:
-        base["watched_gap"], base["watch_before"] = 0.0, reading.step_buckets
-        base["probe_unanswered"] = False
-        tracks = {e: EngineTrack(stuck_since=now if r.work > 0 else None) for e, r in reading.engines.items()}
+        tracks = _watch_anew(base, reading, now)
         if reading.asleep:
             return _asleep(prev, reading, now, tokens_per_second=0.0, steps_per_second=0.0, **base)
         if reading.work <= 0:
@@ -349,9 +356,7 @@ def _judge_reading(
                        stall_bound=settings.bound(reading, 0.0).seconds, **base)
     changed = other_process(last, reading)
     if changed:
-        base["watched_gap"], base["watch_before"] = 0.0, reading.step_buckets
-        base["probe_unanswered"] = False
-        tracks = {e: EngineTrack(stuck_since=now if r.work > 0 else None) for e, r in reading.engines.items()}
+        tracks = _watch_anew(base, reading, now)
         return _become(prev, Verdict.RESTARTED, f"another process answered: {changed}; {_work_text(reading)}",
                        now, engines=tracks, tokens_per_second=0.0, steps_per_second=0.0, probe_failures=0,
                        longest_quiet=0.0, **base)
