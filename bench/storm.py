@@ -332,18 +332,19 @@ def _report(senders: list[dict[str, Any]], storm_wall: float, settle_wall: float
                  for ln in metrics.splitlines() if ln.startswith("llm_health_remediator_decisions_total{")}
     opened = Counter(e["backend"] for e in opened_events)
     due = stalled + down
+    p99_ms = _percentile(latencies, 0.99) * 1000
     targets = {
         "every notification answered 2xx": set(codes) <= {"200", "202"},
         "exactly 1 restart for each backend where one is due": all(restarts[b] == 1 for b in due),
         "0 restarts of healthy backends": all(restarts[b] == 0 for b in healthy),
         "no incident restarted twice": all(n == 1 for n in per_incident.values()),
         f"the authority worked through every incident within {SETTLE_TIMEOUT:g} s": not stuck,
-        f"webhook p99 under {P99_GOAL_MS:g} ms (issue 24's goal for both stores)": _percentile(latencies, 0.99) * 1000 < P99_GOAL_MS,
+        f"webhook p99 under {P99_GOAL_MS:g} ms (issue 24's goal for both stores)": p99_ms < P99_GOAL_MS,
     }
     results = {
         "notifications": len(latencies), "codes": dict(codes),
         "throughput_per_s_in_bursts": len(latencies) / busy, "throughput_per_s_overall": len(latencies) / storm_wall,
-        "p50_ms": _percentile(latencies, 0.5) * 1000, "p99_ms": _percentile(latencies, 0.99) * 1000,
+        "p50_ms": _percentile(latencies, 0.5) * 1000, "p99_ms": p99_ms,
         "max_ms": max(latencies) * 1000, "mean_ms": statistics.mean(latencies) * 1000,
         "storm_wall_s": storm_wall, "settled_after_s": settle_wall,
         "restarts": dict(restarts), "incidents_opened": dict(opened), "events": dict(kinds),
