@@ -8,6 +8,10 @@ It never creates a database after that: new connections open the existing file o
 every connection and write transaction first checks that the path still names the same file. A state
 file deleted or replaced behind our back raises StateError, so the authority stops acting at once
 instead of going on with a second, empty store.
+
+Writers take turns (`turn.py`: a lock per process, a `flock()` on `<state>-writer` across processes)
+before `BEGIN IMMEDIATE`, so a storm's writers are served in about the order they came instead of by
+SQLite's busy handler, whose growing sleeps let newcomers pass a writer that has waited long.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pathlib import Path
 from llm_health.remediator import state_traces
 from llm_health.remediator.store.base import StateError
 from llm_health.remediator.store.sqlite import schema
+from llm_health.remediator.store.sqlite.turn import WriterTurn
 from llm_health.remediator.store.tables import ReadVerbs, WriteVerbs
 
 
@@ -60,6 +65,7 @@ class SqliteStore(HostClock):
         self._local = threading.local()
         self.identity: tuple[int, int] | None = expect
         self.broken = ""        # why the store stopped (deleted/replaced): sticky
+        self._turn = WriterTurn(os.path.abspath(self.path))   # writers queue before SQLite's lock (turn.py)
 
     def _db(self) -> sqlite3.Connection:
         return self.conn()
@@ -120,17 +126,18 @@ class SqliteStore(HostClock):
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction, taken with BEGIN IMMEDIATE so claims never race."""
+        """One write transaction, taken with BEGIN IMMEDIATE so claims never race, in this writer's turn."""
         self._guard()
         c = self.conn()
-        c.execute("BEGIN IMMEDIATE")
-        try:
-            yield c
-        except BaseException:
-            c.execute("ROLLBACK")
-            raise
-        else:
-            c.execute("COMMIT")
+        with self._turn.held():
+            c.execute("BEGIN IMMEDIATE")
+            try:
+                yield c
+            except BaseException:
+                c.execute("ROLLBACK")
+                raise
+            else:
+                c.execute("COMMIT")
 
     @contextmanager
     def tx(self) -> Iterator[SqliteTx]:

@@ -1,0 +1,122 @@
+"""remediator/store/sqlite/turn.py: writers of one state file take turns before SQLite's lock."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from llm_health.remediator.store import SqliteStore
+from llm_health.remediator.store.sqlite.turn import WriterTurn, lock_path
+
+HOLD = """import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def hold_in_another_process(path: str) -> subprocess.Popen[str]:
+    p = subprocess.Popen([sys.executable, "-c", HOLD, path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline().strip() == "held"
+    return p
+
+
+def release(p: subprocess.Popen[str]) -> None:
+    assert p.stdin is not None
+    p.stdin.close()
+    p.wait(timeout=10)
+
+
+def test_another_process_holding_the_turn_keeps_a_writer_out_until_it_lets_go(tmp_path: Path) -> None:
+    state = str(tmp_path / "state.db")
+    turn = WriterTurn(state, timeout=0.3)
+    p = hold_in_another_process(lock_path(state))
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="database is locked"):
+            with turn.held():
+                pass
+    finally:
+        release(p)
+    with turn.held():        # free again: granted at once
+        pass
+
+
+def test_the_store_writes_in_its_turn(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "state.db")
+    store.init()
+    store._turn.timeout = 0.3
+    p = hold_in_another_process(lock_path(os.path.abspath(store.path)))
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="no turn|held the turn"):
+            with store.tx() as tx:
+                tx.remember_delivery("k", 1.0, forget_before=0.0)
+    finally:
+        release(p)
+    with store.tx() as tx:
+        tx.remember_delivery("k", 1.0, forget_before=0.0)
+    with store.reader() as r:
+        assert r.delivery_seen_at("k") == 1.0
+    store.close()
+
+
+def test_a_forked_child_takes_its_own_turn_not_its_parents(tmp_path: Path) -> None:
+    """gunicorn forks its workers: a flock() on a descriptor inherited from the parent is the parent's own
+    lock, so the child would write while the parent does."""
+    turn = WriterTurn(str(tmp_path / "state.db"), timeout=0.3)
+    with turn.held():                     # the parent's lock file is open before the fork
+        pass
+    held_r, held_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                          # the child: once the parent holds the turn, none for it
+        code = 3
+        try:
+            os.read(held_r, 1)
+            with turn.held():
+                code = 1
+        except sqlite3.OperationalError:
+            code = 0
+        finally:
+            os._exit(code)
+    with turn.held():
+        os.write(held_w, b"x")
+        _, status = os.waitpid(pid, 0)
+    os.close(held_r)
+    os.close(held_w)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_thread_waits_while_another_thread_of_its_process_writes(tmp_path: Path) -> None:
+    turn = WriterTurn(str(tmp_path / "state.db"), timeout=0.3)
+    inside, done = threading.Event(), threading.Event()
+
+    def write() -> None:
+        with turn.held():
+            inside.set()
+            done.wait(timeout=30)
+
+    t = threading.Thread(target=write)
+    t.start()
+    try:
+        assert inside.wait(timeout=30)
+        with pytest.raises(sqlite3.OperationalError, match="no turn to write within 0.3 s"):
+            with turn.held():
+                pass
+    finally:
+        done.set()
+        t.join(timeout=30)
+    with turn.held():
+        pass
+
+
+def test_a_lock_file_that_cannot_be_made_leaves_the_order_to_sqlite(tmp_path: Path) -> None:
+    turn = WriterTurn(str(tmp_path / "no-such-folder" / "state.db"), timeout=0.3)
+    with turn.held():
+        pass
+    assert turn._fd is None
