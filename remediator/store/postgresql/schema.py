@@ -1,8 +1,8 @@
 """The PostgreSQL schema and its migrations (`schema_version` holds the version; the SQLite store keeps the
 same number in `PRAGMA user_version`).
 
-Both stores have the same tables and columns at the same version (tests/unit/remediator/store/
-test_schema.py compares them). PostgreSQL state starts at version 6, the first the PostgreSQL store
+Both stores have the same tables, columns and named indexes at the same version
+(tests/unit/remediator/test_store_postgresql.py compares them). PostgreSQL state starts at version 6, the first the PostgreSQL store
 shipped with; a later version adds a step to MIGRATIONS here and in sqlite/schema.py. `migrate()` runs in
 the caller's transaction under the store's write lock (pg_advisory_xact_lock), so two remediators
 starting at once migrate once; a database whose version is newer than SCHEMA_VERSION is refused.
@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from llm_health.remediator.store.sqlite.schema import SCHEMA_VERSION, refuse_newer
+from llm_health.remediator.store.sqlite.schema import DELIVERIES_BY_AGE, SCHEMA_VERSION, refuse_newer
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "migrate", "version_of"]
 
@@ -169,9 +169,15 @@ def _create_6(c: Any) -> None:
             c.execute(stmt)
 
 
+def _deliveries_by_age(c: Any) -> None:
+    """Version 7: deliveries by age (sqlite/schema.py says why)."""
+    c.execute(DELIVERIES_BY_AGE)
+
+
 #: (version, step): the step brings a database of version - 1 (0: empty) to `version`
 MIGRATIONS: tuple[tuple[int, Callable[[Any], None]], ...] = (
     (6, _create_6),
+    (7, _deliveries_by_age),
 )
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from llm_health.remediator.store.base import StateError
 
 #: the schema this remediator writes; bump it with a new step in MIGRATIONS
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS deliveries (key TEXT PRIMARY KEY, first_seen REAL NOT NULL);
@@ -195,6 +195,15 @@ def _epoch(c: sqlite3.Connection) -> None:
         c.execute("ALTER TABLE lease ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0")
 
 
+def _deliveries_by_age(c: sqlite3.Connection) -> None:
+    """Version 7: deliveries by age. Every notification forgets the deliveries older than twice the dedup
+    window (IncidentWrites.remember_delivery): without the index that DELETE read the whole table, inside
+    the write transaction, so a storm's notifications each took longer than the one before."""
+    c.execute(DELIVERIES_BY_AGE)
+
+
+DELIVERIES_BY_AGE = "CREATE INDEX IF NOT EXISTS deliveries_first_seen ON deliveries(first_seen)"
+
 #: (version, step): the step brings a state file of version - 1 to `version`
 MIGRATIONS: tuple[tuple[int, Callable[[sqlite3.Connection], None]], ...] = (
     (1, _baseline),
@@ -203,6 +212,7 @@ MIGRATIONS: tuple[tuple[int, Callable[[sqlite3.Connection], None]], ...] = (
     (4, _operators),
     (5, _rollouts),
     (6, _epoch),
+    (7, _deliveries_by_age),
 )
 
 

@@ -33,6 +33,7 @@ from llm_health.remediator.store import (
     StateError,
 )
 from llm_health.remediator.store.postgresql import PostgresStore
+from llm_health.remediator.store.sqlite.schema import SCHEMA_VERSION
 from llm_health.remediator.store.transfer import copy_state
 
 T = 1_700_000_000.0
@@ -219,10 +220,10 @@ def test_a_column_the_target_does_not_have_refuses_the_copy(tmp_path: Path, sour
 def test_an_older_source_is_refused_and_left_as_it_was(tmp_path: Path, source: Path, pg_url: str,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     with sqlite3.connect(source) as c:
-        c.execute("PRAGMA user_version = 5")
+        c.execute(f"PRAGMA user_version = {SCHEMA_VERSION - 1}")
     before = source.read_bytes()
     assert migrate(tmp_path, source, pg_url) == 2
-    assert "older than 6: start the current remediator on it once" in capsys.readouterr().err
+    assert f"older than {SCHEMA_VERSION}: start the current remediator on it once" in capsys.readouterr().err
     assert source.read_bytes() == before
 
 

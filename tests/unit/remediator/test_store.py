@@ -217,3 +217,34 @@ def test_a_version_1_state_gets_the_incidents_group_labels(tmp_path: Path) -> No
     assert reread is not None and reread.labels == (("cluster", "eu-1"),)
     store.close()
     assert version(path) == SCHEMA_VERSION
+
+
+def test_forgetting_old_deliveries_reads_only_the_old_ones(tmp_path: Path) -> None:
+    """Every notification deletes the deliveries older than twice the dedup window, inside its write
+    transaction: by the index on their age (schema 7), never a scan of the whole table, which grew with a
+    storm and made each notification slower than the one before."""
+    store = SqliteStore(tmp_path / "state.db")
+    store.init()
+    plan = " ".join(str(r[3]) for r in store.conn().execute(
+        "EXPLAIN QUERY PLAN DELETE FROM deliveries WHERE first_seen < ?", (1.0,)).fetchall())
+    store.close()
+    assert "deliveries_first_seen" in plan and "SCAN" not in plan
+
+
+def test_a_version_6_state_gets_the_index_of_deliveries_by_age(tmp_path: Path) -> None:
+    path = tmp_path / "v6.db"
+    store = SqliteStore(path)
+    store.init()
+    with store.tx() as tx:
+        tx.remember_delivery("k", 5.0, forget_before=0.0)
+    store.close()
+    with sqlite3.connect(path) as c:
+        c.execute("DROP INDEX deliveries_first_seen")
+        c.execute("PRAGMA user_version = 6")
+    store = SqliteStore(path)
+    store.init()
+    names = {r[0] for r in store.conn().execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    with store.reader() as r:
+        assert r.delivery_seen_at("k") == 5.0
+    store.close()
+    assert "deliveries_first_seen" in names and version(path) == SCHEMA_VERSION

@@ -39,6 +39,20 @@ def columns_pg(url: str) -> dict[str, set[tuple[str, bool]]]:
     return out
 
 
+def indexes_sqlite(path: Path) -> set[str]:
+    with sqlite3.connect(path) as c:
+        return {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type = 'index' AND name NOT LIKE "
+                                        "'sqlite_%'")}
+
+
+def indexes_pg(url: str) -> set[str]:
+    """The named indexes (not those of primary keys and unique constraints, which SQLite names itself)."""
+    with psycopg.connect(url) as c:
+        rows = c.execute("SELECT indexname FROM pg_indexes WHERE schemaname = 'public' AND indexname NOT IN "
+                         "(SELECT conname FROM pg_constraint)").fetchall()
+    return {r[0] for r in rows}
+
+
 def test_the_schema_is_the_sqlite_schema_at_the_same_version(tmp_path: Path, pg_url: str) -> None:
     SqliteStore(tmp_path / "s.db").init()
     store = PostgresStore(pg_url)
@@ -47,6 +61,8 @@ def test_the_schema_is_the_sqlite_schema_at_the_same_version(tmp_path: Path, pg_
     pg = columns_pg(pg_url)
     assert pg.pop("schema_version") >= {("version", True), ("state_id", True)}
     assert pg == columns_sqlite(tmp_path / "s.db")
+    assert indexes_pg(pg_url) == indexes_sqlite(tmp_path / "s.db")
+    assert "deliveries_first_seen" in indexes_pg(pg_url)
     with psycopg.connect(pg_url) as c:
         assert c.execute("SELECT version FROM schema_version").fetchone()[0] == SCHEMA_VERSION
 
