@@ -381,10 +381,15 @@ def _report(senders: list[dict[str, Any]], storm_wall: float, settle_wall: float
         "",
         f"![storm](img/{image})",
         "",
-        *([] if postgresql else [
-            "(The bands of slower answers at steps of roughly 20 ms look like SQLite's busy-wait while the 4 "
-            "workers take turns at the write lock, one `BEGIN IMMEDIATE` per notification; a micro-benchmark of "
-            "8 processes writing alone, no HTTP, shows SQLite's p99 under 2 ms but single waits over 1 s.)", ""]),
+        *(["(Every notification is one write transaction under the cluster's write lock (an advisory lock), so "
+           "the answers queue for it: BEGIN, the lock and the state id's check are one round trip, and the "
+           "transaction's blind writes travel with its next read or its COMMIT (remediator/store/postgresql/"
+           "conn.py BatchedDb), about 5 round trips per notification instead of 12.)", ""] if postgresql else [
+            "(Every notification is one `BEGIN IMMEDIATE` on the state file, so the 4 workers' threads queue for "
+            "SQLite's write lock; they take turns in a queue in front of it (a thread lock, then a `flock()` on "
+            "`<state>-writer`: remediator/store/sqlite/turn.py) instead of SQLite's busy handler, whose growing "
+            "sleeps let newcomers pass a long waiter by: single waits over 1 s before, with the median at a few "
+            "milliseconds.)", ""]),
         "| backends | count | incidents opened | restarts (action calls) | restarts per backend |",
         "|---|---:|---:|---:|---|",
         f"| stalled (frozen page; restart due) | {group(stalled)} |",

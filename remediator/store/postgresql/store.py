@@ -19,6 +19,7 @@ the same for every remediator of the cluster.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -32,12 +33,11 @@ import psycopg_pool
 from llm_health.remediator.store.base import StateError
 from llm_health.remediator.store.postgresql import schema
 from llm_health.remediator.store.postgresql.conn import (
-    DATABASE_GONE,
+    BatchedDb,
     PgDb,
     PooledReads,
     connection,
     pg_row,
-    unreachable,
 )
 from llm_health.remediator.store.tables import ReadVerbs, WriteVerbs
 from llm_health.remediator.store.tables.connected import Db
@@ -148,7 +148,9 @@ class PostgresStore(DatabaseClock):
             r = db.execute("SELECT state_id FROM schema_version WHERE one = 1").fetchone()
         except psycopg.errors.UndefinedTable:
             r = None
-        found = "" if r is None else str(r[0])
+        self._check_pin("" if r is None else str(r[0]))
+
+    def _check_pin(self, found: str) -> None:
         if not self.state_id:
             self.state_id = found
         elif found != self.state_id:
@@ -159,17 +161,28 @@ class PostgresStore(DatabaseClock):
 
     @contextmanager
     def tx(self) -> Iterator[PgTx]:
+        """One write transaction under WRITE_LOCK. BEGIN, the lock and the state id's check are one round
+        trip; the blind writes travel with the next read or the COMMIT (conn.py BatchedDb)."""
         self._guard()
         with connection(self._pool(), self.where) as c:
+            db = BatchedDb(c, self.where)
             try:
-                with c.transaction():
-                    db = PgDb(c, self.where)
-                    db.execute("SELECT pg_advisory_xact_lock(?)", (WRITE_LOCK,))
-                    if self.state_id:
-                        self._pin(db)
-                    yield PgTx(db)
-            except DATABASE_GONE as exc:                 # COMMIT itself failed: the server went away
-                raise unreachable(exc, self.where) from exc
+                start = f"BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK:d})"
+                if self.state_id:
+                    try:
+                        r = db.script(start + "; SELECT state_id FROM schema_version WHERE one = 1").fetchone()
+                    except psycopg.errors.UndefinedTable:
+                        r = None
+                    self._check_pin("" if r is None else str(r[0]))
+                else:
+                    db.script(start)
+                yield PgTx(db)
+                db.script("COMMIT")
+            except BaseException:
+                if c.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                    with contextlib.suppress(psycopg.Error):
+                        c.execute("ROLLBACK")
+                raise
 
     @contextmanager
     def reader(self) -> Iterator[PgReads]:

@@ -1,0 +1,134 @@
+"""remediator/store/postgresql/conn.py's BatchedDb against a real server: a write transaction's blind writes
+wait in the client and travel with the next statement that must be answered, so a transaction costs one
+round trip per read plus BEGIN and COMMIT, whatever it writes; the answers are the same as one statement at
+a time (row counts, types, what a read sees, an error rolling everything back). That a writer frozen with
+writes held still loses its lock is tests/unit/remediator/test_store_postgresql.py's frozen writer."""
+
+from __future__ import annotations
+
+import decimal
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from llm_health.remediator.store import Heard, StateError
+from llm_health.remediator.store.postgresql import PostgresStore
+from llm_health.remediator.store.postgresql.conn import blind_write, literal_safe
+
+
+@pytest.fixture
+def store(pg_url: str) -> Iterator[PostgresStore]:
+    s = PostgresStore(pg_url)
+    s.init()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def trips(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every message sent to the server through psycopg.Connection.execute (one round trip each)."""
+    sent: list[str] = []
+    original = psycopg.Connection.execute
+
+    def counting(self: psycopg.Connection[Any], query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(query.decode() if isinstance(query, bytes) else str(query))
+        return original(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Connection, "execute", counting)
+    return sent
+
+
+def test_writes_without_reads_are_two_round_trips(store: PostgresStore, trips: list[str]) -> None:
+    with store.tx() as tx:
+        tx.heard(Heard.WEBHOOK, 10.0)
+        for status in ("firing", "resolved", "firing"):
+            tx.bump("alerts_received", status)
+        tx.remember_delivery("k1", 10.0, forget_before=0.0)
+    assert len(trips) == 2, trips                         # BEGIN + lock + state id; the five writes + COMMIT
+    assert trips[0].startswith("BEGIN; SELECT pg_advisory_xact_lock(") and trips[1].endswith("COMMIT")
+    assert store.last_heard().webhook_at == 10.0
+    with store.reader() as r:
+        assert r.delivery_seen_at("k1") == 10.0
+
+
+def test_a_read_sees_the_writes_before_it_and_carries_them(store: PostgresStore, trips: list[str]) -> None:
+    with store.tx() as tx:
+        tx.remember_delivery("k2", 20.5, forget_before=0.0)
+        seen = tx.delivery_seen_at("k2")                  # text parameter: rides with the held writes
+        assert seen == 20.5 and isinstance(seen, float)
+        tx.heard(Heard.WATCHDOG, 21.0)
+    assert len(trips) == 3, trips
+
+
+def test_a_read_with_float_parameters_follows_the_held_writes_and_keeps_its_types(store: PostgresStore) -> None:
+    with store.tx() as tx:
+        tx.remember_delivery("k3", 30.25, forget_before=0.0)
+        row = tx._db().execute("SELECT first_seen, ? AS given FROM deliveries WHERE first_seen > ?",
+                               (1.5, 30.0)).fetchone()
+    assert row is not None and row["first_seen"] == 30.25 and row["given"] == 1.5
+    assert isinstance(row["given"], float) and not isinstance(row["given"], decimal.Decimal)
+
+
+def test_a_held_write_has_its_row_count(store: PostgresStore) -> None:
+    with store.tx() as tx:
+        db = tx._db()
+        db.execute("INSERT INTO deliveries (key, first_seen) VALUES (?, ?)", ("a", 1.0))
+        db.execute("INSERT INTO deliveries (key, first_seen) VALUES (?, ?)", ("b", 2.0))
+        none = db.execute("UPDATE deliveries SET first_seen = 9 WHERE key = ?", ("zz",))
+        both = db.execute("DELETE FROM deliveries WHERE first_seen < ?", (5.0,))
+        assert both.rowcount == 2 and none.rowcount == 0
+
+
+def test_an_error_in_a_held_write_rolls_the_transaction_back(store: PostgresStore) -> None:
+    with pytest.raises(psycopg.errors.NotNullViolation), store.tx() as tx:
+        tx.heard(Heard.WEBHOOK, 40.0)
+        tx._db().execute("INSERT INTO deliveries (key, first_seen) VALUES (?, ?)", ("bad", None))
+        tx.remember_delivery("after", 41.0, forget_before=0.0)
+    assert store.last_heard().webhook_at is None
+    with store.reader() as r:
+        assert r.delivery_seen_at("after") is None
+    with store.tx() as tx:                                # the pooled connection is usable again
+        tx.heard(Heard.WEBHOOK, 42.0)
+    assert store.last_heard().webhook_at == 42.0
+
+
+def test_text_with_quotes_percent_and_bytes_is_written_as_given(store: PostgresStore) -> None:
+    key = "it's 50% done; DROP TABLE deliveries; --?"
+    with store.tx() as tx:
+        tx.remember_delivery(key, 50.0, forget_before=0.0)
+        tx._db().execute("INSERT INTO heartbeat (worker, at, pad) VALUES (?, ?, ?)", ("w'1", 1.0, b"\x00'\\x01"))
+    with store.reader() as r:
+        assert r.delivery_seen_at(key) == 50.0
+        row = r._db().execute("SELECT pad FROM heartbeat WHERE worker = ?", ("w'1",)).fetchone()
+    assert bytes(row["pad"]) == b"\x00'\\x01"
+
+
+def test_a_commit_that_cannot_reach_the_server_is_a_state_error(pg_url: str, store: PostgresStore) -> None:
+    with pytest.raises(StateError, match="not reachable"), store.tx() as tx:
+        tx.heard(Heard.WEBHOOK, 60.0)
+        pid = tx._db().execute("SELECT pg_backend_pid()").fetchone()[0]
+        with psycopg.connect(pg_url, autocommit=True) as killer:
+            killer.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        tx.heard(Heard.WATCHDOG, 61.0)                     # held: the COMMIT finds the session gone
+    assert store.last_heard().webhook_at is None
+
+
+@pytest.mark.parametrize(("sql", "blind"), [
+    ("INSERT INTO t (a) VALUES (?)", True),
+    ("  update t SET a = 1", True),
+    ("DELETE FROM t WHERE a < ?", True),
+    ("INSERT INTO t (a) VALUES (?) RETURNING id", False),
+    ("SELECT a FROM t", False),
+    ("WITH x AS (SELECT 1) DELETE FROM t", False),   # not recognised: sent at once, always safe
+])
+def test_only_writes_answered_by_a_row_count_wait(sql: str, blind: bool) -> None:
+    assert blind_write(sql) is blind
+
+
+def test_only_text_integers_and_null_ride_as_literals() -> None:
+    assert literal_safe(("a", 1, None))
+    assert not literal_safe((1.5,))
+    assert not literal_safe((True,))
+    assert not literal_safe((b"x",))
