@@ -11,7 +11,7 @@ reach the database is a StateError (answered 503 by the web side; the lease laps
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -129,7 +129,9 @@ def literal_safe(parameters: Sequence[Any]) -> bool:
 class BatchedDb(PgDb):
     """A write transaction's connection, with fewer round trips and the same safety.
 
-    A blind write (`blind_write`) is not sent at once: it is bound client-side (psycopg's ClientCursor
+    The `opening` (BEGIN, the write lock, the state id) waits too and goes first in the first round trip,
+    so a transaction's Python work before its first read is done before it holds the lock. A blind write
+    (`blind_write`) is not sent at once: it is bound client-side (psycopg's ClientCursor
     quoting) and held until a statement must be answered; then everything held and that statement go in one
     simple-Query message, answered together. A read whose parameters are `literal_safe` rides in that
     message too; any other statement follows it. `finish("COMMIT")` sends what is held with the COMMIT.
@@ -142,8 +144,11 @@ class BatchedDb(PgDb):
     round trip, inside the same transaction: it is rolled back all the same.
     """
 
-    def __init__(self, conn: psycopg.Connection[Any], where: str) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], where: str, opening: Sequence[str] = (),
+                 opened: Callable[[Any], None] | None = None) -> None:
         super().__init__(conn, where)
+        self._opening = tuple(opening)      # literal statements sent first, with the first round trip
+        self._opened = opened               # called with the cursor at the last opening statement's result
         self._held: list[tuple[str, Deferred]] = []
         self._binder = psycopg.ClientCursor(conn)
 
@@ -155,14 +160,14 @@ class BatchedDb(PgDb):
             handle = Deferred(self)
             self._held.append((self._literal(sql, parameters), handle))
             return handle
-        if self._held and literal_safe(parameters):
+        if (self._held or self._opening) and literal_safe(parameters):
             return self._send(self._literal(sql, parameters))
         self.flush()
         return super().execute(sql, parameters)
 
     def flush(self) -> None:
         """Send what is held (one round trip), if anything is."""
-        if self._held:
+        if self._held or self._opening:
             self._send("")
 
     def script(self, last: str) -> Any:
@@ -171,10 +176,17 @@ class BatchedDb(PgDb):
         return self._send(last)
 
     def _send(self, last: str) -> Any:
+        opening, self._opening = self._opening, ()
         held, self._held = self._held, []
-        script = "; ".join([*(text for text, _ in held), *([last] if last else [])])
+        script = "; ".join([*opening, *(text for text, _ in held), *([last] if last else [])])
         try:
             cur = self._c.execute(script.encode())      # no parameters: the simple query protocol
+            if opening:
+                for _ in opening[1:]:
+                    cur.nextset()
+                if self._opened is not None:
+                    self._opened(cur)
+                cur.nextset()
             for _, handle in held:
                 handle.count = cur.rowcount
                 cur.nextset()

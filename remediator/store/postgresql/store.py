@@ -161,28 +161,32 @@ class PostgresStore(DatabaseClock):
 
     @contextmanager
     def tx(self) -> Iterator[PgTx]:
-        """One write transaction under WRITE_LOCK. BEGIN, the lock and the state id's check are one round
-        trip; the blind writes travel with the next read or the COMMIT (conn.py BatchedDb)."""
+        """One write transaction under WRITE_LOCK. BEGIN, the lock and the state id's check go with the
+        first round trip, the blind writes with the next read or the COMMIT (conn.py BatchedDb)."""
         self._guard()
         with connection(self._pool(), self.where) as c:
-            db = BatchedDb(c, self.where)
+            opening = ["BEGIN", f"SELECT pg_advisory_xact_lock({WRITE_LOCK:d})"]
+            pinning = bool(self.state_id)
+            if pinning:
+                opening.append("SELECT state_id FROM schema_version WHERE one = 1")
+            db = BatchedDb(c, self.where, opening, self._opened if pinning else None)
             try:
-                start = f"BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK:d})"
-                if self.state_id:
-                    try:
-                        r = db.script(start + "; SELECT state_id FROM schema_version WHERE one = 1").fetchone()
-                    except psycopg.errors.UndefinedTable:
-                        r = None
-                    self._check_pin("" if r is None else str(r[0]))
-                else:
-                    db.script(start)
                 yield PgTx(db)
                 db.script("COMMIT")
-            except BaseException:
+            except BaseException as exc:
                 if c.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                     with contextlib.suppress(psycopg.Error):
                         c.execute("ROLLBACK")
+                if pinning and isinstance(exc, psycopg.errors.UndefinedTable):
+                    problem = self.integrity_problem()     # our tables gone: is it still our database?
+                    if problem:
+                        raise StateError(problem) from exc
                 raise
+
+    def _opened(self, cur: Any) -> None:
+        """The state id read by a transaction's first round trip is the one we opened."""
+        r = cur.fetchone()
+        self._check_pin("" if r is None else str(r[0]))
 
     @contextmanager
     def reader(self) -> Iterator[PgReads]:

@@ -134,6 +134,7 @@ def test_a_writer_frozen_inside_its_transaction_holds_the_others_for_seconds_not
         try:
             with frozen.tx() as tx:
                 tx.put_lease(Lease("n", "frozen", 0.0, "", 1))
+                tx.lease("n")                   # a read: the first round trip, the lock is held from here
                 holding.set()
                 resumed.wait(15)                # stopped between two statements, the lock held
         except StateError as exc:

@@ -16,6 +16,7 @@ import pytest
 from llm_health.remediator.store import Heard, StateError
 from llm_health.remediator.store.postgresql import PostgresStore
 from llm_health.remediator.store.postgresql.conn import blind_write, literal_safe
+from llm_health.remediator.store.postgresql.store import WRITE_LOCK
 
 
 @pytest.fixture
@@ -40,14 +41,14 @@ def trips(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return sent
 
 
-def test_writes_without_reads_are_two_round_trips(store: PostgresStore, trips: list[str]) -> None:
+def test_writes_without_reads_are_one_round_trip(store: PostgresStore, trips: list[str]) -> None:
     with store.tx() as tx:
         tx.heard(Heard.WEBHOOK, 10.0)
         for status in ("firing", "resolved", "firing"):
             tx.bump("alerts_received", status)
         tx.remember_delivery("k1", 10.0, forget_before=0.0)
-    assert len(trips) == 2, trips                         # BEGIN + lock + state id; the five writes + COMMIT
-    assert trips[0].startswith("BEGIN; SELECT pg_advisory_xact_lock(") and trips[1].endswith("COMMIT")
+    assert len(trips) == 1, trips                         # BEGIN, lock, state id, the five writes, COMMIT
+    assert trips[0].startswith("BEGIN; SELECT pg_advisory_xact_lock(") and trips[0].endswith("COMMIT")
     assert store.last_heard().webhook_at == 10.0
     with store.reader() as r:
         assert r.delivery_seen_at("k1") == 10.0
@@ -59,7 +60,7 @@ def test_a_read_sees_the_writes_before_it_and_carries_them(store: PostgresStore,
         seen = tx.delivery_seen_at("k2")                  # text parameter: rides with the held writes
         assert seen == 20.5 and isinstance(seen, float)
         tx.heard(Heard.WATCHDOG, 21.0)
-    assert len(trips) == 3, trips
+    assert len(trips) == 2, trips                         # opening, write and read; write and COMMIT
 
 
 def test_a_read_with_float_parameters_follows_the_held_writes_and_keeps_its_types(store: PostgresStore) -> None:
@@ -69,6 +70,24 @@ def test_a_read_with_float_parameters_follows_the_held_writes_and_keeps_its_type
                                (1.5, 30.0)).fetchone()
     assert row is not None and row["first_seen"] == 30.25 and row["given"] == 1.5
     assert isinstance(row["given"], float) and not isinstance(row["given"], decimal.Decimal)
+
+
+def test_the_lock_is_taken_by_the_first_round_trip_not_before(store: PostgresStore, pg_url: str) -> None:
+    with store.tx() as tx, psycopg.connect(pg_url, autocommit=True) as other:
+        tx.heard(Heard.WEBHOOK, 25.0)                     # held: nothing sent, no lock yet
+        assert other.execute("SELECT pg_try_advisory_xact_lock(%s)", (WRITE_LOCK,)).fetchone()[0]
+        assert tx.delivery_seen_at("nothing") is None     # the first round trip: now it is ours
+        assert not other.execute("SELECT pg_try_advisory_xact_lock(%s)", (WRITE_LOCK,)).fetchone()[0]
+
+
+def test_another_state_id_found_by_the_first_round_trip_writes_nothing(store: PostgresStore, pg_url: str) -> None:
+    with psycopg.connect(pg_url, autocommit=True) as c:
+        c.execute("UPDATE schema_version SET state_id = 'someone-else'")
+    with pytest.raises(StateError, match="not the one this remediator opened"), store.tx() as tx:
+        tx.heard(Heard.WEBHOOK, 70.0)                     # sent with the opening, before the id is seen
+        tx.delivery_seen_at("k")
+    with psycopg.connect(pg_url, autocommit=True) as c:
+        assert c.execute("SELECT count(*) FROM heard").fetchone()[0] == 0
 
 
 def test_a_held_write_has_its_row_count(store: PostgresStore) -> None:
