@@ -138,9 +138,9 @@ def headline(results: Path) -> list[str]:
         pg = t.get("postgresql")
         lines.append(
             f"- **Alert storm**: {t['notifications']} webhook notifications at "
-            f"{t['throughput_per_s_in_bursts']:.0f}/s, p50 {t['p50_ms']:.1f} ms, p99 {t['p99_ms']:.1f} ms"
+            f"{t['throughput_per_s_in_bursts']:.0f}/s, p50 {t['p50_ms']:.1f} ms, p99 {_p99s(t)}"
             + (f" (state on PostgreSQL: {pg['throughput_per_s_in_bursts']:.0f}/s, p50 {pg['p50_ms']:.1f} ms, "
-               f"p99 {pg['p99_ms']:.1f} ms)" if pg else "") + "; restarts: "
+               f"p99 {_p99s(pg)})" if pg else "") + "; restarts: "
             + ("exactly one per backend where one was due, none elsewhere." if ok else
                "targets NOT met, see section 3."))
     f = _load(results, "fleet_remediator")
@@ -198,6 +198,12 @@ def results_dir(out: Path) -> Path:
     if out.resolve() == (ROOT / "docs").resolve():
         return ROOT / "bench" / "results"
     return out / "bench-results"
+
+
+def _p99s(storm: dict[str, Any]) -> str:
+    """The storm's p99: every run's when it was repeated."""
+    runs = storm.get("p99_ms_runs") or [storm["p99_ms"]]
+    return " / ".join(f"{p:.1f}" for p in runs) + " ms" + (f" ({len(runs)} runs)" if len(runs) > 1 else "")
 
 
 def assemble(out: Path) -> Path:

@@ -52,6 +52,7 @@ from llm_health.drill.procs import ManagedProcess, free_port, llm_health, python
 
 TOKEN = "bench-storm-token"
 P99_GOAL_MS = 50.0
+REPEATS = 3          # storms per store: the p99 goal must hold in each
 UNSETTLED = ("open", "draining", "restarting")   # incident states in which the authority still has work
 SETTLE_TIMEOUT = 300.0
 RECORDER = """import os, sys, urllib.request
@@ -207,15 +208,41 @@ def _percentile(values: list[float], q: float) -> float:
 
 def run(out_dir: Path, quick: bool) -> tuple[str, dict[str, Any]]:
     """The storm with the state in SQLite (the embedded default), then the same storm on PostgreSQL (when
-    its server programs are installed)."""
-    text, results = measure(out_dir, quick, None)
+    its server programs are installed); each REPEATS times, a fresh state and remediator each time."""
+    repeats = 1 if quick else REPEATS
+    text, results = repeated([measure(out_dir, quick, None) for _ in range(repeats)])
     if bin_dir() is None:
         return text, results
     with postgres_server(bin_dir()) as pg:
-        pg_text, pg_results = measure(out_dir, quick, pg.new_database())
+        pg_text, pg_results = repeated([measure(out_dir, quick, pg.new_database()) for _ in range(repeats)])
     results["postgresql"] = pg_results
     results["targets"].update({f"PostgreSQL: {k}": v for k, v in pg_results["targets"].items()})
     return text + "\n" + pg_text, results
+
+
+def repeated(runs: list[tuple[str, dict[str, Any]]]) -> tuple[str, dict[str, Any]]:
+    """The last run's report, figures and plot, with the p99 of every run beside it: the latency goal is
+    met only when every run meets it (one run's p99 on a shared 2-core machine moves by 10 ms and more)."""
+    text, results = runs[-1]
+    p99s = [r["p99_ms"] for _, r in runs]
+    goal = f"webhook p99 under {P99_GOAL_MS:g} ms (issue 24's goal for both stores)"
+    met = all(p < P99_GOAL_MS for p in p99s)
+    results["p99_ms_runs"] = p99s
+    results["targets"][goal] = met
+    text = text.replace(f"- PASS: {goal}", f"- {'PASS' if met else 'FAIL'}: {goal}, in every run").replace(
+        f"- FAIL: {goal}", f"- {'PASS' if met else 'FAIL'}: {goal}, in every run")
+    if len(runs) > 1:
+        text = text.replace("Targets:\n", f"The same storm {len(runs)} times (a fresh state and remediator each "
+                            "time; the figures above are the last run's): p99 "
+                            + " / ".join(f"{p:.1f}" for p in p99s) + " ms, p50 "
+                            + " / ".join(f"{r['p50_ms']:.1f}" for _, r in runs) + " ms, throughput "
+                            + " / ".join(f"{r['throughput_per_s_in_bursts']:.0f}" for _, r in runs)
+                            + " notifications/s.\n\nTargets:\n", 1)
+        for _, r in runs[:-1]:
+            for k, v in r["targets"].items():
+                if k != goal:
+                    results["targets"][k] = results["targets"][k] and v
+    return text, results
 
 
 def measure(out_dir: Path, quick: bool, state: str | None) -> tuple[str, dict[str, Any]]:

@@ -167,3 +167,22 @@ def test_the_real_stack_path_is_timed_part_by_part(tmp_path: Path) -> None:
                                   "delivered -> verified", "verified -> drained", "drained -> restarted")]
         assert all(p is not None and p >= -0.05 for p in parts), row     # each step after the one before
         assert abs(sum(parts) - row["frozen -> restarted"]) < 1e-6
+
+
+def test_the_storm_latency_goal_holds_only_when_every_run_meets_it() -> None:
+    from bench.storm import P99_GOAL_MS, repeated
+
+    goal = f"webhook p99 under {P99_GOAL_MS:g} ms (issue 24's goal for both stores)"
+
+    def one(p99: float, restarts_ok: bool = True) -> tuple[str, dict[str, Any]]:
+        ok = p99 < P99_GOAL_MS
+        text = f"Targets:\n- PASS: exactly 1 restart\n- {'PASS' if ok else 'FAIL'}: {goal}\n"
+        return text, {"p99_ms": p99, "p50_ms": 5.0, "throughput_per_s_in_bursts": 500.0,
+                      "targets": {"exactly 1 restart": restarts_ok, goal: ok}}
+
+    text, results = repeated([one(40.0), one(61.0), one(45.0)])     # the last run passes alone
+    assert results["targets"][goal] is False and results["p99_ms_runs"] == [40.0, 61.0, 45.0]
+    assert f"- FAIL: {goal}, in every run" in text and "p99 40.0 / 61.0 / 45.0 ms" in text
+    text, results = repeated([one(40.0, restarts_ok=False), one(41.0)])
+    assert results["targets"][goal] is True and results["targets"]["exactly 1 restart"] is False
+    assert f"- PASS: {goal}, in every run" in text
