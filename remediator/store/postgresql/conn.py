@@ -134,7 +134,7 @@ class BatchedDb(PgDb):
     (`blind_write`) is not sent at once: it is bound client-side (psycopg's ClientCursor
     quoting) and held until a statement must be answered; then everything held and that statement go in one
     simple-Query message, answered together. A read whose parameters are `literal_safe` rides in that
-    message too; any other statement follows it. `finish("COMMIT")` sends what is held with the COMMIT.
+    message too; any other statement follows it. `script("COMMIT")` sends what is held with the COMMIT.
 
     Why not psycopg's pipeline mode: a pipeline sends statements without a Sync, and PostgreSQL arms
     idle_in_transaction_session_timeout only at a Sync, so a client frozen (SIGSTOP) after a pipelined
