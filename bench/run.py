@@ -20,6 +20,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from llm_health.drill.procs import interrupt_on_termination
+
 ROOT = Path(__file__).resolve().parent.parent
 NAMES = ("replay", "path", "scale", "storm", "fleet_remediator", "fleet", "slowclients", "failover", "faults")
 
@@ -234,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="tiny configuration (smoke test), no figures worth citing")
     p.add_argument("--out", default=str(ROOT / "docs"), help="output folder (default: docs/)")
     args = p.parse_args(argv)
+    interrupt_on_termination()      # a benchmark stopped by `timeout` still stops its servers
     out = Path(args.out)
     rdir = results_dir(out)
     rdir.mkdir(parents=True, exist_ok=True)

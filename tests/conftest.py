@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from llm_health.drill.procs import ManagedProcess
+from llm_health.drill.procs import ManagedProcess, interrupt_on_termination
 
 # The real programs the tests start. Locally a missing one skips its tests; in CI (CI=true) the
 # project's own set-up must have installed them, so a missing one fails the run instead of
@@ -19,17 +18,10 @@ from llm_health.drill.procs import ManagedProcess
 REQUIRED_BINARIES = ("prometheus", "promtool", "prometheus-alertmanager", "amtool", "haproxy", "gdb")
 
 
-def _interrupted(signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
-
-
 def pytest_sessionstart(session: pytest.Session) -> None:
     # A run stopped by SIGTERM or SIGHUP (a CI timeout, a closed terminal) ends like Ctrl-C: pytest
-    # still tears the fixtures down, so every server, engine and stack a test started is stopped
-    # (they run in their own sessions, so the signal does not reach them). SIGKILL cannot be helped.
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(signum) in (signal.SIG_DFL, None):
-            signal.signal(signum, _interrupted)
+    # still tears the fixtures down, so every server, engine and stack a test started is stopped.
+    interrupt_on_termination()
     if os.environ.get("CI", "").lower() not in ("1", "true", "yes"):
         return
     missing = [b for b in REQUIRED_BINARIES if shutil.which(b) is None]

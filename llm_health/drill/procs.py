@@ -150,6 +150,20 @@ class _Ledger:
             self._fd = None
 
 
+def _interrupted(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
+def interrupt_on_termination() -> None:
+    """SIGTERM and SIGHUP (a timeout, a closed terminal) end this process like Ctrl-C, so its `finally`
+    blocks and context managers stop every process it started (ManagedProcess and the servers run in
+    their own sessions: the signal does not reach them). Signals someone else handles are left alone;
+    SIGKILL cannot be helped."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) in (signal.SIG_DFL, None):
+            signal.signal(signum, _interrupted)
+
+
 def wait_until(
     condition: Callable[[], T],
     timeout: float = 10.0,
