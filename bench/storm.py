@@ -33,6 +33,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import re
 import statistics
 import sys
 import tempfile
@@ -52,6 +53,7 @@ from llm_health.drill.procs import ManagedProcess, free_port, llm_health, python
 
 TOKEN = "bench-storm-token"
 P99_GOAL_MS = 50.0
+P99_GOAL = f"webhook p99 under {P99_GOAL_MS:g} ms (issue 24's goal for both stores)"
 REPEATS = 3          # storms per store: the p99 goal must hold in each
 UNSETTLED = ("open", "draining", "restarting")   # incident states in which the authority still has work
 SETTLE_TIMEOUT = 300.0
@@ -225,12 +227,11 @@ def repeated(runs: list[tuple[str, dict[str, Any]]]) -> tuple[str, dict[str, Any
     met only when every run meets it (one run's p99 on a shared 2-core machine moves by 10 ms and more)."""
     text, results = runs[-1]
     p99s = [r["p99_ms"] for _, r in runs]
-    goal = f"webhook p99 under {P99_GOAL_MS:g} ms (issue 24's goal for both stores)"
     met = all(p < P99_GOAL_MS for p in p99s)
     results["p99_ms_runs"] = p99s
-    results["targets"][goal] = met
-    text = text.replace(f"- PASS: {goal}", f"- {'PASS' if met else 'FAIL'}: {goal}, in every run").replace(
-        f"- FAIL: {goal}", f"- {'PASS' if met else 'FAIL'}: {goal}, in every run")
+    results["targets"][P99_GOAL] = met
+    text = re.sub(f"- (PASS|FAIL): {re.escape(P99_GOAL)}", f"- {'PASS' if met else 'FAIL'}: {P99_GOAL}, in every run",
+                  text)
     if len(runs) > 1:
         text = text.replace("Targets:\n", f"The same storm {len(runs)} times (a fresh state and remediator each "
                             "time; the figures above are the last run's): p99 "
@@ -240,7 +241,7 @@ def repeated(runs: list[tuple[str, dict[str, Any]]]) -> tuple[str, dict[str, Any
                             + " notifications/s.\n\nTargets:\n", 1)
         for _, r in runs[:-1]:
             for k, v in r["targets"].items():
-                if k != goal:
+                if k != P99_GOAL:
                     results["targets"][k] = results["targets"][k] and v
     return text, results
 
@@ -380,7 +381,7 @@ def _report(senders: list[dict[str, Any]], storm_wall: float, settle_wall: float
         "0 restarts of healthy backends": all(restarts[b] == 0 for b in healthy),
         "no incident restarted twice": all(n == 1 for n in per_incident.values()),
         f"the authority worked through every incident within {SETTLE_TIMEOUT:g} s": not stuck,
-        f"webhook p99 under {P99_GOAL_MS:g} ms (issue 24's goal for both stores)": p99_ms < P99_GOAL_MS,
+        P99_GOAL: p99_ms < P99_GOAL_MS,
     }
     results = {
         "notifications": len(latencies), "codes": dict(codes),
@@ -427,7 +428,8 @@ def _report(senders: list[dict[str, Any]], storm_wall: float, settle_wall: float
         *(["(Every notification is one write transaction under the cluster's write lock (an advisory lock), so "
            "the answers queue for it: BEGIN, the lock and the state id's check are one round trip, and the "
            "transaction's blind writes travel with its next read or its COMMIT (remediator/store/postgresql/"
-           "conn.py BatchedDb), about 5 round trips per notification instead of 12.)", ""] if postgresql else [
+           "conn.py BatchedDb): 2 round trips for an HA copy, 5 for a notification that opens an incident, "
+           "about 8 and 13 before.)", ""] if postgresql else [
             "(Every notification is one `BEGIN IMMEDIATE` on the state file, so the 4 workers' threads queue for "
             "SQLite's write lock; they take turns in a queue in front of it (a thread lock, then a `flock()` on "
             "`<state>-writer`: remediator/store/sqlite/turn.py) instead of SQLite's busy handler, whose growing "

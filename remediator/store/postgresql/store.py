@@ -49,6 +49,8 @@ WRITE_LOCK = 0x6C6C6D68
 #: shortest lease (5 s). At 60 s, a leader frozen inside a write transaction held every other remediator's
 #: writes (the lease's takeover, every webhook) for a minute: the fault-injection benchmark found it.
 IDLE_IN_TRANSACTION_MS = 2500
+#: the random id the schema recorded at creation: every write transaction checks it (PostgresStore._pin)
+STATE_ID = "SELECT state_id FROM schema_version WHERE one = 1"
 POOL_SIZE = 8
 
 
@@ -145,12 +147,14 @@ class PostgresStore(DatabaseClock):
     def _pin(self, db: PgDb) -> None:
         """The state id recorded in the database is the one we opened (else: stop, sticky)."""
         try:
-            r = db.execute("SELECT state_id FROM schema_version WHERE one = 1").fetchone()
+            r = db.execute(STATE_ID).fetchone()
         except psycopg.errors.UndefinedTable:
             r = None
-        self._check_pin("" if r is None else str(r[0]))
+        self._check_pin(r)
 
-    def _check_pin(self, found: str) -> None:
+    def _check_pin(self, r: Any) -> None:
+        """The state id in row `r` (None: no row, no table) is the one we opened (else: stop, sticky)."""
+        found = "" if r is None else str(r[0])
         if not self.state_id:
             self.state_id = found
         elif found != self.state_id:
@@ -168,8 +172,9 @@ class PostgresStore(DatabaseClock):
             opening = ["BEGIN", f"SELECT pg_advisory_xact_lock({WRITE_LOCK:d})"]
             pinning = bool(self.state_id)
             if pinning:
-                opening.append("SELECT state_id FROM schema_version WHERE one = 1")
-            db = BatchedDb(c, self.where, opening, self._opened if pinning else None)
+                opening.append(STATE_ID)
+            pinned = (lambda cur: self._check_pin(cur.fetchone())) if pinning else None
+            db = BatchedDb(c, self.where, opening, pinned)
             try:
                 yield PgTx(db)
                 db.script("COMMIT")
@@ -182,11 +187,6 @@ class PostgresStore(DatabaseClock):
                     if problem:
                         raise StateError(problem) from exc
                 raise
-
-    def _opened(self, cur: Any) -> None:
-        """The state id read by a transaction's first round trip is the one we opened."""
-        r = cur.fetchone()
-        self._check_pin("" if r is None else str(r[0]))
 
     @contextmanager
     def reader(self) -> Iterator[PgReads]:
