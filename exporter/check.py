@@ -96,15 +96,23 @@ def _examine(
 ) -> tuple[Verification, Verdict]:
     target = Target(url, read_timeout, api_key)
     seen: list[tuple[Observation, float]] = []
+
+    def look() -> tuple[Observation, float]:
+        """One reading, at the time it was asked for; `answered`: when its answer came (its counters may be
+        from any moment in between, so a frozen span is counted from the first answer to the last ask)."""
+        sent = clock()
+        obs = observe(target)
+        return replace(obs, answered=clock()), sent
+
     try:
         for i in range(max(1, readings)):
             if i:
                 sleep(interval)
-            seen.append((observe(target), clock()))
+            seen.append(look())
         # frozen with work over a span one of this engine's steps can explain: read on until it cannot
         while interval > 0 and (need := _more_span_needed(seen, stall_ceiling, evidence)) > 0:
             sleep(min(interval, need))
-            seen.append((observe(target), clock()))
+            seen.append(look())
     finally:
         target.close()
     result, verdict = _judge_seen(url, seen, read_timeout, probe_timeout, probe, model, api_key, stall_ceiling,
@@ -121,17 +129,26 @@ def _good(seen: list[tuple[Observation, float]]) -> list[tuple[Reading, float]]:
     return [(o.reading, t) for o, t in seen if o.outcome == ReadResult.OK and o.reading and o.reading.has_engine_metrics]
 
 
+def _frozen_from(seen: list[tuple[Observation, float]]) -> float:
+    """Since when the first good reading's counters are known to stand: when its answer came (a slow
+    answer may show the counters of its last moment), or when it was asked for without that time."""
+    for o, t in seen:
+        if o.outcome == ReadResult.OK and o.reading and o.reading.has_engine_metrics:
+            return t if o.answered is None else max(t, o.answered)
+    return 0.0
+
+
 def _more_span_needed(seen: list[tuple[Observation, float]], ceiling: float,
                       evidence: FrozenEvidence | None = None) -> float:
     """Seconds more the readings must span before frozen counters prove a stall (0: enough, or not frozen)."""
     good = _good(seen)
     if len(good) < 2 or len(good) != len(seen):
         return 0.0
-    judged = _engines(good, all_good=True)
+    judged = _engines(good, all_good=True, frozen_from=_frozen_from(seen))
     if judged is None or judged[0].outcome != VerifyOutcome.NO_PROGRESS:
         return 0.0
     before = frozen_before(good[0], evidence)
-    span = good[-1][1] - good[0][1] + before
+    span = max(0.0, good[-1][1] - _frozen_from(seen)) + before
     required = required_span(good[-1][0], 0.0, ceiling)
     if before > 0 and evidence is not None and evidence.bound is not None:
         # the same counters the exporter judged with this process's history (steps seen chunked, pauses
@@ -168,7 +185,7 @@ def _judge_seen(url: str, seen: list[tuple[Observation, float]], read_timeout: f
     if last.asleep:
         return (Verification(VerifyOutcome.SLEEPING, f"asleep ({last.sleep.value}): not probed, never restarted for it; "
                              f"{_work(last)}", last.work), Verdict.SLEEPING)
-    judged = _engines(good, all_good=len(good) == len(seen))
+    judged = _engines(good, all_good=len(good) == len(seen), frozen_from=_frozen_from(seen))
     if judged is not None:
         return judged
 
@@ -230,15 +247,17 @@ def _owned_by(url: str, read_timeout: float) -> str:
         target.close()
 
 
-def _engines(good: list[tuple[Reading, float]], all_good: bool) -> tuple[Verification, Verdict] | None:
+def _engines(good: list[tuple[Reading, float]], all_good: bool,
+             frozen_from: float | None = None) -> tuple[Verification, Verdict] | None:
     """Per engine, like the exporter's worst-engine verdict; None when it comes down to the probe.
 
     no_progress: an engine with work in every reading whose counters never moved (needs >= 2 readings,
     all of them good). progress: every engine with work at the last reading moved (or, with no work
-    left, something moved: work finished). Otherwise unknown.
+    left, something moved: work finished). Otherwise unknown. Readings are at the times they were asked
+    for; `frozen_from`: since when the first one's counters are known (its answer; default: its time).
     """
     last, t_last = good[-1]
-    first_t = good[0][1]
+    first_t = good[0][1] if frozen_from is None else frozen_from
     multi = len(last.engines) > 1
     pairs = list(zip(good, good[1:], strict=False))
 
@@ -261,7 +280,7 @@ def _engines(good: list[tuple[Reading, float]], all_good: bool) -> tuple[Verific
         if frozen(key):
             eng = last.engines[key]
             return (Verification(VerifyOutcome.NO_PROGRESS, f"{name(key)}{_work(eng)}, no engine progress for "
-                                 f"{t_last - first_t:.0f} s across {len(good)} readings", last.work),
+                                 f"{max(0.0, t_last - first_t):.0f} s across {len(good)} readings", last.work),
                     Verdict.STALLED)
     if len(good) < 2:
         return None

@@ -73,6 +73,9 @@ class Observation:
     cheap_ok: bool | None = None          # /health or /v1/models answered (asked when there are no metrics;
                                           # on a timeout: /health answered, None when not asked)
     probe: ProbeResult | None = None      # a probe that finished since the previous judgement
+    answered: float | None = None         # a slow answer: when it arrived, on the judge's clock (None: promptly,
+                                          # at the judged time). The page's counters may be from any moment
+                                          # up to this, so nothing counts them as frozen before it
 
 
 class VerifyOutcome(StrEnum):

@@ -47,7 +47,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from llm_health.config import Backend, ExporterSettings, Proxy
@@ -471,13 +471,14 @@ class ReadScheduler:
             except Exception as exc:  # noqa: BLE001
                 result = ProbeResult("error", f"{type(exc).__name__}: {exc}")
             slot.probes[result.outcome] = slot.probes.get(result.outcome, 0) + 1
-            obs = Observation(outcome=obs.outcome, reading=obs.reading, detail=obs.detail,
-                              cheap_ok=obs.cheap_ok, probe=result)
+            obs = replace(obs, probe=result)
         slot.readings[obs.outcome] = slot.readings.get(obs.outcome, 0) + 1
         slot.last_outcome = obs.outcome
         started = read.started if read.started is not None else read.submitted
         at = max(self._taken(read, started, obs, now), slot.judged_at)   # never back in time
         slot.judged_at = at
+        if obs.outcome != ReadResult.TIMEOUT and read.finished is not None and read.finished - at > SLACK:
+            obs = replace(obs, answered=read.finished)   # a slow answer: its counters may be from then
         before = slot.state.verdict
         slot.state = judge(slot.state, obs, at, self.thresholds)
         if slot.state.verdict != before:

@@ -96,6 +96,8 @@ class BackendState:
     since: float = 0.0                    # when this verdict began
     last: Reading | None = None           # previous good reading (same process as the next, hopefully)
     last_at: float | None = None          # when `last` was taken
+    last_seen: float | None = None        # the latest moment `last`'s counters may be from: its answer's
+                                          # arrival when that was slow (Observation.answered), else last_at
     engines: dict[str, EngineTrack] = field(default_factory=dict)
     failures: int = 0                     # consecutive failed readings / failed probes of an idle backend
     silent_since: float | None = None     # first of consecutive /metrics timeouts with work last seen and
@@ -257,7 +259,7 @@ def _timeouts_toward_stall(prev: BackendState, now: float, settings: Thresholds,
     their steps, so a server that answers nothing is no step): `stall_after`. `text(failures, quiet)` says
     what was seen; `cols` are the state fields to set."""
     if anchor is None:
-        anchor = prev.last_at if prev.last_at is not None else now
+        anchor = _last_seen(prev, now)
     if bound is None:
         bound = QuietBound(settings.stall_after, f"stall_after {settings.stall_after:g} s")
     quiet = now - anchor
@@ -330,6 +332,13 @@ def _judge_no_metrics(prev: BackendState, obs: Observation, now: float, settings
                    in_flight=0.0, tokens_per_second=0.0, steps_per_second=0.0, probe_failures=0)
 
 
+def _last_seen(prev: BackendState, now: float) -> float:
+    """The latest moment the previous good reading's counters may be from (`now` without one)."""
+    if prev.last_seen is not None:
+        return prev.last_seen
+    return prev.last_at if prev.last_at is not None else now
+
+
 def _watch_anew(base: dict[str, Any], reading: Reading, now: float) -> dict[str, EngineTrack]:
     """A process read for the first time (the first reading, or another process answered): its watch starts
     here (no gap seen yet, its step buckets as they are, no probe of ours in its queue) and its engines'
@@ -342,11 +351,15 @@ def _watch_anew(base: dict[str, Any], reading: Reading, now: float) -> dict[str,
 def _judge_reading(
     prev: BackendState, obs: Observation, reading: Reading, now: float, settings: Thresholds
 ) -> BackendState:
+    # a frozen clock starts no earlier than these counters may be from: a slow answer's arrival (a page
+    # read at 21.6 s and answered at 23.5 s may show the counters of 23.5 s; an engine stopped right after
+    # has been frozen since 23.5 s, not 21.6 s)
+    seen = now if obs.answered is None else max(now, obs.answered)
     base: dict[str, Any] = {"failures": 0, "silent_since": None, "last": reading, "last_at": now,
-                            "in_flight": reading.work, "steps_moved": None}
+                            "last_seen": seen, "in_flight": reading.work, "steps_moved": None}
     last = prev.last
     if last is None or not last.has_engine_metrics:
-        tracks = _watch_anew(base, reading, now)
+        tracks = _watch_anew(base, reading, seen)
         if reading.asleep:
             return _asleep(prev, reading, now, tokens_per_second=0.0, steps_per_second=0.0, **base)
         if reading.work <= 0:
@@ -356,7 +369,7 @@ def _judge_reading(
                        stall_bound=settings.bound(reading, 0.0).seconds, **base)
     changed = other_process(last, reading)
     if changed:
-        tracks = _watch_anew(base, reading, now)
+        tracks = _watch_anew(base, reading, seen)
         return _become(prev, Verdict.RESTARTED, f"another process answered: {changed}; {_work_text(reading)}",
                        now, engines=tracks, tokens_per_second=0.0, steps_per_second=0.0, probe_failures=0,
                        longest_quiet=0.0, **base)
@@ -382,7 +395,7 @@ def _judge_reading(
         moved = old is not None and progressed(old, eng)
         any_progress = any_progress or moved
         if moved and track.stuck_since is not None:
-            learned = max(learned, now - track.stuck_since)   # a pause with work that ended in progress
+            learned = max(learned, seen - track.stuck_since)  # a pause with work that ended in progress
         if eng.work <= 0:
             tracks[key] = EngineTrack()
             continue
@@ -391,18 +404,18 @@ def _judge_reading(
             busy_engines += 1
             continue
         if old is None:
-            tracks[key] = EngineTrack(stuck_since=now)
+            tracks[key] = EngineTrack(stuck_since=seen)
         else:
             stuck_since = track.stuck_since
             if stuck_since is None:
                 # counters as they are were last seen at the previous reading (if it had work), else now
-                stuck_since = prev.last_at if (old.work > 0 and prev.last_at is not None) else now
+                stuck_since = _last_seen(prev, now) if old.work > 0 else seen
             tracks[key] = EngineTrack(stuck_since=stuck_since, frozen_readings=track.frozen_readings + 1)
         t = tracks[key]
         since = now if t.stuck_since is None else t.stuck_since
         if worst is None or since < (now if worst[2].stuck_since is None else worst[2].stuck_since):
             worst = (key, eng, t)
-    last_progress = now if any_progress else prev.last_progress
+    last_progress = seen if any_progress else prev.last_progress
     base["probe_unanswered"] = prev.probe_unanswered and not any_progress
     bound = settings.bound(reading, learned, watched, prev.watch_before)
     base.update(engines=tracks, tokens_per_second=tps, steps_per_second=sps, last_progress=last_progress,
@@ -411,7 +424,7 @@ def _judge_reading(
 
     if worst is not None:
         key, eng, t = worst
-        quiet = now - (t.stuck_since if t.stuck_since is not None else now)
+        quiet = max(0.0, now - (t.stuck_since if t.stuck_since is not None else now))
         prefix = f"engine {key}: " if multi else ""
         text = f"{prefix}{_work_text(eng)}, no engine progress for {quiet:.0f} s"
         if t.frozen_readings >= settings.stall_readings and quiet >= bound.seconds:

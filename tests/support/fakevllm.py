@@ -24,6 +24,7 @@ class FakeVllm:
         self.lock = threading.Lock()
         self.drip = False                 # /metrics: headers at once, then the body a byte at a time...
         self.release = threading.Event()  # ...until this is set
+        self.delay = 0.0                  # /metrics: seconds before the page is answered (a slow answer)
         self.hold_completions = threading.Event()  # set: /v1/completions waits until it is cleared
         self.probes = 0
         self.probes_while_busy = 0
@@ -74,6 +75,8 @@ class FakeVllm:
                 self.reply(200, json.dumps({"choices": [{"text": "!"}]}).encode(), "application/json")
 
             def _metrics(self) -> None:
+                if fake.delay:
+                    time.sleep(fake.delay)    # the page is made after the wait: it shows that moment's counters
                 body = fake.page().encode()
                 if not fake.drip:
                     self.reply(200, body, "text/plain; version=0.0.4")

@@ -1,4 +1,5 @@
-"""TODO docstring"""
+"""The read scheduler against a real HTTP fake (tests/support/fakevllm.py): which reads count, when a
+reading counts as taken, when a probe may go out."""
 
 from __future__ import annotations
 
@@ -38,4 +39,26 @@ def test_a_read_finishing_after_the_cycle_gave_up_is_never_used_later(fake) -> N
         assert f.probes_while_busy == 0
     finally:
         f.release.set()
+        fleet.close()
+
+
+def test_a_slow_answer_is_judged_with_the_time_it_came(fake) -> None:
+    """A page that took 0.4 s shows counters of up to 0.4 s after it was asked for: the verdict gets that
+    time (`answered`), so its frozen clock starts then; a prompt page is judged at its scheduled time."""
+    f = fake()
+    f.set("0", running=2, gen=100)
+    fleet = ReadScheduler([Backend(name="a", url=f.url)], [],
+                          ExporterSettings(interval=1.0, read_timeout=2.0, probe_timeout=2.0))
+    try:
+        slot = fleet.backends[0]
+        fleet.read_all()
+        assert slot.state.last_seen == slot.state.last_at          # prompt: judged at its scheduled time
+        f.delay = 0.4
+        f.set("0", running=2, gen=150)
+        fleet.read_all()
+        state = slot.state
+        assert state.verdict == Verdict.BUSY and state.last_at is not None and state.last_seen is not None
+        assert state.last_seen - state.last_at >= 0.35, (state.last_at, state.last_seen)
+        assert state.last_progress == state.last_seen
+    finally:
         fleet.close()

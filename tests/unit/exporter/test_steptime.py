@@ -93,9 +93,11 @@ def test_verdict_waits_out_a_long_llamacpp_step_and_still_catches_a_freeze() -> 
     assert state.verdict is Verdict.STALLED and "bound: 2 x a 4096-token prompt step" in state.reason
 
 
-def _frozen_verify(monkeypatch: Any, evidence: Any, interval: float = 5.0, start: float = 100.0) -> tuple[Any, list[float]]:
+def _frozen_verify(monkeypatch: Any, evidence: Any, interval: float = 5.0, start: float = 100.0,
+                   takes: float = 0.0) -> tuple[Any, list[float]]:
     """verify() of a llama.cpp whose counters never move (a ~25 s prompt step is plausible), on a fake clock;
-    `evidence(reading, now)` gives the exporter's. The verification and the times of its readings."""
+    `evidence(reading, now)` gives the exporter's; each read answers `takes` s after it was asked for. The
+    verification and the times its readings were asked for."""
     from llm_health.exporter import backend, check
 
     frozen = read_text(llamacpp(3907, 23.9, 41)).with_props(EngineProps(sleeping=False, context_tokens=4096))
@@ -104,6 +106,7 @@ def _frozen_verify(monkeypatch: Any, evidence: Any, interval: float = 5.0, start
 
     def observe(_target: Any) -> Observation:
         reads.append(clock[0])
+        clock[0] += takes
         return Observation("ok", frozen)
 
     monkeypatch.setattr(check, "observe", observe)
@@ -134,6 +137,19 @@ def test_verify_reads_on_until_no_step_of_the_engine_explains_the_freeze(monkeyp
     clock[0] = 0.0
     assert verify("http://127.0.0.1:1", readings=2, interval=1.0, read_timeout=1, probe_timeout=1,
                   sleep=lambda s: clock.__setitem__(0, clock[0] + s), clock=lambda: clock[0]).outcome == VerifyOutcome.PROGRESS
+
+
+def test_verify_counts_a_frozen_span_from_the_first_answer_to_the_last_ask(monkeypatch: Any) -> None:
+    """Slow answers (3 s each, readings 1 s apart): the first page's counters may be those of its answer,
+    the last page's those of its ask, so only the time between them proves the freeze. Counted between two
+    answers instead, the last slow answer would end the readings 1 s short (49 s of a 50 s span proven)."""
+    from llm_health.exporter.steptime import required_span
+
+    v, reads = _frozen_verify(monkeypatch, None, interval=1.0, start=0.0, takes=3.0)
+    needed = required_span(read_text(llamacpp(3907, 23.9, 41)).with_props(
+        EngineProps(sleeping=False, context_tokens=4096)), 0.0, 900.0)
+    assert v.outcome == VerifyOutcome.NO_PROGRESS
+    assert reads[-1] - (reads[0] + 3.0) >= needed > 2 * 24, (reads, needed)
 
 
 def test_verify_reuses_the_exporters_frozen_span_when_the_counters_are_the_same(monkeypatch: Any) -> None:

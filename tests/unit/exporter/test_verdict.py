@@ -119,6 +119,26 @@ def test_a_long_pause_that_ended_in_progress_raises_the_bound_for_this_process()
     assert later.verdict == Verdict.STALLED and "bound: 2 x the longest pause" in later.reason
 
 
+def test_a_slow_answer_starts_the_frozen_clock_when_it_came_not_when_it_was_asked_for() -> None:
+    """The CI case (tests/real/test_vllm.py, readings 1 s apart, stall_after 6 s): a page asked for at 1 s
+    came at 3 s with new counters, and the engine stopped right after. Its counters may be those of 3 s:
+    frozen since then (stalled at 9 s), not since 1 s (7 s: 2 s before a stall of 6 s was proven)."""
+    settings = Thresholds(stall_after=6.0, down_after=2)
+
+    def late(r: Reading, at: float) -> Observation:
+        return Observation(outcome=ReadResult.OK, reading=r, answered=at)
+
+    frozen = reading(running=1, gen=2)
+    steps = [(0, ok(reading(running=1, gen=1))), (1, late(frozen, 3.0))] + [(t, ok(frozen)) for t in range(4, 12)]
+    states = run(steps, settings)
+    assert states[1].last_progress == 3 and states[1].last_seen == 3 and states[1].last_at == 1
+    stalled = next(t for (t, _), s in zip(steps, states, strict=True) if s.verdict == Verdict.STALLED)
+    assert stalled == 9, [s.reason for s in states]
+    # a prompt answer (no `answered`, or one not later than the judged time) counts at the judged time
+    prompt = run([(0, ok(reading(running=1, gen=1))), (10, late(frozen, 5.0))])[-1]
+    assert prompt.last_progress == 10 and prompt.last_seen == 10
+
+
 def test_work_arriving_on_an_idle_backend_starts_the_clock_then() -> None:
     states = run([(0, ok(reading())), (1000, ok(reading(running=1))), (1015, ok(reading(running=1))),
                   (1030, ok(reading(running=1)))])

@@ -9,6 +9,8 @@ under load too, unless /health fails with it (nothing answers: stalled after sta
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from llm_health.exporter.check import EXIT_CODES
@@ -93,6 +95,14 @@ def test_llamacpp_page_hanging_under_load_is_stalled_from_the_last_progress() ->
     seen = run(busy_page("llamacpp-b11434-busy.txt"), hang(None), until=15)
     assert next(t for t, s in seen if s.verdict == Verdict.STALLED) == T.stall_after
     assert "no progress seen" in seen[-1][1].reason
+
+
+def test_llamacpp_hang_after_a_slow_idle_answer_counts_from_that_answer() -> None:
+    """The loop served that idle page when its answer came (4 s after it was asked): alive then, so the
+    hang that follows is counted from 4 s, not from when the page was asked for."""
+    first = replace(idle_page("llamacpp-b11434-idle.txt"), answered=4.0)
+    seen = run(first, hang(True), until=16)
+    assert next(t for t, s in seen if s.verdict == Verdict.STALLED) == 4.0 + T.stall_after
 
 
 def test_only_llamacpp_pages_are_the_work_queue() -> None:
