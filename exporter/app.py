@@ -51,7 +51,8 @@ def _frozen_evidence(b: Any, at: float) -> dict[str, Any]:
     of this answer: a duration, so no two hosts' clocks are compared). What a verification reuses."""
     if not b.progress_signature or b.last_progress is None:
         return {}
-    return {"progress_signature": b.progress_signature, "frozen_for_seconds": round(max(0.0, at - b.last_progress), 3)}
+    return {"progress_signature": b.progress_signature, "frozen_for_seconds": round(max(0.0, at - b.last_progress), 3),
+            "page_is_work_queue": b.page_is_work_queue}
 
 
 def verdicts_document(snap: Snapshot, only: str | None = None) -> dict[str, Any]:

@@ -19,7 +19,9 @@ are never compared.
 * down          refused / errors on every reading, or idle and the probe failed twice (refused,
                 timeout, 5xx), or no metrics and the cheap endpoints fail
 * no_progress   (also) llama.cpp: every reading timed out while /health answers; its /metrics is a
-                task of the inference loop, so the loop is stuck
+                task of the inference loop, so the loop is stuck. Known as llama.cpp by /v1/models'
+                `owned_by`, or, when /v1/models times out too (a loop stopped holding its queue's lock),
+                by the exporter's evidence that it reads this server's pages from llama.cpp's loop
 * unresponsive  every reading timed out (connection accepted, no answer within read_timeout) and
                 /health did not answer either: a hung server, neither down nor merely slow
 * restarted     another process answered between two readings
@@ -69,6 +71,7 @@ from llm_health.exporter.verdict import (
     progress_signature,
     progressed,
 )
+from llm_health.http_client import FailureKind
 from llm_health.redact import redact
 
 DEFAULT_CEILING = 900.0   # exporter.stall_ceiling's default
@@ -116,7 +119,7 @@ def _examine(
     finally:
         target.close()
     result, verdict = _judge_seen(url, seen, read_timeout, probe_timeout, probe, model, api_key, stall_ceiling,
-                                  on_probe)
+                                  on_probe, evidence)
     good = _good(seen)
     before = frozen_before(good[0], evidence) if good else 0.0
     if result.outcome == VerifyOutcome.NO_PROGRESS and before > 0:
@@ -168,7 +171,8 @@ def frozen_before(first: tuple[Reading, float], evidence: FrozenEvidence | None)
 
 def _judge_seen(url: str, seen: list[tuple[Observation, float]], read_timeout: float, probe_timeout: float,
                 probe: bool, model: str, api_key: str, stall_ceiling: float,
-                on_probe: OnProbe | None = None) -> tuple[Verification, Verdict]:
+                on_probe: OnProbe | None = None,
+                evidence: FrozenEvidence | None = None) -> tuple[Verification, Verdict]:
     good = _good(seen)
     outcomes = [o.outcome for o, _ in seen]
 
@@ -179,7 +183,7 @@ def _judge_seen(url: str, seen: list[tuple[Observation, float]], read_timeout: f
             return Verification(VerifyOutcome.RESTARTED, f"another process answered: {why}", b.work), Verdict.RESTARTED
 
     if not good:
-        return _without_readings(url, read_timeout, seen)
+        return _without_readings(url, read_timeout, seen, evidence)
 
     last = good[-1][0]
     if last.asleep:
@@ -201,7 +205,7 @@ def _judge_seen(url: str, seen: list[tuple[Observation, float]], read_timeout: f
 
 
 def _without_readings(
-    url: str, read_timeout: float, seen: list[tuple[Observation, float]]
+    url: str, read_timeout: float, seen: list[tuple[Observation, float]], evidence: FrozenEvidence | None = None
 ) -> tuple[Verification, Verdict]:
     outcomes = [o.outcome for o, _ in seen]
     if all(o in (ReadResult.REFUSED, ReadResult.ERROR) for o in outcomes):
@@ -225,24 +229,34 @@ def _without_readings(
             if not fine:
                 return (Verification(VerifyOutcome.UNRESPONSIVE, f"{timeouts}; /health did not answer within "
                                      f"{read_timeout:g} s either", 0.0), Verdict.UNKNOWN)
-            if _owned_by(url, read_timeout) == "llamacpp":
+            owner = _owned_by(url, read_timeout)
+            if owner == "llamacpp":
                 # llama.cpp serves /metrics from its inference loop (exporter.verdict.page_is_work_queue)
                 return (Verification(VerifyOutcome.NO_PROGRESS, f"{timeouts}, /health fine: llama.cpp's inference loop "
                                      "does not serve its queue (/metrics is one of its tasks)", 0.0),
+                        Verdict.STALLED)
+            if owner is None and evidence is not None and evidence.page_is_work_queue:
+                # /v1/models timed out too: a llama.cpp loop stopped while holding its queue's lock hangs every
+                # endpoint but /health. That it is llama.cpp comes from the exporter, which judges it stalled
+                # from its pages; without that evidence nothing here says which engine this is
+                return (Verification(VerifyOutcome.NO_PROGRESS, f"{timeouts}, /health fine, /v1/models timed out too: "
+                                     "the exporter reads this server's pages from llama.cpp's inference loop and "
+                                     "judges it stalled; the loop does not serve its queue", 0.0),
                         Verdict.STALLED)
             return Verification(VerifyOutcome.UNKNOWN, f"{timeouts}; /metrics slow, /health fine", 0.0), Verdict.UNKNOWN
         return Verification(VerifyOutcome.UNKNOWN, timeouts, 0.0), Verdict.UNKNOWN
     return Verification(VerifyOutcome.UNKNOWN, f"no usable reading ({', '.join(outcomes)})", 0.0), Verdict.UNKNOWN
 
 
-def _owned_by(url: str, read_timeout: float) -> str:
-    """`owned_by` of the first model on /v1/models (llama.cpp answers it from cached data, also
-    while its loop is stuck); "" when it cannot be had."""
+def _owned_by(url: str, read_timeout: float) -> str | None:
+    """`owned_by` of the first model on /v1/models (llama.cpp answers it without its loop, also while the
+    loop is stuck, unless the loop holds its queue's lock); "" when the answer does not say, None when no
+    answer came within `read_timeout`."""
     target = Target(url, read_timeout)
     try:
         return str(first_model_entry(target).get("owned_by", ""))
-    except HttpFailure:
-        return ""
+    except HttpFailure as exc:
+        return None if exc.kind == FailureKind.TIMEOUT else ""
     finally:
         target.close()
 

@@ -100,6 +100,8 @@ class FrozenEvidence:
     frozen_for: float
     at: float
     bound: float | None = None     # the exporter's stall bound (it knows this process's history; None: unknown)
+    page_is_work_queue: bool = False   # its last page came from the inference loop (llama.cpp,
+                                       # verdict.page_is_work_queue): a page that hangs is the loop's own work
 
 
 @dataclass(frozen=True)

@@ -126,6 +126,7 @@ class BackendView:
     last_reading: float | None = None     # wall clock of its last judged reading (None: never judged)
     stall_bound: float = 0.0              # how long its counters may stay frozen with work (exporter/steptime.py)
     progress_signature: str = ""          # stalled only: the frozen counters (verdict.progress_signature)
+    page_is_work_queue: bool = False      # stalled only: its last page came from the inference loop (llama.cpp)
 
 
 @dataclass
@@ -603,6 +604,8 @@ class ReadScheduler:
             stall_bound=st.stall_bound,
             progress_signature=(progress_signature(st.last) if st.verdict == Verdict.STALLED and st.last is not None
                                 else ""),
+            page_is_work_queue=(st.verdict == Verdict.STALLED and st.last is not None
+                                and page_is_work_queue(st.last)),
         )
 
     def snapshot(self) -> Snapshot:

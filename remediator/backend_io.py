@@ -140,7 +140,8 @@ def frozen_evidence(base: str, backend: Backend, clock: Callable[[], float] = ti
                 and isinstance(frozen_for, (int, float)) and not isinstance(frozen_for, bool)
                 and 0 <= frozen_for < 86_400):
             good_bound = (isinstance(bound, (int, float)) and not isinstance(bound, bool) and 0 < bound < 86_400)
-            return FrozenEvidence(signature, float(frozen_for), at, float(bound) if good_bound else None)
+            return FrozenEvidence(signature, float(frozen_for), at, float(bound) if good_bound else None,
+                                  page_is_work_queue=row.get("page_is_work_queue") is True)
     return None
 
 

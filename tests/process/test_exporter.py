@@ -153,8 +153,10 @@ def test_a_stalled_backends_frozen_counters_are_published_and_a_verification_reu
         target.close()
     assert fresh is not None and row["progress_signature"] == progress_signature(fresh)
     assert row["frozen_for_seconds"] >= STALL_AFTER - INTERVAL
+    assert row["page_is_work_queue"] is False                 # vLLM: its page is not its loop's own work
     evidence = frozen_evidence(e.url, Backend("a", s.url))
     assert evidence is not None and evidence.signature == row["progress_signature"]
+    assert evidence.page_is_work_queue is False
     assert frozen_evidence(e.url, Backend("b", other.url)) is None       # not stalled: nothing to reuse
     v = verify(s.url, readings=2, interval=0.2, read_timeout=2, probe_timeout=2, evidence=evidence)
     assert v.outcome == "no_progress" and "the very counters the exporter saw frozen" in v.reason

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from llm_health.config import Backend, ExporterSettings
 from llm_health.drill.procs import llm_health, wait_until
@@ -109,3 +110,40 @@ def test_probes_are_counted_when_sent(fake) -> None:
 
 
 # ------------------------------------------------------------------------------------ 5. unresponsive, 7. slow
+
+
+def test_a_llamacpp_whose_models_hang_too_is_stalled_only_with_the_exporters_evidence(monkeypatch) -> None:
+    """llama.cpp's loop stopped holding its queue's lock (seen on CI): /metrics and /v1/models time out,
+    /health answers. Nothing fresh says which engine this is: unknown (fail closed), unless the exporter,
+    which judges it stalled from its pages, says those pages come from llama.cpp's loop."""
+    from llm_health.exporter import check
+    from llm_health.exporter.observation import FrozenEvidence, Observation, ReadResult, VerifyOutcome
+    from llm_health.http_client import HttpFailure
+
+    monkeypatch.setattr(check, "observe", lambda _t: Observation(ReadResult.TIMEOUT, detail="no answer within 1 s"))
+    monkeypatch.setattr(check, "answers", lambda _t: True)
+    owner: list[Any] = [HttpFailure("timeout", "/v1/models: no answer within 1 s")]
+
+    def models(_t: Any) -> dict[str, Any]:
+        if isinstance(owner[0], Exception):
+            raise owner[0]
+        return {"id": "m", "owned_by": owner[0]}
+
+    monkeypatch.setattr(check, "first_model_entry", models)
+
+    def run(evidence: FrozenEvidence | None) -> Any:
+        return verify("http://127.0.0.1:1", readings=3, interval=0.0, read_timeout=1, probe_timeout=1,
+                      sleep=lambda _s: None, evidence=evidence)
+
+    loop = FrozenEvidence("ab" * 16, 30.0, 0.0, page_is_work_queue=True)
+    assert run(None).outcome == VerifyOutcome.UNKNOWN
+    assert run(FrozenEvidence("ab" * 16, 30.0, 0.0)).outcome == VerifyOutcome.UNKNOWN   # not llama.cpp's pages
+    v = run(loop)
+    assert v.outcome == VerifyOutcome.NO_PROGRESS and "/v1/models timed out too" in v.reason, v
+    # /v1/models answered: what it says decides, whatever the evidence
+    owner[0] = "vllm"
+    assert run(loop).outcome == VerifyOutcome.UNKNOWN
+    owner[0] = "llamacpp"
+    assert run(None).outcome == VerifyOutcome.NO_PROGRESS
+    owner[0] = HttpFailure("error", "/v1/models: HTTP 500", 500)    # an error is no timeout: not the lock
+    assert run(loop).outcome == VerifyOutcome.UNKNOWN

@@ -62,3 +62,41 @@ def test_a_slow_answer_is_judged_with_the_time_it_came(fake) -> None:
         assert state.last_progress == state.last_seen
     finally:
         fleet.close()
+
+
+def test_a_stalled_llamacpp_is_published_as_read_from_its_loop(fake) -> None:
+    """/verdicts says of a stalled backend whether its pages come from the inference loop (llama.cpp), so a
+    verification whose every endpoint but /health hangs knows what the exporter read (exporter/check.py)."""
+    from dataclasses import replace
+
+    from llm_health.exporter.app import verdicts_document
+    from llm_health.exporter.observation import Observation, ReadResult
+    from llm_health.exporter.reading import read_text
+    from llm_health.exporter.verdict import Thresholds, judge
+    from tests.support.paths import PAGES
+
+    busy = read_text((PAGES / "llamacpp-b11434-busy.txt").read_text())
+    t = Thresholds(stall_after=10.0, down_after=2, stall_readings=2)
+    (key, eng), = busy.engines.items()
+    moved = replace(busy, engines={key: replace(eng, counters={n: v + 1 for n, v in eng.counters.items()})})
+    state = judge(judge(None, Observation(ReadResult.OK, busy), 0.0, t), Observation(ReadResult.OK, moved), 1.0, t)
+    assert state.last_progress == 1.0
+    for at in range(2, 40):
+        state = judge(state, Observation(ReadResult.TIMEOUT, detail="no answer"), float(at), t)
+    assert state.verdict == Verdict.STALLED, state.reason
+    f = fake()
+    fleet = ReadScheduler([Backend(name="a", url=f.url)], [], ExporterSettings(interval=1.0, read_timeout=1.0))
+    try:
+        slot = fleet.backends[0]
+        slot.state = state
+        fleet._publish(slot)
+        row = verdicts_document(fleet.snapshot())["backends"][0]
+        assert row["verdict"] == "stalled" and row["page_is_work_queue"] is True
+        again = replace(busy, engines={key: replace(eng, counters={n: v + 2 for n, v in eng.counters.items()})})
+        slot.state = judge(state, Observation(ReadResult.OK, again), 41.0, t)   # it moves again: busy
+        assert slot.state.verdict == Verdict.BUSY
+        fleet._publish(slot)
+        row = verdicts_document(fleet.snapshot())["backends"][0]
+        assert "page_is_work_queue" not in row
+    finally:
+        fleet.close()

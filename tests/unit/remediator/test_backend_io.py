@@ -194,6 +194,11 @@ def test_an_exporter_answer_that_is_not_clear_evidence_is_none(row: dict[str, An
         row.update(good)                      # the same server, a clear answer: evidence
         ev = backend_io.frozen_evidence(url, Backend("a", "http://127.0.0.1:9"), clock=lambda: 5.0)
         assert ev is not None and (ev.signature, ev.frozen_for, ev.at) == ("ab" * 16, 60.0, 5.0)
+        assert ev.page_is_work_queue is False  # not said: not llama.cpp's loop
+        for said, meant in ((True, True), ("true", False), (1, False)):
+            row["page_is_work_queue"] = said
+            ev = backend_io.frozen_evidence(url, Backend("a", "http://127.0.0.1:9"))
+            assert ev is not None and ev.page_is_work_queue is meant, said
     finally:
         server.shutdown()
         server.server_close()
