@@ -128,15 +128,19 @@ def _examine(
     return result, verdict
 
 
+def _usable(o: Observation) -> bool:
+    return o.outcome == ReadResult.OK and o.reading is not None and o.reading.has_engine_metrics
+
+
 def _good(seen: list[tuple[Observation, float]]) -> list[tuple[Reading, float]]:
-    return [(o.reading, t) for o, t in seen if o.outcome == ReadResult.OK and o.reading and o.reading.has_engine_metrics]
+    return [(o.reading, t) for o, t in seen if _usable(o) and o.reading is not None]
 
 
 def _frozen_from(seen: list[tuple[Observation, float]]) -> float:
     """Since when the first good reading's counters are known to stand: when its answer came (a slow
     answer may show the counters of its last moment), or when it was asked for without that time."""
     for o, t in seen:
-        if o.outcome == ReadResult.OK and o.reading and o.reading.has_engine_metrics:
+        if _usable(o):
             return t if o.answered is None else max(t, o.answered)
     return 0.0
 
@@ -147,11 +151,12 @@ def _more_span_needed(seen: list[tuple[Observation, float]], ceiling: float,
     good = _good(seen)
     if len(good) < 2 or len(good) != len(seen):
         return 0.0
-    judged = _engines(good, all_good=True, frozen_from=_frozen_from(seen))
+    frozen_from = _frozen_from(seen)
+    judged = _engines(good, all_good=True, frozen_from=frozen_from)
     if judged is None or judged[0].outcome != VerifyOutcome.NO_PROGRESS:
         return 0.0
     before = frozen_before(good[0], evidence)
-    span = max(0.0, good[-1][1] - _frozen_from(seen)) + before
+    span = max(0.0, good[-1][1] - frozen_from) + before
     required = required_span(good[-1][0], 0.0, ceiling)
     if before > 0 and evidence is not None and evidence.bound is not None:
         # the same counters the exporter judged with this process's history (steps seen chunked, pauses
@@ -262,16 +267,15 @@ def _owned_by(url: str, read_timeout: float) -> str | None:
 
 
 def _engines(good: list[tuple[Reading, float]], all_good: bool,
-             frozen_from: float | None = None) -> tuple[Verification, Verdict] | None:
+             frozen_from: float) -> tuple[Verification, Verdict] | None:
     """Per engine, like the exporter's worst-engine verdict; None when it comes down to the probe.
 
     no_progress: an engine with work in every reading whose counters never moved (needs >= 2 readings,
     all of them good). progress: every engine with work at the last reading moved (or, with no work
     left, something moved: work finished). Otherwise unknown. Readings are at the times they were asked
-    for; `frozen_from`: since when the first one's counters are known (its answer; default: its time).
+    for; `frozen_from`: since when the first one's counters are known (`_frozen_from`: its answer).
     """
     last, t_last = good[-1]
-    first_t = good[0][1] if frozen_from is None else frozen_from
     multi = len(last.engines) > 1
     pairs = list(zip(good, good[1:], strict=False))
 
@@ -294,7 +298,7 @@ def _engines(good: list[tuple[Reading, float]], all_good: bool,
         if frozen(key):
             eng = last.engines[key]
             return (Verification(VerifyOutcome.NO_PROGRESS, f"{name(key)}{_work(eng)}, no engine progress for "
-                                 f"{max(0.0, t_last - first_t):.0f} s across {len(good)} readings", last.work),
+                                 f"{max(0.0, t_last - frozen_from):.0f} s across {len(good)} readings", last.work),
                     Verdict.STALLED)
     if len(good) < 2:
         return None

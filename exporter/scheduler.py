@@ -584,6 +584,7 @@ class ReadScheduler:
         if abs(offset - self._to_wall) > 0.5:   # the wall clock was stepped: show times on the new clock
             self._to_wall = offset
         to_wall = self._to_wall
+        stalled = st.last if st.verdict == Verdict.STALLED else None   # the page a stalled verdict was judged on
         slot.view = BackendView(
             name=slot.backend.name,
             url=slot.backend.url,
@@ -602,10 +603,8 @@ class ReadScheduler:
             lag_seconds=slot.lag_seconds,
             last_reading=None if slot.judged_at == float("-inf") else slot.judged_at + to_wall,
             stall_bound=st.stall_bound,
-            progress_signature=(progress_signature(st.last) if st.verdict == Verdict.STALLED and st.last is not None
-                                else ""),
-            page_is_work_queue=(st.verdict == Verdict.STALLED and st.last is not None
-                                and page_is_work_queue(st.last)),
+            progress_signature=progress_signature(stalled) if stalled is not None else "",
+            page_is_work_queue=stalled is not None and page_is_work_queue(stalled),
         )
 
     def snapshot(self) -> Snapshot:
