@@ -48,7 +48,7 @@ class Healthy:
                     body = b'{"object": "list", "data": [{"id": "m"}]}'
                 self.reply(200, body)
 
-        self.server = Loopback(Handler, poll_interval=0.05)
+        self.server = Loopback(Handler)
         self.url = self.server.url
 
     def since(self, t: float) -> list[float]:

@@ -95,7 +95,7 @@ class FakeVllm:
                 with fake.lock:
                     fake.metrics_done += 1
 
-        self.loop = Loopback(Handler, poll_interval=0.05)
+        self.loop = Loopback(Handler)
         self.url = self.loop.url
 
     def set(self, engine: str, running: float = 0, waiting: float = 0, gen: float | None = None) -> None:

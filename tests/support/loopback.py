@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 class Loopback:
     """Serves `handler` from a daemon thread until `stop()`; `url` is http://127.0.0.1:PORT."""
 
-    def __init__(self, handler: type[BaseHTTPRequestHandler], poll_interval: float = 0.5) -> None:
+    def __init__(self, handler: type[BaseHTTPRequestHandler], poll_interval: float = 0.05) -> None:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.httpd.daemon_threads = True
         self.port = int(self.httpd.server_address[1])

@@ -139,7 +139,7 @@ class World:
             one_pass(self.authority)
             self.clock.advance(0.5)
             return done()
-        return wait_until(step, timeout=timeout, interval=0.02, what=what)
+        return wait_until(step, timeout=timeout, interval=0.0, what=what)
 
     # -- what the store says
     def kinds(self, backend: str = "") -> list[str]:

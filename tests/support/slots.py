@@ -39,7 +39,8 @@ class SlotServer:
         self.max_in_flight = 0                     # the most requests this server ever had at once
         self.served = 0
         self._httpd = _Server(("127.0.0.1", self.port), self._handler())
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name=f"slots-{name}", daemon=True)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name=f"slots-{name}", daemon=True)
 
     @property
     def url(self) -> str:

@@ -3,10 +3,11 @@ and on the pages it must not be fooled by (a kept series where only a skipped fa
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -71,18 +72,25 @@ def _busy(flavour: str, index: int = 0) -> Engine:
     return e
 
 
-PAGES_BUILT = {
-    "bench-full": page_variants(2)[1],
-    "bench-simulator": page_variants(2, full=False)[1],
-    "sim-v0": render(_busy("v0"), "v0", process_start_time=1.7e9),
+# built on first use (the bench pages run a simulated engine for about a second): not at collection, which
+# every xdist worker repeats
+PAGE_BUILDERS: dict[str, Callable[[], str]] = {
+    "bench-full": lambda: page_variants(2)[1],
+    "bench-simulator": lambda: page_variants(2, full=False)[1],
+    "sim-v0": lambda: render(_busy("v0"), "v0", process_start_time=1.7e9),
     # with the API server's http_requests_total (and its _created), and with the family still empty
-    "sim-v1-http": render(_busy("v1"), "v1", process_start_time=1.7e9, http_requests={
+    "sim-v1-http": lambda: render(_busy("v1"), "v1", process_start_time=1.7e9, http_requests={
         ("/v1/completions", "POST", "2xx"): (3, 1.7e9), ("/v1/completions", "POST", "5xx"): (1, 1.7e9 + 1)}),
-    "sim-v1-http-empty": render(_busy("v1"), "v1", process_start_time=1.7e9, http_requests={}),
-    "sim-v1-mp": render(_busy("v1"), Flavour("v1", multiprocess=True)),
-    "sim-sglang": render(_busy("sglang"), "sglang"),
-    "sim-llamacpp": render(_busy("llamacpp"), "llamacpp"),
+    "sim-v1-http-empty": lambda: render(_busy("v1"), "v1", process_start_time=1.7e9, http_requests={}),
+    "sim-v1-mp": lambda: render(_busy("v1"), Flavour("v1", multiprocess=True)),
+    "sim-sglang": lambda: render(_busy("sglang"), "sglang"),
+    "sim-llamacpp": lambda: render(_busy("llamacpp"), "llamacpp"),
 }
+
+
+@functools.cache
+def built_page(name: str) -> str:
+    return PAGE_BUILDERS[name]()
 
 
 def test_there_are_real_pages_to_compare() -> None:
@@ -99,9 +107,9 @@ def test_every_saved_real_page_parses_the_same(path: Path, block_bytes: int) -> 
     assert page.samples or "python-only" in path.name or "two-engines" in path.name
 
 
-@pytest.mark.parametrize("name", sorted(PAGES_BUILT))
+@pytest.mark.parametrize("name", sorted(PAGE_BUILDERS))
 def test_the_benchmark_and_simulator_pages_parse_the_same(name: str, block_bytes: int) -> None:
-    page = same(PAGES_BUILT[name])
+    page = same(built_page(name))
     assert page.samples
 
 
@@ -266,7 +274,7 @@ def test_random_pages_parse_the_same(block_bytes: int) -> None:
     reads, the answer is the full parse's."""
     rng = random.Random(25)
     sources = [p.read_text().split("\n") for p in CAPTURES if p.stat().st_size > 40_000]
-    sources.append(PAGES_BUILT["bench-full"].split("\n"))
+    sources.append(built_page("bench-full").split("\n"))
     junk = [f"{VLLM_RUNNING} 9", f'{VLLM_RUNNING}{{engine="0"}} 8', "vllm:x_created 1", "", " ", "#", "# TYPE",
             "vllm:request_success_total{a=\"b\"} 2", "garbage", "sglang:token_usage 0.5", "  vllm:num_requests_waiting 1",
             "process_start_time_seconds 1.7e9", "vllm:iteration_tokens_total_count{engine=\"0\"} 3\r"]

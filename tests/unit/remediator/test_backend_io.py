@@ -4,7 +4,6 @@ read once and passed to verify."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -174,19 +173,17 @@ def test_the_exporter_is_this_files_own_unless_told_otherwise() -> None:
 ], ids=["not-stalled", "bad-signature", "negative", "bool", "missing", "another-backend"])
 def test_an_exporter_answer_that_is_not_clear_evidence_is_none(row: dict[str, Any]) -> None:
     import json
-    from http.server import ThreadingHTTPServer
 
     from llm_health.httpserver import QuietHandler
+    from tests.support.loopback import Loopback
 
     class Handler(QuietHandler):
         def do_GET(self) -> None:  # noqa: N802
             self.reply(200, json.dumps({"backends": [row]}), "application/json")
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    server = Loopback(Handler)
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
+        url = server.url
         good = {**row, "backend": "a", "verdict": "stalled", "progress_signature": "ab" * 16,
                 "frozen_for_seconds": 60}
         assert backend_io.frozen_evidence(url, Backend("a", "http://127.0.0.1:9")) is None
@@ -200,8 +197,7 @@ def test_an_exporter_answer_that_is_not_clear_evidence_is_none(row: dict[str, An
             ev = backend_io.frozen_evidence(url, Backend("a", "http://127.0.0.1:9"))
             assert ev is not None and ev.page_is_work_queue is meant, said
     finally:
-        server.shutdown()
-        server.server_close()
+        server.stop()
 
 
 def test_the_verifier_hands_the_evidence_to_verify(monkeypatch: pytest.MonkeyPatch) -> None:
