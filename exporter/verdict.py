@@ -280,7 +280,13 @@ def idle_believable(state: BackendState, obs: Observation) -> bool:
     reading by more than our own probe (finished since then) explains: SGLang writes its running/queued
     gauges at prefill batches and every 40 decode steps, so work given to an idle SGLang reads 0 / 0 for
     seconds while its forward passes move (verified on SGLang 0.5.23). An engine that just stepped was
-    alive anyway: a probe would prove nothing more and could meet work."""
+    alive anyway: a probe would prove nothing more and could meet work.
+
+    Nor on the reading that shows another process answering (a restart): a server that has just come back
+    is when the clients' retries and the balancer's re-admission land, after its page was rendered; the
+    next reading of the new process probes it if it is still idle."""
+    if state.verdict is Verdict.RESTARTED and state.watched_gap == 0.0:
+        return False
     moved = state.steps_moved
     if moved is None:
         return True

@@ -340,6 +340,27 @@ def test_an_idle_page_is_not_believed_while_the_engine_steps() -> None:
     assert idle_believable(after_probe, probed)                             # our own probe's steps
 
 
+def test_no_probe_on_the_reading_that_shows_a_restarted_process() -> None:
+    """A server that has just come back (another process answers) is when the clients' retries and the
+    balancer's re-admission land, after its page was rendered: its first idle page is not probed; the next
+    reading of the same process is (the replay's incident day had a probe meet 24 retries at that instant)."""
+    from llm_health.exporter.verdict import idle_believable
+
+    t = Thresholds()
+    old = read_text(vllm_page({"0": {"running": 0, "waiting": 0, "gen": 100}}))
+    new_page = vllm_page({"0": {"running": 0, "waiting": 0, "gen": 0}}).replace("1000.0", "2000.0")
+    state = judge(judge(None, Observation("ok", old), 0.0, t), Observation("ok", old), 15.0, t)
+    assert idle_believable(state, Observation("ok", old))
+    first = Observation("ok", read_text(new_page))
+    restarted = judge(state, first, 30.0, t)
+    assert restarted.verdict is Verdict.RESTARTED
+    assert not idle_believable(restarted, first)                          # the process's first page
+    again = Observation("ok", read_text(new_page))
+    later = judge(restarted, again, 45.0, t)
+    assert later.verdict is Verdict.RESTARTED and idle_believable(later, again)   # its second: probed
+    assert idle_believable(judge(None, first, 0.0, t), first)             # the exporter's first reading is
+
+
 def test_a_rejected_probe_is_unknown_and_never_counts_toward_down() -> None:
     idle = read_text(vllm_page({"0": {"running": 0, "waiting": 0, "gen": 100}}))
     t = Thresholds(stall_after=120.0, down_after=2)
