@@ -9,8 +9,8 @@
   the remediator is `remediator.policy.decide` (gates, then the real `exporter.check.verify` over
   loopback against the simulated server, then the decision, then the drain of a stalled backend
   (`stalled_drain_timeout`: its requests finish nothing). Modelled, not run: Prometheus and Alertmanager
-  (bench/pipeline.py `Timing`: the exporter scraped every 15 s, the rules evaluated every 15 s with their
-  `for`, the restart route's `group_wait`, repeat_interval; each clock at a phase the seed draws) and the
+  (bench/pipeline.py `Timing`: the exporter scraped and the restart alerts' group evaluated as shipped, the
+  alerts' `for`, the restart route's `group_wait`, repeat_interval; each clock at a phase the seed draws) and the
   authority's incident bookkeeping (one incident per backend; warm-up ends when the server answers again).
   Every stall's path is timed (bench/pipeline.py `Path`): frozen -> first stalled verdict -> alert firing ->
   notification delivered -> verification done -> drain done -> restart started.

@@ -1,8 +1,9 @@
 """Benchmark: from a frozen engine to a started restart, on the real stack (issue 25).
 
 Real processes, the shipped settings: simulated vLLM servers (GPU-like 0.05 s steps) -> the exporter (15 s
-interval, `stall_floor` 30 s) -> Prometheus (15 s scrape and evaluation, our rendered rules at their
-defaults) -> Alertmanager (deploy/alertmanager/alertmanager.yml as shipped: the restart route's
+interval, `stall_floor` 30 s) -> Prometheus (15 s scrape and evaluation, the exporter scraped as
+deploy/prometheus/prometheus.yml ships it, our rendered rules at their defaults: the restart alerts' group
+every 5 s) -> Alertmanager (deploy/alertmanager/alertmanager.yml as shipped: the restart route's
 group_wait) -> the remediator (verification 2 x 5 s, `stalled_drain_timeout` 5 s, poll 1 s) -> the
 backend's restart command. Each round starts a fresh stack, puts two requests in flight on every
 backend and wedges each engine at its own moment (seeded, spread over one interval, so the exporter's,
@@ -30,7 +31,7 @@ from llm_health.drill.stack import BackendSpec, Stack, Timings
 from llm_health.render.rules import RuleSettings
 
 SHIPPED = Timings(
-    scrape="15s", step_seconds=0.05, exporter_interval=15.0, stall_after=120.0, read_timeout=5.0,
+    scrape="15s", exporter_scrape=pipeline.exporter_scrape_interval(), step_seconds=0.05, exporter_interval=15.0, stall_after=120.0, read_timeout=5.0,
     probe_timeout=10.0, rules=(), group_wait=None, group_interval=None, repeat_interval=None,
     verify_readings=2, verify_interval=5.0, stalled_drain_timeout=5.0, poll_interval=1.0,
     warmup_timeout=120.0, warmup_poll=1.0, backoff_initial=300.0, drain_timeout=60.0,
@@ -126,9 +127,11 @@ def run(out_dir: Path, quick: bool) -> tuple[str, dict[str, Any]]:
         "",
         f"Real Prometheus, Alertmanager, exporter, remediator and simulated vLLM servers (GPU-like "
         f"{timings.step_seconds:g} s steps) at {'the drill timings (quick)' if quick else 'the shipped settings'}: "
-        f"exporter interval {timings.exporter_interval:g} s, scrape and evaluation {timings.scrape}, the rules "
+        f"exporter interval {timings.exporter_interval:g} s, scrape and evaluation {timings.scrape} (the exporter's "
+        f"job: {timings.exporter_scrape or timings.scrape}, deploy/prometheus/prometheus.yml), the rules "
         "rendered " + ("with the drill's flags" if timings.rules else "at their defaults (`LLMBackendStalled` "
-                       f"`for: {_stall_for(timings):g}s`)")
+                       f"`for: {_stall_for(timings):g}s`, the restart alerts' group evaluated every "
+                       f"{RuleSettings().restart_evaluation_interval})")
         + ", Alertmanager " + ("with the drill's group timings" if timings.group_wait is not None else
                                "as shipped (restart route `group_wait` "
                                f"{pipeline.restart_route_group_wait():g} s)")

@@ -6,7 +6,8 @@ Two things live here:
   scraping the exporter, evaluating `LLMBackendStalled` / `LLMBackendDown` (their `for`), and Alertmanager's
   `group_wait` on the restart route; each with the phase at which its clock ticks (a seed draws them, so the
   replay does not always meet the lucky or the unlucky alignment). `shipped()` reads the shipped settings
-  (`RuleSettings`' defaults, the restart route of deploy/alertmanager/alertmanager.yml, the config defaults),
+  (`RuleSettings`' defaults, the restart route of deploy/alertmanager/alertmanager.yml, the exporter job's scrape
+  interval in deploy/prometheus/prometheus.yml, the config defaults),
   `before_issue_25()` is what they were: `stall_after` the floor for every engine, `for: 1m`, `group_wait: 10s`,
   3 verification readings 10 s apart.
 * `Path`: the times one stall passed each step (frozen -> first stalled verdict -> alert firing ->
@@ -28,6 +29,7 @@ from llm_health.render.rules import RuleSettings, parse_duration
 
 ROOT = FsPath(__file__).resolve().parent.parent
 ALERTMANAGER = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
+PROMETHEUS = ROOT / "deploy" / "prometheus" / "prometheus.yml"
 GOAL_P95 = 90.0           # issue 25: engine frozen -> restart started, p95, shipped defaults, GPU-like steps
 STEPS = ("frozen", "verdict", "firing", "delivered", "verified", "drained", "restarted")
 PARTS = tuple(f"{a} -> {b}" for a, b in zip(STEPS, STEPS[1:], strict=False))
@@ -46,6 +48,15 @@ def restart_route_group_wait(path: FsPath = ALERTMANAGER) -> float:
     raise ValueError(f"{path}: no restart route to llm-health-remediator")
 
 
+def exporter_scrape_interval(path: FsPath = PROMETHEUS) -> str:
+    """The shipped Prometheus config's scrape interval for the exporter's job (its own, else the global one)."""
+    doc = yaml.safe_load(path.read_text())
+    for job in doc["scrape_configs"]:
+        if job["job_name"] == "llm-health-exporter":
+            return str(job.get("scrape_interval", doc["global"]["scrape_interval"]))
+    raise ValueError(f"{path}: no llm-health-exporter job")
+
+
 @dataclass(frozen=True)
 class Timing:
     name: str
@@ -58,7 +69,7 @@ class Timing:
     repeat_interval: float = 1800.0
     evidence: bool = True             # the verification reuses the exporter's frozen span (remediator.exporter_url)
     scrape_interval: float = 15.0     # Prometheus scraping the exporter
-    evaluation_interval: float = 15.0
+    evaluation_interval: float = 15.0  # ... evaluating the restart alerts' group
     exporter_phase: float = 0.0       # second at which each clock first ticks (0 <= phase < its interval)
     scrape_phase: float = 0.0
     evaluation_phase: float = 0.0
@@ -73,12 +84,14 @@ class Timing:
 def shipped() -> Timing:
     rules = RuleSettings()
     return Timing("shipped defaults", ExporterSettings(), RemediatorSettings(), seconds(rules.stall_for),
-                  seconds(rules.down_for), restart_route_group_wait())
+                  seconds(rules.down_for), restart_route_group_wait(),
+                  scrape_interval=seconds(exporter_scrape_interval()),
+                  evaluation_interval=seconds(rules.restart_evaluation_interval))
 
 
 def before_issue_25() -> Timing:
     return Timing("before (stall_after floor for every engine, for: 1m, group_wait 10s, verify 3 x 10 s without "
-                  "the exporter's evidence)",
+                  "the exporter's evidence, the exporter scraped and the alerts evaluated every 15 s)",
                   ExporterSettings(stall_floor=ExporterSettings().stall_after),
                   RemediatorSettings(verify_readings=3, verify_interval=10.0),
                   stall_for=60.0, down_for=seconds(RuleSettings().down_for), group_wait=10.0, evidence=False)

@@ -30,6 +30,7 @@
     exporterSelector: "job=\"llm-health-exporter\"",  // --exporter-selector
     stallFor: "0s",  // --stall-for
     downFor: "2m",  // --down-for
+    restartEvaluationInterval: "5s",  // --restart-evaluation-interval
     downBusyGrace: "10m",  // --down-busy-grace
     restartWindow: "5m",  // --restart-window
     restartLoopThreshold: 3,  // --restart-loop-threshold
@@ -268,7 +269,8 @@
   prometheusAlerts+:: {
     groups+: [
       {
-        "name": "llm-health.alerts",
+        "name": "llm-health.restart",
+        "interval": $._config.restartEvaluationInterval,
         "rules": [
           {
             "alert": "LLMBackendStalled",
@@ -298,6 +300,11 @@
               "runbook_url": $._config.runbookBaseUrl + "#llmbackenddown",
             },
           },
+        ],
+      },
+      {
+        "name": "llm-health.alerts",
+        "rules": [
           {
             "alert": "LLMBackendRestarted",
             "expr": "(\n  (backend:llm_restarts:count_recent > 0)\n  or on (backend)\n  (max by (backend) (llm_health_verdict_code{" + $._config.exporterSelector + "}) == 3)\n)\nunless on (backend) backend:llm_retired:bool\n",

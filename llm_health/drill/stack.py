@@ -39,6 +39,7 @@ class Timings:
     """Seconds-scale settings for drills and tests (production defaults are minutes)."""
 
     scrape: str = "1s"
+    exporter_scrape: str | None = None  # the exporter's job (None: `scrape`, as every other job)
     step_seconds: float = 0.05          # simulated engine step
     exporter_interval: float = 0.5
     stall_after: float = 4.0
@@ -46,6 +47,7 @@ class Timings:
     probe_timeout: float = 2.0
     rules: tuple[tuple[str, str], ...] = (
         ("--scrape-interval", "1s"),
+        ("--restart-evaluation-interval", "1s"),
         ("--down-busy-grace", "10s"),
         ("--stall-window", "8s"),
         ("--stall-for", "3s"),
@@ -436,6 +438,8 @@ class Stack:
                     {"targets": [f"127.0.0.1:{s.port}"], "labels": {"backend": s.name}}
                     for s in [*self.sims.values(), *self.external]]},
                 {"job_name": "llm-health-exporter",
+                 **({"scrape_interval": t.exporter_scrape, "scrape_timeout": t.exporter_scrape}
+                    if t.exporter_scrape else {}),
                  "static_configs": [{"targets": [f"127.0.0.1:{self.ports['exporter']}"]}]},
                 {"job_name": "llm-health-remediator",
                  "static_configs": [{"targets": [f"127.0.0.1:{self.ports['remediator']}"]}]},

@@ -200,6 +200,10 @@ class RuleSettings:
     #                                   default, the evidence is waited out once (the window; the exporter's
     #                                   two frozen readings over its step-derived bound), never stacked
     down_for: str = "2m"              # must exceed the model load time (a restarted vLLM refuses until loaded)
+    # LLMBackendStalled and LLMBackendDown, the two restart triggers, are evaluated in a group of their own
+    # (llm-health.restart) this often: a scraped stalled verdict fires within it, not within the global
+    # evaluation interval. Every other rule keeps the global interval.
+    restart_evaluation_interval: str = "5s"
     down_busy_grace: str = "10m"      # failed scrapes within this long of a reading with work are not "down"
     restart_window: str | None = None  # LLMBackendRestarted looks back this far (5m)
     restart_loop_threshold: int = 3   # more restarts than this in an hour = LLMBackendRestartLoop

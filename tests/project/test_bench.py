@@ -157,6 +157,15 @@ def test_the_replay_models_the_shipped_restart_route(tmp_path: Path) -> None:
     assert restart_route_group_wait(changed) == 10.0
 
 
+def test_the_replay_models_the_shipped_scrape_and_restart_group_intervals(tmp_path: Path) -> None:
+    from bench.pipeline import PROMETHEUS, exporter_scrape_interval, shipped
+    t = shipped()
+    assert (t.scrape_interval, t.evaluation_interval) == (5.0, 5.0)      # not the global 15 s of both
+    changed = tmp_path / "prometheus.yml"
+    changed.write_text(PROMETHEUS.read_text().replace("    scrape_interval: 5s\n", ""))
+    assert exporter_scrape_interval(changed) == "15s"                     # the job's own, else the global one
+
+
 def test_the_real_stack_path_is_timed_part_by_part(tmp_path: Path) -> None:
     """bench/path.py --quick: real Prometheus, Alertmanager, exporter, remediator, simulators (drill timings)."""
     r = bench(tmp_path, "path")["path"]

@@ -46,6 +46,26 @@ def test_checked_in_rules_are_a_fresh_render_of_the_defaults() -> None:
         assert (RULES_DIR / name).read_text() == text, f"rules/{name} is stale: run `llm-health rules render`"
 
 
+def test_the_restart_alerts_are_evaluated_in_a_group_of_their_own_at_their_interval(tmp_path: Path) -> None:
+    """A stalled verdict scraped from the exporter fires at the restart group's next evaluation (5s), not up to a
+    whole global evaluation interval (15s) later; every other alert keeps the global interval."""
+    def groups(settings: RuleSettings) -> dict[str, dict]:
+        doc = yaml.safe_load(render(settings)["llm_health_alerts.yml"])
+        return {g["name"]: g for g in doc["groups"]}
+
+    shipped = groups(RuleSettings())
+    restart = shipped["llm-health.restart"]
+    assert restart["interval"] == RuleSettings().restart_evaluation_interval == "5s"
+    assert {r["alert"] for r in restart["rules"]} == RESTART_ALERTS
+    assert "interval" not in shipped["llm-health.alerts"]
+    assert not RESTART_ALERTS & {r["alert"] for r in shipped["llm-health.alerts"]["rules"]}
+    assert groups(RuleSettings(restart_evaluation_interval="10s"))["llm-health.restart"]["interval"] == "10s"
+    # the shipped Prometheus config scrapes the exporter as often as that group looks
+    prom = yaml.safe_load((REPO / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    (job,) = [j for j in prom["scrape_configs"] if j["job_name"] == "llm-health-exporter"]
+    assert job["scrape_interval"] == restart["interval"]
+
+
 def test_alert_conventions() -> None:
     rules = alert_rules()
     assert REQUIRED_ALERTS <= set(rules)
@@ -146,6 +166,8 @@ def test_render_with_custom_settings_via_cli(tmp_path: Path, capsys: pytest.Capt
         RuleSettings(scrape_interval="1m", latency_window="3m"),
         RuleSettings(severity=(("LLMKVCachePressure", "critical"),)),   # both levels critical
         RuleSettings(severity=(("LLMQueueDepthHigh:critical", "page"),)),  # one level only
+        RuleSettings(restart_evaluation_interval="soon"),
+        RuleSettings(restart_evaluation_interval="0s"),
     ],
 )
 def test_bad_settings_are_refused_and_write_nothing(settings: RuleSettings, tmp_path: Path) -> None:

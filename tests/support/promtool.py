@@ -274,7 +274,7 @@ def promtool_document(
     return {
         "rule_files": written_as or [str(p) for p in files],
         "evaluation_interval": "15s",
-        "group_eval_order": ["llm-health.records", "llm-health.alerts"],
+        "group_eval_order": ["llm-health.records", "llm-health.restart", "llm-health.alerts"],
         "tests": [s.as_dict(rules) for s in scenarios],
     }
 

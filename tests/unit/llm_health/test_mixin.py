@@ -58,7 +58,7 @@ def test_evaluated_it_equals_the_default_rendering() -> None:
     got = evaluate(MIXIN_DIR)
     same(got, RuleSettings())
     assert [g["name"] for g in got["rules"]["groups"]] == ["llm-health.records"]
-    assert [g["name"] for g in got["alerts"]["groups"]] == ["llm-health.alerts", "llm-health.self"]
+    assert [g["name"] for g in got["alerts"]["groups"]] == ["llm-health.restart", "llm-health.alerts", "llm-health.self"]
     assert set(got["dashboards"]) == {p.name for p in (REPO / "dashboards").glob("*.json")}
 
 
