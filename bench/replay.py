@@ -428,7 +428,8 @@ def path_markdown(path: dict[str, Any], before: Timing, after: Timing) -> str:
         "Every injected stall of the seeds above, timed at each step on the simulated clock: the first stalled "
         "(or down) verdict, the alert firing at a rule evaluation, the notification delivered by Alertmanager, "
         "the remediator's verification done, the drain done, the restart action started. Each seed draws the "
-        "phases of the exporter's readings, Prometheus' scrape and its rule evaluation (0-14 s). Seconds as "
+        "phases of the exporter's readings, Prometheus' scrape of the exporter and its evaluation of the restart "
+        "alerts (each within its own interval). Seconds as "
         "p50 / p95 / max; n stalls with work in flight "
         f"({path['after']['with work'].get('frozen -> restarted', {}).get('n', 0)} after, "
         f"{path['before']['with work'].get('frozen -> restarted', {}).get('n', 0)} before) and stalls of an idle "
@@ -447,7 +448,9 @@ def path_markdown(path: dict[str, Any], before: Timing, after: Timing) -> str:
         f"- **before**: {before.name}.",
         f"- **after** (the shipped defaults): `stall_floor` {e.stall_floor:g} s (an engine whose numbers bound its "
         f"steps is judged at 2 x its longest step, at least this; here the simulated GPU-like engine's steps are "
-        f"0.125 s), `LLMBackendStalled` `for: {after.stall_for:g}s`, the restart route's `group_wait` "
+        f"0.125 s), the exporter scraped every {after.scrape_interval:g} s (deploy/prometheus/prometheus.yml), "
+        f"`LLMBackendStalled` `for: {after.stall_for:g}s` in the restart alerts' group evaluated every "
+        f"{after.evaluation_interval:g} s (`--restart-evaluation-interval`), the restart route's `group_wait` "
         f"{after.group_wait:g} s (deploy/alertmanager/alertmanager.yml), verification {r.verify_readings} readings "
         f"{r.verify_interval:g} s apart, `stalled_drain_timeout` {r.stalled_drain_timeout:g} s.",
         f"- A stall of an idle engine is found by its idle probe failing (`down` after {e.down_after} failed "
