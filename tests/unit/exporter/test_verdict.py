@@ -358,7 +358,7 @@ def test_no_probe_on_the_reading_that_shows_a_restarted_process() -> None:
     again = Observation("ok", read_text(new_page))
     later = judge(restarted, again, 45.0, t)
     assert later.verdict is Verdict.RESTARTED and idle_believable(later, again)   # its second: probed
-    assert idle_believable(judge(None, first, 0.0, t), first)             # the exporter's first reading is
+    assert idle_believable(judge(None, first, 0.0, t), first)             # the exporter's first reading still is
 
 
 def test_a_rejected_probe_is_unknown_and_never_counts_toward_down() -> None:
