@@ -37,12 +37,15 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 # group rides on a node id that pytest no longer lets it change), so `make test` does not rely on it; the
 # real engines run in a run of their own, one at a time.
 REAL_ENGINES_GROUP = "real-engines"
-# Modules whose tests share nothing (no module-scoped server, no order) and each take seconds of real time,
-# mostly waiting: under `--dist loadscope` their tests are spread, one test (one store) at a time, instead of
-# one worker running the whole module while the others wait at the end of the run; and they are handed out
-# first, so their waits overlap the CPU-bound rest instead of making the run's tail.
+# Modules whose tests share nothing (no module-scoped server, no order) and each take seconds of real time:
+# under `--dist loadscope` their tests are spread, one test (one store) at a time, instead of one worker
+# running the whole module while the others wait at the end of the run.
 SPREAD_MODULES = frozenset({"tests/unit/remediator/test_authority.py",
                             "tests/project/test_bench.py"})       # each test a benchmark of its own, 3 min in all
+# ... and of those, the ones that mostly wait (real-time fleets of threads) are handed out first, so their waits
+# overlap the CPU-bound rest instead of making the run's tail (xdist hands out the largest scopes first, and
+# a spread test is a scope of one). The benchmarks burn CPU: they keep their place at the end.
+WAITING_MODULES = frozenset({"tests/unit/remediator/test_authority.py"})
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
@@ -60,10 +63,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return super()._split_scope(nodeid)
 
         def _assign_work_unit(self, node: Any) -> None:
-            if not self.ordered:        # the first hand-out: the spread modules' tests go first, in order
+            if not self.ordered:        # the first hand-out: the waiting modules' tests go first, in order
                 self.ordered = True
-                spread = [scope for scope in self.workqueue if scope.split("::", 1)[0] in SPREAD_MODULES]
-                for scope in reversed(spread):
+                waiting = [scope for scope in self.workqueue if scope.split("::", 1)[0] in WAITING_MODULES]
+                for scope in reversed(waiting):
                     self.workqueue.move_to_end(scope, last=False)
             super()._assign_work_unit(node)
 
