@@ -31,7 +31,8 @@ from llm_health.drill.stack import BackendSpec, Stack, Timings
 from llm_health.render.rules import RuleSettings
 
 SHIPPED = Timings(
-    scrape="15s", exporter_scrape=pipeline.exporter_scrape_interval(), step_seconds=0.05, exporter_interval=15.0, stall_after=120.0, read_timeout=5.0,
+    scrape="15s", exporter_scrape=pipeline.exporter_scrape_interval(), step_seconds=0.05, exporter_interval=15.0,
+    stall_after=120.0, read_timeout=5.0,
     probe_timeout=10.0, rules=(), group_wait=None, group_interval=None, repeat_interval=None,
     verify_readings=2, verify_interval=5.0, stalled_drain_timeout=5.0, poll_interval=1.0,
     warmup_timeout=120.0, warmup_poll=1.0, backoff_initial=300.0, drain_timeout=60.0,

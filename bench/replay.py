@@ -269,7 +269,8 @@ def markdown(old: Outcome, new: Outcome, targets: dict[str, bool], trace: Trace,
         "`sleep` advances; its probe is submitted to the engine too), then `decide` again "
         "(backoff/budget/breaker defaults).",
         f"- **llm-health, modelled**: Prometheus + Alertmanager (bench/pipeline.py): the exporter scraped every "
-        f"{t.scrape_interval:g} s, the restart alerts' group evaluated every {t.evaluation_interval:g} s (each clock at a phase the "
+        f"{t.scrape_interval:g} s, the restart alerts' group evaluated every {t.evaluation_interval:g} s "
+        "(each clock at a phase the "
         f"seed draws), `LLMBackendStalled` firing once the scraped verdict has been `stalled` for its `for` "
         f"({t.stall_for:g} s), `LLMBackendDown` after `down` for {t.down_for:g} s, delivered after the restart "
         f"route's `group_wait` ({t.group_wait:g} s), repeated every {t.repeat_interval / 60:g} min while firing. "

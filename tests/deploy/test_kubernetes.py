@@ -356,8 +356,8 @@ def test_prometheusrule_cli_sets_name_namespace_and_labels(tmp_path: Path) -> No
     (obj,) = load(tmp_path / prometheusrule.FILE_NAME)
     assert obj["metadata"]["name"] == "llm" and obj["metadata"]["namespace"] == "monitoring"
     assert obj["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    assert [g["name"] for g in obj["spec"]["groups"]] == ["llm-health.records", "llm-health.restart", "llm-health.alerts",
-                                                      "llm-health.self"]
+    assert [g["name"] for g in obj["spec"]["groups"]] == [
+        "llm-health.records", "llm-health.restart", "llm-health.alerts", "llm-health.self"]
 
 
 @pytest.mark.parametrize("args", [["--k8s-name", "Bad_Name"], ["--k8s-namespace", "a.b"],
