@@ -72,7 +72,7 @@ def test_loading_answers_503_and_is_never_idle_then_serves(tmp_path: Path) -> No
     engine = llama_engine(paths, free_port(), tmp_path)
     held = LoopFreezer(0)
     held.launch_held(engine.server_argv)  # gdb is its parent: no ptrace restriction
-    proxy = CountingProxy(engine.url)
+    proxy = CountingProxy(engine.url, tmp_path)
     exporter, url = start_exporter(proxy.url, tmp_path, interval=INTERVAL, stall_after=STALL_AFTER,
                                    read_timeout=READ_TIMEOUT, probe_timeout=PROBE_TIMEOUT, down_after=DOWN_AFTER)
     timeline = Timeline(url, "engine").start()

@@ -6,9 +6,10 @@ skips its tests locally and fails them under CI=true (never a silent skip in CI)
 
 * `Engine`: one real server process we own (llama-server, vLLM's API server with its EngineCore, or
   SGLang's HTTP server + tokenizer manager with its scheduler and detokenizer processes).
-* `CountingProxy`: a loopback HTTP proxy in front of an engine; the exporter and `llm-health check`
-  talk to the engine through it, so every generation request they send is counted here, and a probe
-  that arrives while the test has work in flight is counted as such.
+* `CountingProxy`: a loopback HTTP proxy in front of an engine, in a process of its own
+  (tests/support/counting_proxy.py); the exporter and `llm-health check` talk to the engine through it,
+  so every generation request they send is counted there, and a probe that arrives while the test has
+  work in flight is counted as such.
 * `Load`: plain client requests sent straight to the engine (not through the proxy).
 * `LoopFreezer`: freezes only llama.cpp's inference-loop thread with gdb in non-stop mode.
 * `Exporter` + `Timeline`: the real `llm-health exporter` process and every verdict it showed.
@@ -30,19 +31,16 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llm_health.httpserver import QuietHandler
-
 if not __package__:  # run as a script (`python tests/support/real_engines.py restart DIR`, a restart action)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.support.loopback import Loopback  # noqa: E402
+from tests.support.counting_proxy import CONTROL, LOOKBACK  # noqa: E402
 from tests.support.paths import REPO  # noqa: E402
 
 ENGINES_SH = REPO / "scripts" / "engines.sh"
@@ -299,6 +297,8 @@ class Load:
         self.n = n
         self.per_client: list[list[int]] = [[] for _ in range(n)]
         self.pending = n
+        self.started_at = time.monotonic()
+        self.done_at: float | None = None   # when the last client ended (time.monotonic())
         self._lock = threading.Lock()
         self._stop = threading.Event()
         if not hold:
@@ -320,6 +320,8 @@ class Load:
         finally:
             with self._lock:
                 self.pending -= 1
+                if self.pending == 0:
+                    self.done_at = time.monotonic()
 
     def _one(self, body: dict[str, Any]) -> int:
         host, port = self.url.removeprefix("http://").split(":")
@@ -362,94 +364,69 @@ class Load:
 
 
 class CountingProxy:
-    """Forwards every request to `upstream`; counts generation requests (POST .../completions).
+    """The counting proxy (tests/support/counting_proxy.py) in a process of its own in front of `upstream`,
+    and what it counted: generation requests, probes and when each arrived, /metrics pages.
 
-    `work_in_flight()` is asked when a generation request arrives: a probe that arrives while it
-    says True is counted in `probes_while_busy`, and the /metrics pages the proxy answered in the
-    `BUSY_PROBE_LOOKBACK` seconds before it are kept in `busy_probe_pages` (what the prober had read).
+    `busy_spans()` says when the test had work in flight: (start, end or None while it lasts) in
+    time.monotonic(). A probe that arrived inside one is counted in `probes_while_busy`, and the /metrics
+    pages the proxy answered in the `LOOKBACK` seconds before it are in `busy_probe_pages` (what the
+    prober had read). The proxy is a process so that it answers the exporter while the test process waits
+    (its own docstring says why).
     """
 
-    BUSY_PROBE_LOOKBACK = 1.5
+    LOOKBACK = LOOKBACK
 
-    def __init__(self, upstream: str, work_in_flight: Callable[[], bool] = lambda: False) -> None:
+    def __init__(self, upstream: str, log_dir: Path,
+                 busy_spans: Callable[[], list[tuple[float, float | None]]] = list) -> None:
+        from llm_health.drill.procs import ManagedProcess, free_port
+
         self.upstream = upstream
-        self.work_in_flight = work_in_flight
-        self.generation = 0
-        self.probes = 0
-        self.probes_while_busy = 0
-        self.probe_times: list[float] = []
-        self.pages: list[tuple[float, float, int]] = []  # each GET /metrics: (started, seconds, status)
-        self.bodies: deque[tuple[float, str]] = deque(maxlen=64)  # the last pages answered 200: (answered, text)
-        self.busy_probe_pages: list[tuple[float, list[str]]] = []  # per busy probe: (at, pages read before)
-        lock = threading.Lock()
-        proxy = self
+        self.busy_spans = busy_spans
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.process = ManagedProcess([sys.executable, "-m", "tests.support.counting_proxy", upstream, str(port)],
+                                      "counting-proxy", log_dir, cwd=REPO)
+        wait_for(lambda: get(self.url, CONTROL + "state", 1.0)[0] == 200, 30, "the counting proxy answers")
 
-        class Handler(QuietHandler):
-            protocol_version = "HTTP/1.1"
+    def _control(self, what: str) -> Any:
+        status, _, body = get(self.url, CONTROL + what, 30.0)
+        assert status == 200, f"the counting proxy did not answer {what}: {status} {body!r}\n{self.process.log()}"
+        return json.loads(body)
 
-            def _forward(self, method: str) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else None
-                if method == "POST" and "completions" in self.path:
-                    with lock:
-                        proxy.generation += 1
-                        if self.headers.get("X-LLM-Health-Probe") == "1":
-                            proxy.probes += 1
-                            proxy.probe_times.append(time.monotonic())
-                            if proxy.work_in_flight():
-                                proxy.probes_while_busy += 1
-                                now = time.monotonic()
-                                proxy.busy_probe_pages.append((now, [
-                                    text for at, text in proxy.bodies if now - at <= proxy.BUSY_PROBE_LOOKBACK]))
-                host, port = proxy.upstream.removeprefix("http://").split(":")
-                conn = http.client.HTTPConnection(host, int(port), timeout=300)
-                started, status = time.monotonic(), 0
-                try:
-                    headers = {k: v for k, v in self.headers.items()
-                               if k.lower() not in ("host", "connection", "content-length")}
-                    conn.request(method, self.path, body=body, headers=headers)
-                    resp = conn.getresponse()
-                    data = resp.read()
-                    status, out_headers = resp.status, resp.getheaders()
-                except ConnectionRefusedError:
-                    self.close_connection = True
-                    self.connection.close()  # refused upstream: the client sees its connection drop
-                    return
-                except (OSError, http.client.HTTPException):
-                    self.close_connection = True
-                    self.connection.close()
-                    return
-                finally:
-                    conn.close()
-                    if method == "GET" and self.path.startswith("/metrics"):
-                        with lock:
-                            proxy.pages.append((started, time.monotonic() - started, status))
-                            if status == 200:
-                                proxy.bodies.append((time.monotonic(), data.decode(errors="replace")))
-                try:
-                    self.send_response(status)
-                    for k, v in out_headers:
-                        if k.lower() not in ("content-length", "connection", "transfer-encoding", "date",
-                                             "server"):
-                            self.send_header(k, v)
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except OSError:
-                    self.close_connection = True  # the client gave up (its timeout): nothing to answer
+    @property
+    def generation(self) -> int:
+        return int(self._control("state")["generation"])
 
-            def do_GET(self) -> None:  # noqa: N802
-                self._forward("GET")
+    @property
+    def probe_times(self) -> list[float]:
+        return [float(t) for t in self._control("state")["probe_times"]]
 
-            def do_POST(self) -> None:  # noqa: N802
-                self._forward("POST")
+    @property
+    def probes(self) -> int:
+        return len(self.probe_times)
 
-        self.loop = Loopback(Handler)
-        self.url = self.loop.url
+    @property
+    def pages(self) -> list[tuple[float, float, int]]:
+        """Each GET /metrics forwarded: (started, seconds, status)."""
+        return [(float(t), float(d), int(s)) for t, d, s in self._control("state")["pages"]]
+
+    def _busy_probes(self) -> list[tuple[int, float]]:
+        spans = self.busy_spans()
+        return [(i, at) for i, at in enumerate(self.probe_times)
+                if any(start <= at and (end is None or at < end) for start, end in spans)]
+
+    @property
+    def probes_while_busy(self) -> int:
+        return len(self._busy_probes())
+
+    @property
+    def busy_probe_pages(self) -> list[tuple[float, list[str]]]:
+        """Per probe sent while work was in flight: (when, the pages answered in LOOKBACK before it)."""
+        return [(at, self._control(f"probe-pages/{i}") or []) for i, at in self._busy_probes()]
 
     def pages_since(self, t0: float) -> str:
         """How the engine answered /metrics through the proxy since `t0`: count and the slowest five."""
-        seen = [p for p in list(self.pages) if p[0] >= t0]
+        seen = [p for p in self.pages if p[0] >= t0]
         slow = sorted(seen, key=lambda p: -p[1])[:5]
         return (f"{len(seen)} /metrics answers since; slowest: "
                 + ", ".join(f"{t - t0:+.1f} s took {d:.2f} s ({st})" for t, d, st in slow))
@@ -459,7 +436,7 @@ class CountingProxy:
         proxy to anyone): seconds from `t0`, running / waiting and vLLM's step count, one page per line. Tells
         whether the engine's counters really stood still, whatever the exporter made of them."""
         lines = []
-        for at, text in list(self.bodies):
+        for at, text in self._control("bodies"):
             if at < t0:
                 continue
             try:
@@ -475,7 +452,9 @@ class CountingProxy:
         return "\n".join(lines[-40:])
 
     def stop(self) -> None:
-        self.loop.stop()
+        self.process.stop()
+
+
 
 
 # ------------------------------------------------------------------------------------ gdb freezer
@@ -773,10 +752,21 @@ class Rig:
     timeline: Timeline
     started_at: float = 0.0
     idle_timeout: float = 60.0
+    loads: list[Load] = field(default_factory=list)
     load: Load | None = None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # every load a scenario gives the rig is remembered: its span is work in flight for the proxy's count
+        if name == "load" and value is not None:
+            self.loads.append(value)
+        super().__setattr__(name, value)
 
     def busy(self) -> bool:
         return self.load is not None and not self.load.done
+
+    def busy_spans(self) -> list[tuple[float, float | None]]:
+        """When the scenarios' loads were in flight: (start, end or None), time.monotonic()."""
+        return [(load.started_at, load.done_at) for load in list(self.loads)]
 
     def wait_idle(self, timeout: float | None = None) -> None:
         timeout = self.idle_timeout if timeout is None else timeout
@@ -855,7 +845,7 @@ def judged(engine: Engine, log_dir: Path, *, idle_timeout: float = 60.0, **expor
     start_exporter settings) and the verdict timeline, as a Rig. The engine is started by the caller
     (before or after, to watch it load); on exit the timeline, exporter, proxy and engine stop."""
     r: Rig | None = None
-    proxy = CountingProxy(engine.url, lambda: r is not None and r.busy())
+    proxy = CountingProxy(engine.url, log_dir, lambda: r.busy_spans() if r is not None else [])
     process, url = start_exporter(proxy.url, log_dir, **exporter)
     r = Rig(engine, proxy, process, url, Timeline(url, "engine").start(), idle_timeout=idle_timeout)
     try:
