@@ -6,10 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 DIST_STAMP := $(VENV)/.dist-stamp
 DIST ?= dist
 ARGS ?=
-# 6 workers on 2 cores: the first run waits on real servers (Prometheus, PostgreSQL, remediators) more than it
-# computes. Measured on one machine, 2026-12-07: 6 workers 330 s (542 CPU-s), 4 workers 366 s (504 CPU-s);
-# tests/unit alone 44 s on 6 workers, 50 s on 4.
-TEST_WORKERS ?= 6
+TEST_WORKERS ?= 4
 
 .PHONY: demo test bench bench-scale lint debs engines venv dist clean
 
