@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -94,15 +94,18 @@ class Rig:
         return {m["backend"]: m["step"] for m in self.rollout(rid)["members"]}
 
     def wait_state(self, rid: int, state: str, timeout: float = 120) -> dict[str, Any]:
+        self.wait(rid, lambda: self.rollout(rid)["state"] == state, timeout, 0.25, f"rollout {rid} {state}")
+        return self.rollout(rid)
+
+    def wait(self, rid: int, condition: Callable[[], Any], timeout: float, interval: float, what: str) -> None:
+        """wait_until(condition); a miss prints the rollout's status and the last 80 events (what it did)."""
         try:
-            wait_until(lambda: self.rollout(rid)["state"] == state, timeout=timeout, interval=0.25,
-                       what=f"rollout {rid} {state}")
+            wait_until(condition, timeout=timeout, interval=interval, what=what)
         except AssertionError:
             print(self.ctl("rollout", "status", str(rid)).stdout)
             for e in self.stack.events(limit=80)[::-1]:
                 print(e["at"], e["kind"], e["backend"], e["reason"][:200])
             raise
-        return self.rollout(rid)
 
     def sim(self, name: str) -> dict[str, Any]:
         return self.stack.sims[name].stats()
@@ -279,8 +282,7 @@ def survives_two_kills(rig: Rig) -> list[int]:
     rid = rig.start("--soak", "6s", command=new_command(version="1.1-after-crash"))
     wait_until(lambda: rig.steps(rid)["sim-a1"] == "soaking", timeout=60, interval=0.2, what="the canary soaks")
     crash(rig)                                 # during the soak
-    wait_until(lambda: "restarting" in rig.steps(rid).values(), timeout=60, interval=0.1,
-               what="a member's restart under way")
+    rig.wait(rid, lambda: "restarting" in rig.steps(rid).values(), 60, 0.1, "a member's restart under way")
     crash(rig)                                 # during a member's drain or restart
     rig.wait_state(rid, "succeeded")
     after = {n: rig.sim(n)["restarts"] for n in HOSTS}
