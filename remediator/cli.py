@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import logging
 import math
 import sys
@@ -142,8 +143,14 @@ class RemediatorServer(BaseApplication):  # type: ignore[misc]
 
 
 def start_services(worker: Any) -> None:
-    """gunicorn's post_worker_init: this worker's app is loaded (`worker.wsgi`) and it accepts nothing yet."""
+    """gunicorn's post_worker_init: this worker's app is loaded (`worker.wsgi`) and it accepts nothing yet.
+    Then what the worker built to serve is set aside from the garbage collector (gc.freeze): a full collection
+    walked every object of the app, the store and the authority, a pause of about 20 ms (measured in-process
+    at 63 000 objects; 3.6 ms the slowest request with them frozen), and a worker paused inside its turn on
+    the state's write lock holds every other writer of the storm for that long. Objects made later, per
+    request, are collected as before; the set-aside ones live as long as the worker anyway."""
     worker.wsgi.extensions["remediator"].services.start()
+    gc.freeze()
 
 
 def run(args: argparse.Namespace) -> int:

@@ -40,3 +40,23 @@ def test_settings_reach_gunicorn(monkeypatch: pytest.MonkeyPatch) -> None:
     assert server.cfg.keepalive == 3                          # gunicorn counts whole seconds
     assert server.cfg.worker_connections == 100 + 256
     assert server.cfg.worker_class is GuardedThreadWorker
+
+
+def test_a_worker_sets_what_it_built_aside_from_the_garbage_collector_once_its_services_run() -> None:
+    """gunicorn's post_worker_init starts the worker's services, then gc.freeze(): a full collection no longer
+    walks the app, the store and the authority (a pause inside the state's write-lock turn holds every writer)."""
+    import gc
+    from types import SimpleNamespace
+
+    from llm_health.remediator.cli import start_services
+
+    started: list[bool] = []
+    services = SimpleNamespace(start=lambda: started.append(gc.get_freeze_count() == 0))
+    worker = SimpleNamespace(wsgi=SimpleNamespace(extensions={"remediator": SimpleNamespace(services=services)}))
+    gc.unfreeze()
+    try:
+        start_services(worker)
+        assert started == [True]                   # the services started first (their threads' objects too)
+        assert gc.get_freeze_count() > 1000        # then the heap was set aside
+    finally:
+        gc.unfreeze()
