@@ -108,7 +108,8 @@ def test_idle_is_probed_and_check_says_ok(rig: Rig) -> None:
     code, out = check(rig.proxy.url, "--readings", 2, "--interval", 1, "--timeout", READ_TIMEOUT,
                       "--probe-timeout", PROBE_TIMEOUT)
     # the exporter probes this idle server every second: a reading of check's may meet that probe in flight
-    # (1 running; seen beside two CPU hogs), and then says busy. Only a probe the proxy saw meanwhile excuses it
+    # (1 running; seen beside two CPU hogs), and then says busy. Only a probe the proxy saw meanwhile excuses
+    # that
     probes_meanwhile = [at for at in rig.proxy.probe_times if at >= started]
     met_a_probe = bool(probes_meanwhile) and out.startswith("OK: busy - 1 running, 0 waiting")
     assert code == 0 and (out.startswith("OK: idle") or met_a_probe), (out, probes_meanwhile)
@@ -193,7 +194,7 @@ def test_stall_with_work_outside_decode_hangs_the_page_and_is_stalled(rig: Rig) 
     freezer = LoopFreezer(rig.engine.proc.pid)
     t1 = time.monotonic()
     with freezer.frozen(at="server_context_impl::update_slots"):
-        frozen_in = time.monotonic() - t1   # the loop stopped somewhere in these seconds (gdb starting, attaching)
+        frozen_in = time.monotonic() - t1   # the loop stopped within these seconds (gdb starting, attaching)
         assert "update_slots" in freezer.where() and "llama_decode" not in freezer.where()
         assert get(rig.engine.url, "/health")[0] == 200
         assert get(rig.engine.url, "/metrics", READ_TIMEOUT)[0] == -1  # hangs
@@ -224,7 +225,8 @@ def test_stall_while_idle_is_caught_within_the_bound(rig: Rig) -> None:
         # the loop stopped somewhere in the seconds gdb took to start and attach (idle_freeze_seconds; over a
         # second on a loaded machine): the bound runs from then at the latest
         frozen_in = TIMINGS["idle_freeze_seconds"]
-        TIMINGS["idle_stall_to_stalled_seconds"] = took = rig.timeline.wait("stalled", t0, frozen_in + bound + 5)
+        TIMINGS["idle_stall_to_stalled_seconds"] = took = rig.timeline.wait("stalled", t0,
+                                                                            frozen_in + bound + 5)
         assert took <= frozen_in + bound, (took, frozen_in, bound)
         assert "inference loop" in rig.timeline.now()["reason"]
         code, out = check(rig.proxy.url, "--readings", 2, "--interval", 1, "--timeout", READ_TIMEOUT,

@@ -19,7 +19,6 @@ with its own (when its load was in flight).
 from __future__ import annotations
 
 import http.client
-import json
 import sys
 import threading
 import time
@@ -27,9 +26,12 @@ from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from llm_health.httpserver import QuietHandler
+
 CONTROL = "/__counting_proxy__/"
 LOOKBACK = 1.5          # seconds of pages kept per probe
 PROBE_PAGES_KEPT = 256  # the probes whose pages are kept (the latest ones)
+HOP_HEADERS = ("content-length", "connection", "transfer-encoding", "date", "server")  # set by the proxy
 
 
 class Counts:
@@ -39,9 +41,9 @@ class Counts:
         self.lock = threading.Lock()
         self.generation = 0
         self.probe_times: list[float] = []
-        self.pages: list[tuple[float, float, int]] = []          # each GET /metrics: (started, seconds, status)
-        self.bodies: deque[tuple[float, str]] = deque(maxlen=64)  # the last pages answered 200: (answered, text)
-        self.probe_pages: dict[int, list[str]] = {}               # probe index -> pages read in LOOKBACK before
+        self.pages: list[tuple[float, float, int]] = []   # each GET /metrics: (started, seconds, status)
+        self.bodies: deque[tuple[float, str]] = deque(maxlen=64)  # the last pages answered 200: (at, text)
+        self.probe_pages: dict[int, list[str]] = {}        # probe index -> pages read in LOOKBACK before it
 
     def probe(self) -> None:
         with self.lock:
@@ -74,22 +76,14 @@ class Counts:
 def handler(upstream: str, counts: Counts) -> type[BaseHTTPRequestHandler]:
     host, port = upstream.removeprefix("http://").split(":")
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         protocol_version = "HTTP/1.1"
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's signature
-            return
 
         def _control(self) -> None:
             try:
-                data, status = json.dumps(counts.control(self.path)).encode(), 200
+                self.reply_json(200, counts.control(self.path))
             except (KeyError, ValueError) as exc:
-                data, status = json.dumps({"error": str(exc)}).encode(), 404
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+                self.reply_json(404, {"error": str(exc)})
 
         def _forward(self, method: str) -> None:
             length = int(self.headers.get("Content-Length") or 0)
@@ -120,7 +114,7 @@ def handler(upstream: str, counts: Counts) -> type[BaseHTTPRequestHandler]:
             try:
                 self.send_response(status)
                 for k, v in out_headers:
-                    if k.lower() not in ("content-length", "connection", "transfer-encoding", "date", "server"):
+                    if k.lower() not in HOP_HEADERS:
                         self.send_header(k, v)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()

@@ -40,7 +40,7 @@ from typing import Any
 if not __package__:  # run as a script (`python tests/support/real_engines.py restart DIR`, a restart action)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.support.counting_proxy import CONTROL, LOOKBACK  # noqa: E402
+from tests.support.counting_proxy import CONTROL  # noqa: E402
 from tests.support.paths import REPO  # noqa: E402
 
 ENGINES_SH = REPO / "scripts" / "engines.sh"
@@ -369,12 +369,10 @@ class CountingProxy:
 
     `busy_spans()` says when the test had work in flight: (start, end or None while it lasts) in
     time.monotonic(). A probe that arrived inside one is counted in `probes_while_busy`, and the /metrics
-    pages the proxy answered in the `LOOKBACK` seconds before it are in `busy_probe_pages` (what the
-    prober had read). The proxy is a process so that it answers the exporter while the test process waits
-    (its own docstring says why).
+    pages the proxy answered in the `counting_proxy.LOOKBACK` seconds before it are in `busy_probe_pages`
+    (what the prober had read). The proxy is a process so that it answers the exporter while the test
+    process waits (its own docstring says why).
     """
-
-    LOOKBACK = LOOKBACK
 
     def __init__(self, upstream: str, log_dir: Path,
                  busy_spans: Callable[[], list[tuple[float, float | None]]] = list) -> None:
@@ -384,13 +382,14 @@ class CountingProxy:
         self.busy_spans = busy_spans
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
-        self.process = ManagedProcess([sys.executable, "-m", "tests.support.counting_proxy", upstream, str(port)],
-                                      "counting-proxy", log_dir, cwd=REPO)
+        argv = [sys.executable, "-m", "tests.support.counting_proxy", upstream, str(port)]
+        self.process = ManagedProcess(argv, "counting-proxy", log_dir, cwd=REPO)
         wait_for(lambda: get(self.url, CONTROL + "state", 1.0)[0] == 200, 30, "the counting proxy answers")
 
     def _control(self, what: str) -> Any:
         status, _, body = get(self.url, CONTROL + what, 30.0)
-        assert status == 200, f"the counting proxy did not answer {what}: {status} {body!r}\n{self.process.log()}"
+        assert status == 200, (f"the counting proxy did not answer {what}: {status} {body!r}\n"
+                               f"{self.process.log()}")
         return json.loads(body)
 
     @property
@@ -453,8 +452,6 @@ class CountingProxy:
 
     def stop(self) -> None:
         self.process.stop()
-
-
 
 
 # ------------------------------------------------------------------------------------ gdb freezer
@@ -760,9 +757,6 @@ class Rig:
         if name == "load" and value is not None:
             self.loads.append(value)
         super().__setattr__(name, value)
-
-    def busy(self) -> bool:
-        return self.load is not None and not self.load.done
 
     def busy_spans(self) -> list[tuple[float, float | None]]:
         """When the scenarios' loads were in flight: (start, end or None), time.monotonic()."""
