@@ -110,11 +110,14 @@ class PostgresStore(DatabaseClock):
     # -- connections ------------------------------------------------------------------------------------
     def _kwargs(self) -> dict[str, Any]:
         ms = int(self.timeout * 1000)
+        # the URL's own options come first (e.g. `?options=-csearch_path%3Dllmh`, the state in a schema of its
+        # own on a shared database): a keyword argument replaces the URL's value, it does not add to it
+        own = psycopg.conninfo.conninfo_to_dict(self.url).get("options") or ""
         kw: dict[str, Any] = {
             "autocommit": True, "row_factory": pg_row, "connect_timeout": max(1, int(self.timeout)),
             "application_name": "llm-health-remediator",
-            "options": f"-c statement_timeout={ms} -c lock_timeout={ms} "
-                       f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}",
+            "options": f"{own} -c statement_timeout={ms} -c lock_timeout={ms} "
+                       f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}".lstrip(),
             "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3,
             "tcp_user_timeout": ms,
         }

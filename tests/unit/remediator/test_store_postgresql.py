@@ -95,6 +95,29 @@ def test_remediators_starting_at_once_migrate_once_and_share_one_state(pg_url: s
         s.close()
 
 
+def test_the_urls_search_path_puts_the_state_in_its_own_schema(pg_url: str) -> None:
+    """`?options=-csearch_path%3D...` (the state in a schema of its own on a shared database): the store's own
+    session options (statement and lock timeouts) used to replace the URL's, so the state went to `public`."""
+    with psycopg.connect(pg_url, autocommit=True) as c:
+        c.execute("CREATE SCHEMA llmh_a")
+        c.execute("CREATE SCHEMA llmh_b")
+    stores = [PostgresStore(f"{pg_url}?options=-csearch_path%3D{name}") for name in ("llmh_a", "llmh_b")]
+    for store in stores:
+        store.init()
+    with stores[0].tx() as tx:
+        tx.event(1.0, "lease_acquired", reason="in a")
+    with psycopg.connect(pg_url) as c:
+        tables = c.execute("SELECT table_schema, count(*) FROM information_schema.tables WHERE table_name = 'events' "
+                           "GROUP BY 1 ORDER BY 1").fetchall()
+        in_a = c.execute("SELECT count(*) FROM llmh_a.events WHERE kind = 'lease_acquired'").fetchone()[0]
+        in_b = c.execute("SELECT count(*) FROM llmh_b.events WHERE kind = 'lease_acquired'").fetchone()[0]
+    assert tables == [("llmh_a", 1), ("llmh_b", 1)] and (in_a, in_b) == (1, 0)
+    # and the store's own session settings still hold beside the URL's
+    assert stores[0]._db().execute("SHOW statement_timeout").fetchone()[0] == "10s"
+    for store in stores:
+        store.close()
+
+
 def test_writers_are_serialised_across_connections(pg_url: str) -> None:
     """Read-then-write in one transaction from 4 threads on 2 stores (2 processes' pools): no lost update,
     as with SQLite's BEGIN IMMEDIATE."""
