@@ -133,13 +133,23 @@ def fake() -> Iterator[Callable[..., Any]]:
         f.stop()
 
 
-# -- PostgreSQL: one server per test worker (started on first use), a fresh database per test ------------
+# -- PostgreSQL: one server per test worker (started on first use), a fresh state per test ----------------
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[Any]:
     from llm_health.drill.postgres import postgres_server
 
     with postgres_server() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def pg_schemas(pg_server: Any) -> Iterator[Any]:
+    """Fresh states on the worker's server, a schema each (tests/support/stores.py Schemas)."""
+    from tests.support.stores import Schemas
+
+    schemas = Schemas(pg_server)
+    yield schemas
+    schemas.close()
 
 
 @pytest.fixture
@@ -151,12 +161,12 @@ def pg_url(pg_server: Any) -> str:
 @pytest.fixture(params=["sqlite", "postgresql"])
 def store_kind(request: pytest.FixtureRequest) -> Iterator[str]:
     """Run the test on both stores: tests.support.remediator.build() and new_store() put the state in a
-    fresh PostgreSQL database for the second."""
+    fresh PostgreSQL schema for the second."""
     from tests.support import stores
 
     if request.param == "postgresql":
-        server = request.getfixturevalue("pg_server")
-        with stores.using_postgres(server.new_database):
+        schemas = request.getfixturevalue("pg_schemas")
+        with stores.using_postgres(schemas.new):
             yield request.param
     else:
         yield request.param
