@@ -742,8 +742,6 @@ class _Handler(QuietHandler):
             self._main_route(method, path)
         except BadRequest as exc:
             self._error(400, str(exc))
-        except (BrokenPipeError, ConnectionResetError):
-            self.close_connection = True
 
     def _sim_route(self, method: str, path: str) -> None:
         if not self.server.control:

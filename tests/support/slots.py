@@ -12,17 +12,11 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 from llm_health.drill.procs import free_port
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request: object, client_address: object) -> None:
-        """Quiet: HAProxy's health checks close their connection as soon as they have the status line."""
+from llm_health.httpserver import QuietHandler
 
 
 class SlotServer:
@@ -38,7 +32,9 @@ class SlotServer:
         self._release_all = False
         self.max_in_flight = 0                     # the most requests this server ever had at once
         self.served = 0
-        self._httpd = _Server(("127.0.0.1", self.port), self._handler())
+        # HAProxy's health checks close their connection as soon as they have the status line: QuietHandler
+        # says nothing of a client gone before its answer
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler())
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
                                         name=f"slots-{name}", daemon=True)
 
@@ -117,30 +113,19 @@ class SlotServer:
                 self._cond.notify_all()
         return {"model": self.name, "object": "text_completion", "choices": [{"index": 0, "text": "ok"}]}
 
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
+    def _handler(self) -> type[QuietHandler]:
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
-                pass
-
-            def _reply(self, code: int, obj: object) -> None:
-                data = json.dumps(obj).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
 
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
                 if self.path == "/health":
-                    self._reply(200, {})
+                    self.reply_json(200, {})
                 elif self.path == "/v1/models":
-                    self._reply(200, {"object": "list", "data": [{"id": server.name, "object": "model"}]})
+                    self.reply_json(200, {"object": "list", "data": [{"id": server.name, "object": "model"}]})
                 else:
-                    self._reply(404, {"error": {"message": "not found"}})
+                    self.reply_json(404, {"error": {"message": "not found"}})
 
             def do_POST(self) -> None:  # noqa: N802
                 length = int(self.headers.get("Content-Length") or 0)
@@ -149,8 +134,8 @@ class SlotServer:
                 except ValueError:
                     body = {}
                 if self.path not in ("/v1/completions", "/v1/chat/completions"):
-                    self._reply(404, {"error": {"message": "not found"}})
+                    self.reply_json(404, {"error": {"message": "not found"}})
                     return
-                self._reply(200, server._complete(body if isinstance(body, dict) else {}))
+                self.reply_json(200, server._complete(body if isinstance(body, dict) else {}))
 
         return Handler
