@@ -6,7 +6,9 @@ newcomers pass it by. Under a storm of webhooks (4 gunicorn workers of 16 thread
 `BEGIN IMMEDIATE`) that unfairness is the tail: single waits over a second while the median is a few
 milliseconds. So before `BEGIN IMMEDIATE` a writer takes its turn:
 
-* in its process, a `threading.Lock`: the process' threads queue on it and are woken when it is free;
+* in its process, a first-come first-served lock (`Queue`): the process' threads queue on it and the turn
+  goes to the one that has waited longest (a `threading.Lock` lets whoever runs first take it, so a thread
+  that writes again and again, such as the authority's, passes a webhook that has waited since);
 * across processes, an exclusive `flock()` on `<state>-writer` beside the state file, asked for without
   blocking every `POLL` seconds (a blocking `flock()` cannot be given a deadline), by at most one thread
   per process: the one holding the process' lock.
@@ -28,10 +30,43 @@ import os
 import sqlite3
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 POLL = 0.0005          # seconds between two asks for the lock file, by the one waiting thread of a process
+
+
+class Queue:
+    """A lock handed to its waiters in the order they came: `acquire()` joins the end of the queue, `release()`
+    hands the lock to the first waiter (who then holds it: nobody can take it in between)."""
+
+    def __init__(self) -> None:
+        self._mu = threading.Lock()
+        self._held = False
+        self._waiters: deque[threading.Event] = deque()
+
+    def acquire(self, timeout: float) -> bool:
+        with self._mu:
+            if not self._held:
+                self._held = True
+                return True
+            mine = threading.Event()
+            self._waiters.append(mine)
+        if mine.wait(timeout):
+            return True
+        with self._mu:
+            if mine.is_set():           # handed over between the timeout and now: it is ours
+                return True
+            self._waiters.remove(mine)
+            return False
+
+    def release(self) -> None:
+        with self._mu:
+            if self._waiters:
+                self._waiters.popleft().set()
+            else:
+                self._held = False
 
 
 def lock_path(state: str) -> str:
@@ -43,17 +78,17 @@ class WriterTurn:
         self.path = lock_path(state)
         self.timeout = timeout
         self._pid = -1
-        self._lock = threading.Lock()
+        self._lock = Queue()
         self._fd: int | None = None
         self._setup = threading.Lock()
 
-    def _mine(self) -> tuple[threading.Lock, int | None]:
+    def _mine(self) -> tuple[Queue, int | None]:
         """This process' lock and lock-file descriptor (made anew after a fork)."""
         pid = os.getpid()
         if self._pid != pid:
             with self._setup:
                 if self._pid != pid:
-                    self._lock = threading.Lock()      # one inherited from the parent may be held there
+                    self._lock = Queue()               # one inherited from the parent may be held there
                     try:
                         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
                     except OSError:

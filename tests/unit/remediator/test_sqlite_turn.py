@@ -7,12 +7,14 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from llm_health.remediator.store import SqliteStore
-from llm_health.remediator.store.sqlite.turn import WriterTurn, lock_path
+from llm_health.remediator.store.sqlite.turn import Queue, WriterTurn, lock_path
 
 HOLD = """import fcntl, os, sys
 fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
@@ -120,3 +122,69 @@ def test_a_lock_file_that_cannot_be_made_leaves_the_order_to_sqlite(tmp_path: Pa
     with turn.held():
         pass
     assert turn._fd is None
+
+
+def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"no {what} within {timeout:g} s"
+        time.sleep(0.001)
+
+
+def test_the_process_turn_goes_to_the_thread_that_waited_longest() -> None:
+    q = Queue()
+    assert q.acquire(timeout=1)
+    order: list[str] = []
+
+    def take(name: str) -> None:
+        assert q.acquire(timeout=30)
+        order.append(name)
+        q.release()
+
+    threads = []
+    for name in "abc":                       # queued one after the other
+        t = threading.Thread(target=take, args=(name,))
+        t.start()
+        threads.append(t)
+        queued = len(threads)
+        wait_for(lambda queued=queued: len(q._waiters) == queued, f"waiter {name}")
+    q.release()
+    for t in threads:
+        t.join(timeout=30)
+    assert order == ["a", "b", "c"]
+
+
+def test_a_thread_that_writes_again_and_again_does_not_pass_one_that_waits() -> None:
+    """A threading.Lock goes to whoever runs first at its release: the thread that just let go and asks
+    again at once (the authority's workers, a storm's webhooks) takes it back, hundreds of times over."""
+    q = Queue()
+    rounds, stop = [0], threading.Event()
+
+    def again_and_again() -> None:
+        while not stop.is_set():
+            assert q.acquire(timeout=30)
+            rounds[0] += 1
+            q.release()
+
+    t = threading.Thread(target=again_and_again)
+    t.start()
+    try:
+        wait_for(lambda: rounds[0] > 100, "rounds")
+        before = rounds[0]
+        assert q.acquire(timeout=30)
+        passed = rounds[0] - before           # its round under way, and no other
+        q.release()
+    finally:
+        stop.set()
+        t.join(timeout=30)
+    assert passed <= 3
+
+
+def test_a_thread_whose_wait_ends_leaves_the_queue() -> None:
+    q = Queue()
+    assert q.acquire(timeout=1)
+    assert q.acquire(timeout=0.05) is False
+    assert not q._waiters
+    q.release()                               # nobody waits: free
+    assert q.acquire(timeout=0) is True
+    q.release()
