@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from llm_health.remediator.alert import Alert, Notification
-from llm_health.remediator.store import Heard, StateStore, Transaction
+from llm_health.remediator.store import Heard, Transaction
 
 WATCHDOG_ALERTS = frozenset({"Watchdog", "LLMHealthWatchdog"})
 
@@ -39,10 +39,10 @@ def stamp(tx: Transaction, n: Notification, now: float) -> None:
         tx.heard(Heard.WATCHDOG, now)
 
 
-def watchdogs_only(store: StateStore, n: Notification, now: float) -> dict[str, Any]:
-    """A notification of Watchdogs only: counted and stamped, in one transaction; the webhook's answer."""
-    with store.tx() as tx:
-        for a in n.alerts:
-            tx.bump("alerts_received", a.status)
-        stamp(tx, n, now)
+def watchdogs_only(tx: Transaction, n: Notification, now: float) -> dict[str, Any]:
+    """A notification of Watchdogs only: counted and stamped, in the write transaction `tx`; the webhook's
+    answer."""
+    for a in n.alerts:
+        tx.bump("alerts_received", a.status)
+    stamp(tx, n, now)
     return {"deduplicated": False, "alerts": len(n.alerts), "watchdog": True}

@@ -55,23 +55,28 @@ def _brief(alert: Alert) -> dict[str, Any]:
 
 
 def ingest(store: StateStore, config: Config, n: Notification, now: float, dedup_window: float) -> dict[str, Any]:
-    """Record one notification, and when it arrived (heartbeat.stamp), in one write transaction (a second
-    one per notification doubled the writers queueing for the state's write lock in a storm); returns a
-    summary for the HTTP answer."""
+    """Record one notification in a write transaction of its own (the webhook shares one: store/group.py)."""
     with store.tx() as tx:
-        heartbeat.stamp(tx, n, now)
-        for a in n.alerts:
-            tx.bump("alerts_received", a.status)
-        key = n.dedup_key()
-        seen = tx.delivery_seen_at(key)
-        if seen is not None and now - seen < dedup_window:
-            tx.event(now, "deduplicated", reason="same notification seen "
-                     f"{now - seen:.1f}s ago (HA copy or resend)", group_key=n.group_key[:200], sender=n.sender)
-            return {"deduplicated": True, "alerts": len(n.alerts)}
-        tx.remember_delivery(key, now, forget_before=now - max(dedup_window, 3600.0) * 2)
-        tx.event(now, "received", reason=f"{n.status} notification with {len(n.alerts)} alert(s)",
-                 group_key=n.group_key[:200], receiver=n.receiver, sender=n.sender)
-        outcomes = [_apply(tx, config, a, now) for a in n.alerts]
+        return record(tx, config, n, now, dedup_window)
+
+
+def record(tx: Transaction, config: Config, n: Notification, now: float, dedup_window: float) -> dict[str, Any]:
+    """Record one notification, and when it arrived (heartbeat.stamp), in the one write transaction `tx` (a
+    second one per notification doubled the writers queueing for the state's write lock in a storm); returns
+    a summary for the HTTP answer."""
+    heartbeat.stamp(tx, n, now)
+    for a in n.alerts:
+        tx.bump("alerts_received", a.status)
+    key = n.dedup_key()
+    seen = tx.delivery_seen_at(key)
+    if seen is not None and now - seen < dedup_window:
+        tx.event(now, "deduplicated", reason="same notification seen "
+                 f"{now - seen:.1f}s ago (HA copy or resend)", group_key=n.group_key[:200], sender=n.sender)
+        return {"deduplicated": True, "alerts": len(n.alerts)}
+    tx.remember_delivery(key, now, forget_before=now - max(dedup_window, 3600.0) * 2)
+    tx.event(now, "received", reason=f"{n.status} notification with {len(n.alerts)} alert(s)",
+             group_key=n.group_key[:200], receiver=n.receiver, sender=n.sender)
+    outcomes = [_apply(tx, config, a, now) for a in n.alerts]
     return {"deduplicated": False, "alerts": len(n.alerts), "outcomes": outcomes}
 
 

@@ -14,6 +14,7 @@ from llm_health.remediator.agent import AgentAnswers
 from llm_health.remediator.health import Health
 from llm_health.remediator.services import Services
 from llm_health.remediator.store import StateStore
+from llm_health.remediator.store.group import GroupCommit
 from llm_health.remediator.web.guard import token_given
 
 
@@ -22,6 +23,7 @@ class WebContext:
                  services: Services, reload_status: ReloadStatus | None = None) -> None:
         self.config = config
         self.store = store
+        self.writes = GroupCommit(store)   # the webhook's notifications of one moment: one transaction
         self.token = token
         self.clock = clock
         self.services = services          # built, not started: the server starts them (services.py)

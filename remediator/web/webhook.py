@@ -1,4 +1,5 @@
-"""POST /webhook: Alertmanager's notifications. Validated, recorded in one short transaction, answered 2xx;
+"""POST /webhook: Alertmanager's notifications. Validated, recorded in one short transaction (shared with the
+worker's other notifications of the moment: store/group.py), answered 2xx once committed;
 the authority does the work (often in another gunicorn worker), from the store. When it arrived is stamped
 in that same transaction (remediator/heartbeat.py: the remediator's own dead man's switch)."""
 
@@ -10,7 +11,7 @@ from flask import Blueprint, jsonify
 
 from llm_health.remediator import heartbeat
 from llm_health.remediator.alert import PayloadError, parse_notification
-from llm_health.remediator.incident import ingest
+from llm_health.remediator.incident import record
 from llm_health.remediator.web.context import ctx
 from llm_health.remediator.web.guard import BodyError, error, guard_mutation, json_body
 
@@ -32,8 +33,10 @@ def receive() -> Any:
         return error(400, f"not an Alertmanager webhook payload: {exc}")
     now = c.clock()
     if heartbeat.only_watchdogs(notification):       # the dead man's switch: stamped, nothing else
-        return jsonify({"accepted": True, **heartbeat.watchdogs_only(c.store, notification, now)}), 202
+        summary = c.writes.run(lambda tx: heartbeat.watchdogs_only(tx, notification, now))
+        return jsonify({"accepted": True, **summary}), 202
     # never a Prometheus query here: an alert about a backend this worker's discovery has not seen yet
     # opens its incident, and the authority looks it up after a (rate-limited) refresh (incident.py)
-    summary = ingest(c.store, c.config, notification, now, c.config.remediator.dedup_window)   # stamps it too
+    window = c.config.remediator.dedup_window
+    summary = c.writes.run(lambda tx: record(tx, c.config, notification, now, window))   # stamps it too
     return jsonify({"accepted": True, **summary}), 202
