@@ -149,7 +149,10 @@ def start_services(worker: Any) -> None:
     at 63 000 objects; 3.6 ms the slowest request with them frozen), and a worker paused inside its turn on
     the state's write lock holds every other writer of the storm for that long. Objects made later, per
     request, are collected as before; the set-aside ones live as long as the worker anyway."""
-    worker.wsgi.extensions["remediator"].services.start()
+    services = worker.wsgi.extensions["remediator"].services
+    services.start()
+    if services.authority is not None:     # the authority's worker leaves new connections to the others (serving.py)
+        worker.leads = services.authority.lease.holding.is_set
     gc.freeze()
 
 

@@ -145,6 +145,30 @@ def test_no_control_socket(tmp_path: Path, runtime_dir: bool) -> None:
         s.proc.wait_http(s.url + "/healthz", timeout=30)
 
 
+# -- the worker that holds the authority --------------------------------------------------------------
+def healthz_fresh(url: str) -> dict[str, Any]:
+    """/healthz on a new connection (the worker that accepts it answers)."""
+    return requests.get(url + "/healthz", headers={"Connection": "close"}, timeout=10).json()
+
+
+def test_the_authoritys_worker_leaves_new_connections_to_the_other_worker(tmp_path: Path) -> None:
+    """serving.py: its threads verify, claim and restart; a storm's webhooks served there queued behind them.
+    It still takes a connection that no other worker takes (here: the other one stopped)."""
+    with serving(tmp_path) as s:                          # the default: 2 workers
+        wait_until(lambda: "llm_health_remediator_lease_holder_info{" in requests.get(s.url + "/metrics",
+                                                                                      timeout=10).text,
+                   timeout=30, what="a worker holding the authority")
+        answers = [healthz_fresh(s.url) for _ in range(30)]
+        assert not any(a["holds_lease"] for a in answers), answers
+        other = int(answers[0]["worker"])
+        os.kill(other, signal.SIGSTOP)
+        try:
+            answer = healthz_fresh(s.url)                 # the other worker cannot take it: the authority's does
+            assert answer["holds_lease"] is True and int(answer["worker"]) != other
+        finally:
+            os.kill(other, signal.SIGCONT)
+
+
 # -- the worker's limits and normal clients, with small limits -------------------------------------
 TIGHT = {"request_timeout": 2, "idle_timeout": 1, "max_header_bytes": 2048, "max_body_bytes": 65536,
          "max_pending_connections": 8, "max_pending_per_peer": 3, "threads": 2}

@@ -51,7 +51,7 @@ def test_a_worker_sets_what_it_built_aside_from_the_garbage_collector_once_its_s
     from llm_health.remediator.cli import start_services
 
     started: list[bool] = []
-    services = SimpleNamespace(start=lambda: started.append(gc.get_freeze_count() == 0))
+    services = SimpleNamespace(start=lambda: started.append(gc.get_freeze_count() == 0), authority=None)
     worker = SimpleNamespace(wsgi=SimpleNamespace(extensions={"remediator": SimpleNamespace(services=services)}))
     gc.unfreeze()
     try:
@@ -60,3 +60,23 @@ def test_a_worker_sets_what_it_built_aside_from_the_garbage_collector_once_its_s
         assert gc.get_freeze_count() > 1000        # then the heap was set aside
     finally:
         gc.unfreeze()
+
+
+def test_a_worker_knows_when_it_holds_the_authority() -> None:
+    """serving.py: the worker that holds the lease leaves new connections to the other workers a moment."""
+    import threading
+    from types import SimpleNamespace
+
+    from llm_health.remediator.cli import start_services
+
+    holding = threading.Event()
+    services = SimpleNamespace(start=lambda: None, authority=SimpleNamespace(lease=SimpleNamespace(holding=holding)))
+    worker = SimpleNamespace(wsgi=SimpleNamespace(extensions={"remediator": SimpleNamespace(services=services)}))
+    try:
+        start_services(worker)
+    finally:
+        import gc
+        gc.unfreeze()
+    assert worker.leads() is False
+    holding.set()
+    assert worker.leads() is True
