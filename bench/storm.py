@@ -296,7 +296,8 @@ def measure(out_dir: Path, quick: bool, state: str | None) -> tuple[str, dict[st
 
             def settled() -> list[dict[str, Any]] | None:
                 view = requests.get(f"{base}/api/backends", timeout=10).json()["backends"]
-                return None if [b for b in view if _pending(b)] else view
+                restarted = _restarted(tmp / "calls.txt")
+                return None if [b for b in view if _pending(b, restarted)] else view
 
             stuck: list[dict[str, Any]] = []
             try:
@@ -305,7 +306,7 @@ def measure(out_dir: Path, quick: bool, state: str | None) -> tuple[str, dict[st
             except AssertionError:
                 view = requests.get(f"{base}/api/backends", timeout=10).json()["backends"]
                 stuck = [{"backend": b["backend"], "incident": b["incident"], "last_decision": b["last_decision"]}
-                         for b in view if _pending(b)]
+                         for b in view if _pending(b, _restarted(tmp / "calls.txt"))]
                 print(json.dumps(stuck, indent=1)[:6000], file=sys.stderr)
                 print(rem.log()[-4000:], file=sys.stderr)
             settle_wall = time.perf_counter() - started
@@ -323,16 +324,21 @@ def measure(out_dir: Path, quick: bool, state: str | None) -> tuple[str, dict[st
                    healthy, total, workers, quick, stuck, state is not None, image)
 
 
-def _held_by_backoff(b: dict[str, Any]) -> bool:
+def _restarted(calls: Path) -> set[str]:
+    """The backends the restart recorder was called for so far."""
+    return {ln.split()[0] for ln in calls.read_text().splitlines() if ln.strip()} if calls.exists() else set()
+
+
+def _held_by_backoff(b: dict[str, Any], restarted: set[str]) -> bool:
     """An incident opened after its backend's restart (a notification variant first seen after the recovery:
     the alert it restarted for is still firing) waits out the backoff by design, then verifies."""
-    return bool(b["incident"]) and b["incident"]["state"] == "open" and \
+    return bool(b["incident"]) and b["incident"]["state"] == "open" and b["backend"] in restarted and \
         (b["last_decision"] or {}).get("kind") == "deferred_backoff"
 
 
-def _pending(b: dict[str, Any]) -> bool:
+def _pending(b: dict[str, Any], restarted: set[str]) -> bool:
     """The authority still has work on this backend's incident now (not only later, when a backoff ends)."""
-    return bool(b["incident"]) and b["incident"]["state"] in UNSETTLED and not _held_by_backoff(b)
+    return bool(b["incident"]) and b["incident"]["state"] in UNSETTLED and not _held_by_backoff(b, restarted)
 
 
 def all_events(base: str, kind: str = "", limit: int = 1_000_000) -> list[dict[str, Any]]:
@@ -415,7 +421,7 @@ def _report(senders: list[dict[str, Any]], storm_wall: float, settle_wall: float
         "decisions": decisions,
         "targets": targets, "quick": quick, "stuck": stuck,
         "final_states": Counter((b["incident"] or {}).get("state", "none") for b in view),
-        "held_by_backoff": sorted(b["backend"] for b in view if _held_by_backoff(b)),
+        "held_by_backoff": sorted(b["backend"] for b in view if _held_by_backoff(b, set(restarts))),
     }
     def group(names: list[str]) -> str:
         n_inc = sum(opened[b] for b in names)

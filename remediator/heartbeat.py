@@ -33,7 +33,7 @@ def only_watchdogs(n: Notification) -> bool:
 
 def stamp(tx: Transaction, n: Notification, now: float) -> None:
     """When Alertmanager reached us, inside the transaction that records the notification
-    (incident.ingest, watchdogs_only)."""
+    (incident.record, watchdogs_only)."""
     tx.heard(Heard.WEBHOOK, now)
     if any(is_watchdog(a) and a.status == "firing" for a in n.alerts):
         tx.heard(Heard.WATCHDOG, now)

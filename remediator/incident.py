@@ -3,8 +3,9 @@
 A restart alert about another group (cluster, namespace: llm_health/groups.py) than this remediator's or
 its backend's is recorded and ignored; an incident records the group labels of the alert that opened it.
 
-Everything happens in one BEGIN IMMEDIATE transaction per notification, so concurrent HA copies
-arriving at different gunicorn workers are serialised: the first is processed, the rest are
+Everything happens in one write transaction per notification (the webhook's may share it with the
+worker's other notifications of the moment, each in arrival order: store/group.py), so concurrent HA
+copies arriving at different gunicorn workers are serialised: the first is processed, the rest are
 recorded as `deduplicated`.
 
 With service discovery on, each gunicorn worker refreshes its own backend list, so the worker that

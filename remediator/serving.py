@@ -59,6 +59,7 @@ from llm_health.remediator.lingering import LINGER_MAX
 STOP_GRACE = 2.0            # at a graceful stop, a request being read (or not begun) has this long to arrive
 CONNECTIONS_BEYOND_PENDING = 256   # worker_connections = max_pending_connections + this
 YIELD_FOR = 0.02            # the authority's worker leaves a new connection this long to the other workers
+TAKING_FOR = 2 * YIELD_FOR  # ... and when they did not take it, takes what waits (a stale "waits" lasts this long)
 
 
 class GuardedThreadWorker(Buffering, ThreadWorker):  # type: ignore[misc]
@@ -74,8 +75,8 @@ class GuardedThreadWorker(Buffering, ThreadWorker):  # type: ignore[misc]
         self.lingering: dict[socket.socket, float] = {}
         self.next_sweep = float("inf")
         self.accept_paused_until = 0.0
-        self.yielding = False               # accept paused to leave a new connection to the other workers
-        self.take_one = False               # ... and none of them took it: this worker does
+        self.yielding = False               # accept paused to leave new connections to the other workers
+        self.taking_until = 0.0             # ... the others did not take them: this worker takes what waits
         self.stopping_at: float | None = None
         self.throttled = Throttled(self.log)
 
@@ -126,25 +127,32 @@ class GuardedThreadWorker(Buffering, ThreadWorker):  # type: ignore[misc]
         if enabled and (len(self.reading) >= self.limits.max_pending_connections
                         or time.monotonic() < self.accept_paused_until):
             enabled = False
-        if enabled and self.yielding:      # back from leaving a connection to the others: did one take it?
+        if enabled and self.yielding:      # back from leaving connections to the others: did they take them?
             self.yielding = False
-            self.take_one = any(select.select([s], [], [], 0)[0] for s in self.sockets)
+            self.taking_until = time.monotonic() + TAKING_FOR if self.backlog() else 0.0
         super().set_accept_enabled(enabled)
 
     def accept(self, listener: Any) -> None:
-        """The worker that holds the authority leaves a new connection to the other workers for YIELD_FOR
-        seconds, and takes it only if none of them has: its threads verify, claim and restart, and a storm's
-        webhooks served there queued behind them (the storm benchmark: p99 127 ms for the webhooks it
-        served, 33 ms in the other three workers). Its kept-alive connections are served as before, and a
-        connection the others cannot take (all busy, or paused by slow clients) waits YIELD_FOR at most."""
-        if self.cfg.workers > 1 and self.leads() and not self.take_one:
+        """The worker that holds the authority leaves new connections to the other workers for YIELD_FOR
+        seconds: its threads verify, claim and restart, and a storm's webhooks served there queued behind
+        them (the storm benchmark: p99 127 ms for the webhooks it served, 33 ms in the other three workers).
+        The connections still waiting after that (the others are stopped, busy or paused by slow clients)
+        it takes, all of them; the next arrival is left to the others again. Its kept-alive connections
+        are served as before, and a worker alone accepts at once."""
+        now = time.monotonic()
+        if self.cfg.workers > 1 and self.leads() and now >= self.taking_until:
             self.yielding = True
-            self.accept_paused_until = time.monotonic() + YIELD_FOR
+            self.accept_paused_until = now + YIELD_FOR
             self.next_sweep = min(self.next_sweep, self.accept_paused_until)
             super().set_accept_enabled(False)
             return
-        self.take_one = False
         super().accept(listener)
+        if self.taking_until:         # more waiting: go on taking (a stale answer lasts TAKING_FOR at most)
+            self.taking_until = time.monotonic() + TAKING_FOR if self.backlog() else 0.0
+
+    def backlog(self) -> bool:
+        """A connection waits on a listening socket (not taken by any worker yet)."""
+        return any(select.select([s], [], [], 0)[0] for s in self.sockets)
 
     def handle_request(self, req: Any, conn: Any) -> Any:
         """gunicorn's, with the body taken from the buffer first; the socket keeps its timeout, so writing

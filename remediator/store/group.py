@@ -4,15 +4,19 @@ In a storm every notification is one write transaction, and the writers queue fo
 (SQLite's, behind turn.py; PostgreSQL's WRITE_LOCK): each holds it for its statements, its COMMIT (a
 write-ahead log flush) and the hand-over to the next writer, and the lock, not the CPU, sets the pace.
 So the threads of one process that want to write at the same time go together: the first becomes the
-leader, waits for the turn to write and opens the transaction; whoever queued meanwhile joins it; the
-leader runs every queued work in arrival order (each sees the writes of those before it, as if they had
-run one after the other), commits once, and hands the leadership to the first thread queued after its
-batch (LevelDB's writer queue; PostgreSQL's commit_delay is the same idea inside the server).
+leader and opens the transaction; whoever queued before it takes the queue joins it (those that came
+while the previous batch ran, and on SQLite those that came while the leader waited for the turn to
+write; PostgreSQL's lock is asked for with the first statement, after the queue is taken); the leader
+runs every queued work in arrival order (each sees the writes of those before it, as if they had run one
+after the other), commits once, and hands the leadership to the first thread queued after its batch
+(LevelDB's writer queue; PostgreSQL's commit_delay is the same idea inside the server).
 
 Nothing is answered before it is committed: a caller gets its work's result once the transaction that
-holds it has committed. A batch is all or nothing, so when one work of a batch raises (or the commit
-fails), the batch is rolled back and each of its works runs again alone, in a transaction of its own:
-one bad notification fails alone and changes nothing, and the others are recorded as if it had not come.
+holds it has committed. A batch is all or nothing, so when one work of a batch raises, the batch is
+rolled back and each of its works runs again alone, in a transaction of its own: one bad notification
+fails alone and changes nothing, and the others are recorded as if it had not come. When the store
+itself fails (no transaction, a lock or statement timeout, a lost connection, a failed commit:
+`store_trouble`), every work of the batch fails with it at once, not one timeout after another.
 
 A work is a transaction's body: it reads and writes through the `Transaction` only (no other side
 effect, as it may run twice) and must not wait for anything but the store. Deadlines are the store's
@@ -30,7 +34,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Generic, Protocol, TypeVar
 
-from llm_health.remediator.store.base import Transaction
+from llm_health.remediator.store.base import StateError, Transaction
 
 T = TypeVar("T")
 
@@ -95,7 +99,7 @@ class GroupCommit:
             mine.wake.wait()          # bounded by the leader's transaction, whose deadlines are the store's
             if mine.finished:
                 return mine.outcome()
-        try:
+        try:                          # leading: the first to come, or woken to lead the next batch
             self._batch(mu)
         finally:
             self._hand_over(mu)
@@ -113,19 +117,20 @@ class GroupCommit:
                 batch = self._take(mu)
                 results = [p.work(tx) for p in batch]
         except Exception as exc:
-            if not batch:          # no transaction opened: those queued would meet the same store, now
-                for p in self._take(mu):
+            if not batch or len(batch) == 1 or store_trouble(exc):
+                # the store itself failed (no transaction, a lock or statement timeout, a lost connection):
+                # the others would meet the same, one timeout after another; so they fail with it now
+                for p in batch or self._take(mu):
                     p.finish(error=exc)
-            elif len(batch) == 1:
-                batch[0].finish(error=exc)
-            else:                  # rolled back: each alone, so only a bad one fails
+                return
+            try:                      # one work raised: rolled back; each alone, so only a bad one fails
                 for p in batch:
                     self._alone(p)
+            finally:
+                _fail_unfinished(batch)
             return
-        except BaseException:      # the leader's thread is interrupted: its followers are told, not left waiting
-            for p in batch or self._take(mu):
-                if not p.finished:
-                    p.finish(error=RuntimeError("the thread writing this transaction was interrupted"))
+        except BaseException:         # the leader's thread is interrupted: its followers are told, not left waiting
+            _fail_unfinished(batch or self._take(mu))
             raise
         if len(batch) > 1:
             self.batches += 1
@@ -148,3 +153,14 @@ class GroupCommit:
             else:
                 self._leading = False
 
+
+def store_trouble(exc: BaseException) -> bool:
+    """The store failed, not a work: StateError, or an OperationalError of the database's driver (PEP 249's
+    name for lock and statement timeouts, lost connections, a database that cannot be written)."""
+    return isinstance(exc, StateError) or any(c.__name__ == "OperationalError" for c in type(exc).__mro__)
+
+
+def _fail_unfinished(batch: list[_Pending]) -> None:
+    for p in batch:
+        if not p.finished:
+            p.finish(error=RuntimeError("the thread writing this transaction was interrupted"))

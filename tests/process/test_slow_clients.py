@@ -23,6 +23,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,7 @@ import requests
 
 from llm_health.drill.procs import ManagedProcess, free_port, llm_health, wait_until
 from llm_health.drill.slowclients import Drip, SlowClients
+from llm_health.remediator.serving import YIELD_FOR
 from tests.support.alerts import alert, payload
 from tests.support.paths import REPO
 from tests.support.remediator_process import AUTH, TOKEN, running, write_config
@@ -146,24 +148,29 @@ def test_no_control_socket(tmp_path: Path, runtime_dir: bool) -> None:
 
 
 # -- the worker that holds the authority --------------------------------------------------------------
-def healthz_fresh(url: str) -> dict[str, Any]:
-    """/healthz on a new connection (the worker that accepts it answers)."""
-    return requests.get(url + "/healthz", headers={"Connection": "close"}, timeout=10).json()
+def healthz_fresh(url: str) -> tuple[float, dict[str, Any]]:
+    """/healthz on a new connection (the worker that accepts it answers), and how long it took."""
+    start = time.monotonic()
+    answer = requests.get(url + "/healthz", headers={"Connection": "close"}, timeout=10).json()
+    return time.monotonic() - start, answer
 
 
 def test_the_authoritys_worker_leaves_new_connections_to_the_other_worker(tmp_path: Path) -> None:
     """serving.py: its threads verify, claim and restart; a storm's webhooks served there queued behind them.
-    It still takes a connection that no other worker takes (here: the other one stopped)."""
+    It takes a connection only once it has waited YIELD_FOR for the other worker (busy, or here stopped)."""
     with serving(tmp_path) as s:                          # the default: 2 workers
         wait_until(lambda: "llm_health_remediator_lease_holder_info{" in requests.get(s.url + "/metrics",
                                                                                       timeout=10).text,
                    timeout=30, what="a worker holding the authority")
-        answers = [healthz_fresh(s.url) for _ in range(30)]
-        assert not any(a["holds_lease"] for a in answers), answers
-        other = int(answers[0]["worker"])
+        with ThreadPoolExecutor(2) as pool:              # 20 bursts of 2 fresh connections at once
+            answers = [a for _ in range(20) for a in pool.map(lambda _: healthz_fresh(s.url), range(2))]
+        # without the yield the holder took about half of them at once, each in a few ms
+        early = [round(t * 1000, 1) for t, a in answers if a["holds_lease"] and t < YIELD_FOR / 2]
+        assert early == [], f"the authority's worker took fresh connections after {early} ms"
+        other = next(int(a["worker"]) for _, a in answers if not a["holds_lease"])
         os.kill(other, signal.SIGSTOP)
         try:
-            answer = healthz_fresh(s.url)                 # the other worker cannot take it: the authority's does
+            _, answer = healthz_fresh(s.url)              # the other worker cannot take it: the authority's does
             assert answer["holds_lease"] is True and int(answer["worker"]) != other
         finally:
             os.kill(other, signal.SIGCONT)

@@ -53,8 +53,16 @@ class Queue:
                 return True
             mine = threading.Event()
             self._waiters.append(mine)
-        if mine.wait(timeout):
-            return True
+        try:
+            if mine.wait(timeout):
+                return True
+        except BaseException:           # interrupted while waiting: never leave the lock to a waiter gone
+            with self._mu:
+                if not mine.is_set():
+                    self._waiters.remove(mine)
+                    raise
+            self.release()              # it was handed over meanwhile: pass it on
+            raise
         with self._mu:
             if mine.is_set():           # handed over between the timeout and now: it is ours
                 return True

@@ -29,7 +29,7 @@ def worker(monkeypatch: pytest.MonkeyPatch) -> Any:
     w.cfg = SimpleNamespace(workers=2)
     w.limits = ServingLimits()
     w.reading, w.accept_paused_until, w.next_sweep = {}, 0.0, float("inf")
-    w.yielding = w.take_one = False
+    w.yielding, w.taking_until = False, 0.0
     w.holding, w.waiting = True, True          # holds the lease; a connection waits in the listener's backlog
     w.leads = lambda: w.holding
     w.sockets = ["listener"]
@@ -56,12 +56,16 @@ def test_it_leaves_a_new_connection_to_the_others_then_takes_it_if_nobody_did(wo
     back(worker)
     assert worker.enabled[-1] is True
     worker.accept("listener")                              # still waiting in the backlog: nobody else took it
-    assert worker.accepted == ["listener"]
-    worker.accept("listener")                              # the next one is left to the others again
-    assert worker.accepted == ["listener"] and worker.enabled[-1] is False
+    worker.accept("listener")                              # ... nor the one behind it: it takes what waits
+    assert worker.accepted == ["listener", "listener"]
+    worker.waiting = False                                 # all taken
+    worker.accept("listener")
+    worker.waiting = True                                  # the next arrival is left to the others again
+    worker.accept("listener")
+    assert worker.accepted == ["listener"] * 3 and worker.enabled[-1] is False
 
 
-def test_one_the_others_took_meanwhile_is_not_mistaken_for_a_new_arrival(worker: Any) -> None:
+def test_one_the_others_took_meanwhile_is_not_mistaken_for_one_they_cannot_take(worker: Any) -> None:
     worker.accept("listener")
     worker.waiting = False                                 # another worker took it
     back(worker)

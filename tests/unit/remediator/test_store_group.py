@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -107,8 +108,32 @@ def test_a_bad_write_fails_alone_and_leaves_nothing_behind(store: StateStore) ->
     assert isinstance(out[1], ValueError) and str(out[1]) == "b is bad"
     assert out[0] == 1 and out[2] == 2
     assert reasons(store) == ["a", "c"]                 # b's event rolled back, a's and c's once each
-    # (on PostgreSQL the error also aborted the shared transaction: the others are recorded all the same)
     assert gate.transactions == 1 + 3                   # the batch, rolled back; then each alone
+
+
+def test_a_database_error_in_one_write_fails_it_alone(store: StateStore) -> None:
+    """A real error of the database (a second active incident of one backend breaks a unique index): on
+    PostgreSQL it aborts the shared transaction, on SQLite only its statement; either way only it fails."""
+    def second_incident(tx: Transaction) -> int:
+        tx.event(1.0, "signal", "gpu-a", None, reason="b")
+        tx.open_incident("gpu-a", 1.0)
+        return tx.open_incident("gpu-a", 2.0)
+    gate = Gate(store)
+    out = run_queued(GroupCommit(gate), gate, [write("a"), second_incident, write("c")])
+    assert out[0] == 1 and out[2] == 2 and isinstance(out[1], Exception)
+    assert "one_active_incident" in str(out[1]) or "UNIQUE" in str(out[1]).upper()
+    assert reasons(store) == ["a", "c"] and store.active_incidents() == []
+
+
+def test_a_store_that_fails_under_a_batch_fails_it_at_once(store: StateStore) -> None:
+    """A lock or statement timeout (PostgreSQL asks for its lock with the first statement) met by one work:
+    the others would meet it too, one timeout after another; they fail with it instead."""
+    def timed_out(tx: Transaction) -> int:
+        raise sqlite3.OperationalError("database is locked")
+    gate = Gate(store)
+    out = run_queued(GroupCommit(gate), gate, [write("a"), timed_out, write("c")])
+    assert all(isinstance(v, sqlite3.OperationalError) for v in out.values()) and len(out) == 3
+    assert gate.transactions == 1 and reasons(store) == []
 
 
 def test_a_store_that_cannot_open_a_transaction_fails_everyone_queued_at_once(store: StateStore) -> None:
