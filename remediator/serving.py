@@ -66,7 +66,7 @@ class GuardedThreadWorker(Buffering, ThreadWorker):  # type: ignore[misc]
     """gthread's worker with the request reading of buffering.py and the closing of lingering.py."""
 
     limits: ServingLimits = ServingLimits()   # set by the server before the workers fork
-    leads: Callable[[], bool] = staticmethod(lambda: False)   # this worker holds the authority (cli.start_services)
+    leads: Callable[[], bool] = staticmethod(lambda: False)   # the authority here is at work (cli.start_services)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -133,12 +133,13 @@ class GuardedThreadWorker(Buffering, ThreadWorker):  # type: ignore[misc]
         super().set_accept_enabled(enabled)
 
     def accept(self, listener: Any) -> None:
-        """The worker that holds the authority leaves new connections to the other workers for YIELD_FOR
-        seconds: its threads verify, claim and restart, and a storm's webhooks served there queued behind
-        them (the storm benchmark: p99 127 ms for the webhooks it served, 33 ms in the other three workers).
-        The connections still waiting after that (the others are stopped, busy or paused by slow clients)
-        it takes, all of them; the next arrival is left to the others again. Its kept-alive connections
-        are served as before, and a worker alone accepts at once."""
+        """While the authority in this worker is at work (a look at a backend under way), the worker leaves
+        new connections to the other workers for YIELD_FOR seconds: its threads verify, claim and restart,
+        and a storm's webhooks served there queued behind them (the storm benchmark: p99 127 ms for the
+        webhooks it served, 33 ms in the other three workers). The connections still waiting after that (the
+        others are stopped, busy or paused by slow clients) it takes, all of them; the next arrival is left
+        to the others again. Its kept-alive connections are served as before, an idle authority's worker
+        accepts like any other, and a worker alone accepts at once."""
         now = time.monotonic()
         if self.cfg.workers > 1 and self.leads() and now >= self.taking_until:
             self.yielding = True

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from llm_health.config import parse_config
+from llm_health.remediator.app import create_app
 
 
 def test_remediator_refuses_to_start_on_bad_token_or_corrupt_state(tmp_path: Path,
@@ -62,21 +63,29 @@ def test_a_worker_sets_what_it_built_aside_from_the_garbage_collector_once_its_s
         gc.unfreeze()
 
 
-def test_a_worker_knows_when_it_holds_the_authority() -> None:
-    """serving.py: the worker that holds the lease leaves new connections to the other workers a moment."""
-    import threading
+def test_a_worker_knows_when_its_authority_is_at_work(tmp_path: Path) -> None:
+    """serving.py: while the authority holds the lease and looks at a backend, its worker leaves new
+    connections to the other workers a moment."""
     from types import SimpleNamespace
 
     from llm_health.remediator.cli import start_services
 
-    holding = threading.Event()
-    services = SimpleNamespace(start=lambda: None, authority=SimpleNamespace(lease=SimpleNamespace(holding=holding)))
-    worker = SimpleNamespace(wsgi=SimpleNamespace(extensions={"remediator": SimpleNamespace(services=services)}))
+    app = create_app(parse_config({"backends": [{"name": "gpu-a", "url": "http://127.0.0.1:9", "restart": ["r"]}],
+                                   "remediator": {"state": str(tmp_path / "state.db")}}), token="t")
+    services = app.extensions["remediator"].services
+    services.start = lambda: None
+    worker = SimpleNamespace(wsgi=app)
     try:
         start_services(worker)
     finally:
         import gc
         gc.unfreeze()
+    authority = services.authority
     assert worker.leads() is False
-    holding.set()
-    assert worker.leads() is True
+    authority.lease.holding.set()
+    assert worker.leads() is False                        # holding the lease, looking at nothing
+    authority.scheduler.queue.add("gpu-a")
+    assert authority.scheduler.queue.get(timeout=1) == "gpu-a"
+    assert worker.leads() is True                         # a look under way
+    authority.scheduler.queue.done("gpu-a")
+    assert worker.leads() is False
