@@ -138,10 +138,11 @@ class GuardedThreadWorker(Buffering, ThreadWorker):  # type: ignore[misc]
         and a storm's webhooks served there queued behind them (the storm benchmark: p99 127 ms for the
         webhooks it served, 33 ms in the other three workers). The connections still waiting after that (the
         others are stopped, busy or paused by slow clients) it takes, all of them; the next arrival is left
-        to the others again. Its kept-alive connections are served as before, an idle authority's worker
-        accepts like any other, and a worker alone accepts at once."""
+        to the others again. Its kept-alive connections are closed after their answer (handle_request), so
+        their clients reconnect to the others; an idle authority's worker serves like any other, and a
+        worker alone accepts at once."""
         now = time.monotonic()
-        if self.cfg.workers > 1 and self.leads() and now >= self.taking_until:
+        if self.yields() and now >= self.taking_until:
             self.yielding = True
             self.accept_paused_until = now + YIELD_FOR
             self.next_sweep = min(self.next_sweep, self.accept_paused_until)
@@ -150,6 +151,10 @@ class GuardedThreadWorker(Buffering, ThreadWorker):  # type: ignore[misc]
         super().accept(listener)
         if self.taking_until:         # more waiting: go on taking (a stale answer lasts TAKING_FOR at most)
             self.taking_until = time.monotonic() + TAKING_FOR if self.backlog() else 0.0
+
+    def yields(self) -> bool:
+        """The authority in this worker is at work and there are other workers to serve (accept, handle_request)."""
+        return self.cfg.workers > 1 and self.leads()
 
     def backlog(self) -> bool:
         """A connection waits on a listening socket (not taken by any worker yet)."""
@@ -162,6 +167,8 @@ class GuardedThreadWorker(Buffering, ThreadWorker):  # type: ignore[misc]
             req._expected_100_continue = False    # sent already, when the head was complete
             conn.continued = False
         peer = peer_of(conn.client)
+        if self.yields():     # a kept-alive client (Alertmanager keeps its connections) reconnects elsewhere
+            req.must_close = True
         try:
             data = req.body.read()                # from the buffer: the request arrived whole
         except TimeoutError:

@@ -195,10 +195,24 @@ def test_the_authority_at_work_leaves_new_connections_to_the_other_worker(tmp_pa
     proc = ManagedProcess(llm_health("remediator", "--config", config, "--listen", f"127.0.0.1:{port}"),
                           name="remediator", log_dir=tmp_path, cwd=REPO)      # the default: 2 workers
     url = f"http://127.0.0.1:{port}"
+    kept: list[socket.socket] = []
     try:
         proc.wait_http(url + "/healthz", timeout=30)
+        # while it is idle, the authority's worker serves like the other: a kept-alive connection to it
+        holders = []
+        for _ in range(100):
+            kept.append(connect(port))
+            kept[-1].sendall(get("/healthz"))
+            (status, body), = split_responses(read_until(kept[-1], responses(1)))
+            if json.loads(body)["holds_lease"]:
+                holders.append(kept[-1])
+                break
+        assert holders, "no kept-alive connection reached the authority's worker"
         requests.post(url + "/webhook", json=payload(alert("gpu-a")), headers=AUTH, timeout=10).raise_for_status()
         assert hung.reached.wait(timeout=30), "the authority never looked at gpu-a"   # its look lasts 30 s
+        holders[0].sendall(get("/healthz"))        # at work now: answered, then closed (it reconnects elsewhere)
+        answer = read_until(holders[0], closed)
+        assert b"connection: close" in answer.lower() and json.loads(split_responses(answer)[0][1])["holds_lease"]
         with ThreadPoolExecutor(2) as pool:              # 20 bursts of 2 fresh connections at once
             answers = [a for _ in range(20) for a in pool.map(lambda _: healthz_fresh(url), range(2))]
         # without the yield the holder took 16 or 17 of them at once, each in a few ms; with it, none but in a
@@ -213,6 +227,8 @@ def test_the_authority_at_work_leaves_new_connections_to_the_other_worker(tmp_pa
         finally:
             os.kill(other, signal.SIGCONT)
     finally:
+        for k in kept:
+            k.close()
         proc.stop()
         hung.close()
 
