@@ -165,11 +165,6 @@ class Authority:
         look = 2 * e.read_timeout + verify + read + silences + LOOK_SLACK
         return look + (r.action_timeout if acting else 0.0)
 
-    def at_work(self) -> bool:
-        """This worker holds the lease and one of its workers is looking at a backend now (serving.py: its
-        worker then leaves new connections to the other workers)."""
-        return self.lease.holding.is_set() and bool(self.scheduler.queue.processing())
-
     def stuck_looks(self) -> dict[str, float]:
         """Keys a worker has had for longer than look_bound(): {key: seconds}."""
         acting = self.ctx.running.backends()

@@ -151,8 +151,8 @@ def start_services(worker: Any) -> None:
     request, are collected as before; the set-aside ones live as long as the worker anyway."""
     services = worker.wsgi.extensions["remediator"].services
     services.start()
-    if services.authority is not None:     # the authority at work leaves new connections to the others (serving.py)
-        worker.leads = services.authority.at_work
+    if services.authority is not None:     # the authority's worker leaves new connections to the others (serving.py)
+        worker.leads = services.authority.lease.holding.is_set
     gc.freeze()
 
 

@@ -66,7 +66,7 @@ class GuardedThreadWorker(Buffering, ThreadWorker):  # type: ignore[misc]
     """gthread's worker with the request reading of buffering.py and the closing of lingering.py."""
 
     limits: ServingLimits = ServingLimits()   # set by the server before the workers fork
-    leads: Callable[[], bool] = staticmethod(lambda: False)   # the authority here is at work (cli.start_services)
+    leads: Callable[[], bool] = staticmethod(lambda: False)   # this worker holds the authority (cli.start_services)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -133,14 +133,14 @@ class GuardedThreadWorker(Buffering, ThreadWorker):  # type: ignore[misc]
         super().set_accept_enabled(enabled)
 
     def accept(self, listener: Any) -> None:
-        """While the authority in this worker is at work (a look at a backend under way), the worker leaves
-        new connections to the other workers for YIELD_FOR seconds: its threads verify, claim and restart,
-        and a storm's webhooks served there queued behind them (the storm benchmark: p99 127 ms for the
-        webhooks it served, 33 ms in the other three workers). The connections still waiting after that (the
-        others are stopped, busy or paused by slow clients) it takes, all of them; the next arrival is left
-        to the others again. Its kept-alive connections are closed after their answer (handle_request), so
-        their clients reconnect to the others; an idle authority's worker serves like any other, and a
-        worker alone accepts at once."""
+        """The worker that holds the authority leaves new connections to the other workers for YIELD_FOR
+        seconds: its threads verify, claim and restart, and a storm's webhooks served there queued behind
+        them (the storm benchmark: p99 127 ms for the webhooks it served, 33 ms in the other three workers).
+        The connections still waiting after that (the others are stopped, busy or paused by slow clients) it
+        takes, all of them; the next arrival is left to the others again. A kept-alive connection it serves
+        is closed after its answer (handle_request), so its client reconnects to the others (Alertmanager
+        keeps its connections, also those made before this worker took the lease). A worker alone accepts
+        at once and keeps its connections alive."""
         now = time.monotonic()
         if self.yields() and now >= self.taking_until:
             self.yielding = True
@@ -153,7 +153,7 @@ class GuardedThreadWorker(Buffering, ThreadWorker):  # type: ignore[misc]
             self.taking_until = time.monotonic() + TAKING_FOR if self.backlog() else 0.0
 
     def yields(self) -> bool:
-        """The authority in this worker is at work and there are other workers to serve (accept, handle_request)."""
+        """This worker holds the authority and there are other workers to serve (accept, handle_request)."""
         return self.cfg.workers > 1 and self.leads()
 
     def backlog(self) -> bool:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -283,15 +284,19 @@ def rogue_target(w: World, backend: str) -> dict[str, Any]:
 
 
 def every_worker(w: World, condition: Any, what: str) -> None:
-    """`condition(GET /api/discovery)` holds in both gunicorn workers (each refreshes on its own)."""
-    seen: set[int] = set()
-
-    def both() -> bool:
+    """`condition(GET /api/discovery)` holds in both gunicorn workers (each refreshes on its own). The worker
+    that holds the authority takes a new connection only when the other does not (remediator/serving.py):
+    so once one worker has said so, it is stopped (SIGSTOP) while the other is asked."""
+    def said(exclude: int | None) -> int | None:
         doc = requests.get(f"{w.remediator_url}/api/discovery", timeout=5).json()
-        if condition(doc):
-            seen.add(doc["worker"])
-        return len(seen) >= 2
-    wait_until(both, timeout=30, interval=0.02, what=what)
+        return doc["worker"] if condition(doc) and doc["worker"] != exclude else None
+
+    first = wait_until(lambda: said(None), timeout=30, interval=0.02, what=what)
+    os.kill(int(first), signal.SIGSTOP)
+    try:
+        wait_until(lambda: said(first), timeout=30, interval=0.02, what=f"{what} (the other worker)")
+    finally:
+        os.kill(int(first), signal.SIGCONT)
 
 
 def test_a_rogue_target_labelled_pod_sim_a_never_gets_sim_a_restarted(world: World) -> None:
