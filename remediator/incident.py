@@ -23,7 +23,7 @@ from llm_health import groups
 from llm_health.config import NAME_RE, Backend, Config
 from llm_health.remediator import heartbeat
 from llm_health.remediator.alert import Alert, Notification
-from llm_health.remediator.store import NO_RESTART_UNDER_WAY, Incident, IncidentState, StateStore, Transaction
+from llm_health.remediator.store import NO_RESTART_UNDER_WAY, Incident, IncidentState, Transaction
 
 
 def route(alert: Alert, config: Config) -> Backend | None:
@@ -53,12 +53,6 @@ def _brief(alert: Alert) -> dict[str, Any]:
     if group:
         out["group"] = dict(group)
     return out
-
-
-def ingest(store: StateStore, config: Config, n: Notification, now: float, dedup_window: float) -> dict[str, Any]:
-    """Record one notification in a write transaction of its own (the webhook shares one: store/group.py)."""
-    with store.tx() as tx:
-        return record(tx, config, n, now, dedup_window)
 
 
 def record(tx: Transaction, config: Config, n: Notification, now: float, dedup_window: float) -> dict[str, Any]:

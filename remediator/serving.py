@@ -129,7 +129,7 @@ class GuardedThreadWorker(Buffering, ThreadWorker):  # type: ignore[misc]
             enabled = False
         if enabled and self.yielding:      # back from leaving connections to the others: did they take them?
             self.yielding = False
-            self.taking_until = time.monotonic() + TAKING_FOR if self.backlog() else 0.0
+            self.take_what_waits()
         super().set_accept_enabled(enabled)
 
     def accept(self, listener: Any) -> None:
@@ -150,15 +150,17 @@ class GuardedThreadWorker(Buffering, ThreadWorker):  # type: ignore[misc]
             return
         super().accept(listener)
         if self.taking_until:         # more waiting: go on taking (a stale answer lasts TAKING_FOR at most)
-            self.taking_until = time.monotonic() + TAKING_FOR if self.backlog() else 0.0
+            self.take_what_waits()
 
     def yields(self) -> bool:
         """This worker holds the authority and there are other workers to serve (accept, handle_request)."""
         return self.cfg.workers > 1 and self.leads()
 
-    def backlog(self) -> bool:
-        """A connection waits on a listening socket (not taken by any worker yet)."""
-        return any(select.select([s], [], [], 0)[0] for s in self.sockets)
+    def take_what_waits(self) -> None:
+        """Take connections for TAKING_FOR more seconds while one waits on a listening socket (not taken by
+        any worker yet); else leave the next arrival to the others again."""
+        waiting = any(select.select([s], [], [], 0)[0] for s in self.sockets)
+        self.taking_until = time.monotonic() + TAKING_FOR if waiting else 0.0
 
     def handle_request(self, req: Any, conn: Any) -> Any:
         """gunicorn's, with the body taken from the buffer first; the socket keeps its timeout, so writing

@@ -69,7 +69,7 @@ def test_other_notifications_stamp_the_webhook_only(tmp_path: Path) -> None:
     signal = alert(alertname="LLMBackendRestartLoop", restart=False)
     assert client.post("/webhook", json=payload(signal), headers=AUTH).status_code == 202
     assert store.last_heard() == LastHeard(webhook_at=clock.t, watchdog_at=dog)
-    assert "received" in [e.kind for e in store.events(limit=10)]           # went through ingest as before
+    assert "received" in [e.kind for e in store.events(limit=10)]           # went through record as before
     clock.advance(30)
     assert client.post("/webhook", json=payload(watchdog(status="resolved")), headers=AUTH).status_code == 202
     assert store.last_heard() == LastHeard(webhook_at=clock.t, watchdog_at=dog)   # a resolved Watchdog: no

@@ -12,8 +12,9 @@ import pytest
 
 from llm_health.config import Config, parse_config
 from llm_health.remediator.alert import parse_notification
-from llm_health.remediator.incident import ingest
+from llm_health.remediator.incident import record
 from llm_health.remediator.store import IncidentState, SqliteStore
+from llm_health.remediator.store.group import GroupCommit
 from llm_health.render.rules import REMEDIATION_ALERTS
 from tests.support.alerts import alert, payload
 from tests.support.promtool import alert_rule_list
@@ -38,7 +39,8 @@ def config() -> Config:
 
 
 def post(store: SqliteStore, config: Config, body: dict[str, Any], now: float = 1000.0) -> dict[str, Any]:
-    return ingest(store, config, parse_notification(body), now, WINDOW)
+    n = parse_notification(body)
+    return GroupCommit(store).run(lambda tx: record(tx, config, n, now, WINDOW))   # the webhook's way
 
 
 def kinds(store: SqliteStore) -> list[str]:
