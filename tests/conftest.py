@@ -35,7 +35,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 # by its node ids. `--dist loadgroup` with the groups below would too, and would also keep the real
 # engines' modules on one worker, but with pytest 9.2 it silently groups nothing (pytest-xdist#1386: the
 # group rides on a node id that pytest no longer lets it change), so `make test` does not rely on it; the
-# real engines run in a run of their own, one at a time.
+# real engines run in runs of their own after the rest: vLLM and SGLang one module per worker on two workers,
+# then llama.cpp alone (Makefile, REAL_ALONE).
 REAL_ENGINES_GROUP = "real-engines"
 # Modules whose tests share nothing (no module-scoped server, no order) and each take seconds of real time:
 # under `--dist loadscope` their tests are spread, one test (one store) at a time, instead of one worker
