@@ -195,3 +195,15 @@ def test_the_storm_latency_goal_holds_only_when_every_run_meets_it() -> None:
     text, results = repeated([one(40.0, restarts_ok=False), one(41.0)])
     assert results["targets"][goal] is True and results["targets"]["exactly 1 restart"] is False
     assert f"- PASS: {goal}, in every run" in text
+
+
+def test_the_storm_reports_the_p99_of_its_first_seconds_apart() -> None:
+    from bench.storm import _split_p99
+
+    # sender B starts the storm: its 100 notifications in the first 2 s, half of them slow; sender A's 100 fast
+    # ones come 3 s after the start
+    a = {"sent_at": [1000.0 + 3.0 + i * 0.01 for i in range(100)], "latencies": [0.010] * 100}
+    b = {"sent_at": [1000.0 + i * 0.02 for i in range(100)], "latencies": [0.200 if i < 50 else 0.020 for i in range(100)]}
+    assert _split_p99([a, b], 3.0) == (200.0, 10.0)
+    assert _split_p99([a], 3.0) == (10.0, 0.0)           # the start is the first notification sent
+    assert _split_p99([{"sent_at": [], "latencies": []}], 3.0) == (0.0, 0.0)
