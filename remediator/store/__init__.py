@@ -16,11 +16,18 @@ from pathlib import Path
 
 from llm_health.config import Config, is_database_url
 from llm_health.remediator.store.base import Reads, StateError, StateStore, Transaction
+from llm_health.remediator.store.rollout_rows import (
+    ACTIVE_ROLLOUT_STATES,
+    CHANGED_STEPS,
+    CommandRow,
+    MemberStep,
+    Rollout,
+    RolloutMember,
+    RolloutState,
+)
 from llm_health.remediator.store.rows import (
     ACKNOWLEDGEABLE,
-    ACTIVE_ROLLOUT_STATES,
     ACTIVE_STATES,
-    CHANGED_STEPS,
     NO_RESTART_UNDER_WAY,
     RESTART_UNDER_WAY,
     Action,
@@ -31,7 +38,6 @@ from llm_health.remediator.store.rows import (
     CaptureResult,
     CaptureRow,
     CommandChange,
-    CommandRow,
     Event,
     Heard,
     Incident,
@@ -39,10 +45,6 @@ from llm_health.remediator.store.rows import (
     LastHeard,
     Lease,
     LifecycleRow,
-    MemberStep,
-    Rollout,
-    RolloutMember,
-    RolloutState,
     Silence,
 )
 from llm_health.remediator.store.sqlite import SqliteStore

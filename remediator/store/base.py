@@ -31,6 +31,12 @@ from llm_health.exporter.reading import Reading
 from llm_health.groups import Labels
 from llm_health.remediator.lifecycle import LifecycleState
 from llm_health.remediator.policy import Marker
+from llm_health.remediator.store.rollout_rows import (
+    CommandRow,
+    Rollout,
+    RolloutMember,
+    RolloutState,
+)
 from llm_health.remediator.store.rows import (
     Action,
     AdminRow,
@@ -39,7 +45,6 @@ from llm_health.remediator.store.rows import (
     CaptureResult,
     CaptureRow,
     CommandChange,
-    CommandRow,
     Event,
     Heard,
     Incident,
@@ -47,9 +52,6 @@ from llm_health.remediator.store.rows import (
     LastHeard,
     Lease,
     LifecycleRow,
-    Rollout,
-    RolloutMember,
-    RolloutState,
     Silence,
 )
 

@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from llm_health.remediator.store.rows import (
+from llm_health.remediator.store.rollout_rows import (
     ACTIVE_ROLLOUT_STATES,
     CommandRow,
     MemberStep,
