@@ -319,8 +319,9 @@ def measure(out_dir: Path, quick: bool, state: str | None) -> tuple[str, dict[st
                                   what="the authority to work through the storm")
             except AssertionError:
                 view = requests.get(f"{base}/api/backends", timeout=10).json()["backends"]
+                restarted = _restarted(tmp / "calls.txt")
                 stuck = [{"backend": b["backend"], "incident": b["incident"], "last_decision": b["last_decision"]}
-                         for b in view if _pending(b, _restarted(tmp / "calls.txt"))]
+                         for b in view if _pending(b, restarted)]
                 print(json.dumps(stuck, indent=1)[:6000], file=sys.stderr)
                 print(rem.log()[-4000:], file=sys.stderr)
             settle_wall = time.perf_counter() - started

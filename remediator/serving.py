@@ -159,7 +159,7 @@ class GuardedThreadWorker(Buffering, ThreadWorker):  # type: ignore[misc]
     def take_what_waits(self) -> None:
         """Take connections for TAKING_FOR more seconds while one waits on a listening socket (not taken by
         any worker yet); else leave the next arrival to the others again."""
-        waiting = any(select.select([s], [], [], 0)[0] for s in self.sockets)
+        waiting = bool(select.select(self.sockets, [], [], 0)[0])       # one poll of every listener
         self.taking_until = time.monotonic() + TAKING_FOR if waiting else 0.0
 
     def handle_request(self, req: Any, conn: Any) -> Any:
