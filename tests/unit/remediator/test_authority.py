@@ -2,9 +2,10 @@
 lease thread, real clocks) with injected verifier, in-flight reader, warm-up check and a restart runner
 that takes its time. The webhook, the store and every guarantee are the real ones.
 
-* 10 backends needing a restart at once, each on its own host, a slow verification and a slow restart
-  action: every restart starts within one verification window (plus a small constant) of its alert, and
-  all ten actions run at once.
+* 10 backends needing a restart at once, each on its own host: their ten verifications and then their ten
+  restart actions are all under way at the same moment (each waits at a barrier for the other nine, so
+  one run after another, or a few at a time, breaks the barrier and fails), and every restart starts
+  within a small constant of its alert.
 * two backends on one host are still restarted one at a time;
 * min_ready and the fleet breaker hold while incidents race for the claim.
 """
@@ -38,7 +39,7 @@ pytestmark = pytest.mark.usefixtures("store_kind")   # every test on SQLite and 
 
 TOKEN = "concurrency-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-SLACK = 8.0     # seconds on top of one verification: scheduling, SQLite, a loaded 2-core machine
+SLACK = 8.0     # seconds from an alert to its restart: scheduling, the store, a loaded 2-core machine
 
 
 @dataclass
@@ -55,6 +56,15 @@ class Fleet:
     most_acting: int = 0                                               # most restart actions running at once
     sampling: bool = True
     released: threading.Event = field(default_factory=threading.Event)  # set: verifications end at once
+    barriers: dict[str, threading.Barrier] = field(default_factory=dict)   # "verify", "act": see `together`
+    broken: list[str] = field(default_factory=list)                    # barriers that timed out
+
+    def meet(self, what: str) -> None:
+        """Wait until `together` verifications (or actions) are under way at once; a timeout is recorded."""
+        try:
+            self.barriers[what].wait()
+        except threading.BrokenBarrierError:
+            self.broken.append(what)
 
     def alert_all(self, names: tuple[str, ...]) -> float:
         at = time.monotonic()
@@ -79,9 +89,11 @@ class Fleet:
 @contextmanager
 def running_fleet(tmp_path: Path, n: int, *, hosts: list[str] | None = None, verify_seconds: float,
                   action_seconds: float, outcome: str, restart_fixes: bool = True, sample_out: bool = False,
-                  exporter: dict[str, Any] | None = None, **remediator: Any) -> Iterator[Fleet]:
+                  together: int = 0, exporter: dict[str, Any] | None = None, **remediator: Any) -> Iterator[Fleet]:
     """`sample_out`: count the backends out of service every 10 ms (`most_out`); a query per backend each
-    time, so only the tests that assert it pay for it."""
+    time, so only the tests that assert it pay for it. `together`: a verification, then an action, ends
+    once `together` of them are under way at once (at most `verify_seconds` / `action_seconds` later: then
+    the barrier breaks, and `broken` says so), not after a fixed time."""
     names = tuple(f"gpu-{i:02d}" for i in range(n))
     (tmp_path / "token").write_text(TOKEN)
     settings = {"state": "state.db", "token_file": "token", "verify_interval": 0.2, "poll_interval": 0.1,
@@ -103,7 +115,10 @@ def running_fleet(tmp_path: Path, n: int, *, hosts: list[str] | None = None, ver
     lock = threading.Lock()
 
     def verifier(b: Any) -> Verification:
-        world.released.wait(verify_seconds)          # a verification that takes its time (ended at teardown)
+        if together:
+            world.meet("verify")
+        else:
+            world.released.wait(verify_seconds)      # a verification that takes its time (ended at teardown)
         return Verification(outcomes[b.name], "scripted verification")
 
     def runner(argv: Any, timeout: float, env: dict[str, str]) -> action.ActionResult:
@@ -112,7 +127,10 @@ def running_fleet(tmp_path: Path, n: int, *, hosts: list[str] | None = None, ver
             world.starts.setdefault(name, []).append(time.monotonic())
             world.acting += 1
             world.most_acting = max(world.most_acting, world.acting)
-        time.sleep(action_seconds)
+        if together:
+            world.meet("act")
+        else:
+            time.sleep(action_seconds)
         if restart_fixes:
             outcomes[name] = "progress"              # the restart fixed it
         with lock:
@@ -124,7 +142,9 @@ def running_fleet(tmp_path: Path, n: int, *, hosts: list[str] | None = None, ver
                           warmup_check=lambda b: (outcomes[b.name] == "progress", "scripted warm-up"),
                           first_seen_check=lambda b: (True, "answers"),
                           in_flight=lambda b: InFlight(None, None, None, "not read"))
-    world = Fleet(app.test_client(), authority, store, names, outcomes)
+    world = Fleet(app.test_client(), authority, store, names, outcomes,
+                  barriers={"verify": threading.Barrier(together or 1, timeout=verify_seconds),
+                            "act": threading.Barrier(together or 1, timeout=action_seconds)})
     authority.start()
     sampler = threading.Thread(target=world.sample, daemon=True)
     try:
@@ -135,28 +155,30 @@ def running_fleet(tmp_path: Path, n: int, *, hosts: list[str] | None = None, ver
     finally:
         world.sampling = False
         world.released.set()
+        for barrier in world.barriers.values():
+            barrier.abort()                          # nothing waits for a partner that never comes
         authority.stop()
         if sampler.is_alive():
             sampler.join(timeout=5)
 
 
 def test_ten_restarts_start_within_one_verification_of_their_alert(tmp_path: Path) -> None:
-    verify, act = 2.0, 4.0
-    with running_fleet(tmp_path, 10, verify_seconds=verify, action_seconds=act, outcome="down") as f:
+    # a verification ends only when all ten are under way, and an action only when all ten are running: one
+    # after another, or a few at a time, the first would wait out its barrier's 20 s, past SLACK
+    with running_fleet(tmp_path, 10, verify_seconds=20.0, action_seconds=20.0, outcome="down", together=10) as f:
         alerted = f.alert_all(f.names)
-        wait_until(lambda: len(f.starts) == 10, timeout=(verify + act) * 10 + 60, interval=0.2,
-                   what="10 restarts started")
+        wait_until(lambda: len(f.starts) == 10, timeout=120, interval=0.05, what="10 restarts started")
         delays = sorted(f.starts[n][0] - alerted for n in f.names)
-        assert delays[-1] < verify + SLACK, delays
-        # all ten actions ran at the same moment: none waited for another's verification or action (one
-        # after another, or a few at a time, some would start only when others ended)
-        assert f.most_acting == 10, (f.most_acting, delays)
+        assert delays[-1] < SLACK, delays
+        wait_until(lambda: len(f.ends) == 10, timeout=60, interval=0.05, what="10 restarts ended")
+        # all ten verifications, then all ten actions, ran at the same moment: none waited for another's
+        assert f.broken == [] and f.most_acting == 10, (f.broken, f.most_acting, delays)
         wait_until(lambda: all("recovered" in f.kinds(n) for n in f.names), timeout=60, what="all recovered")
         assert all(len(f.starts[n]) == 1 for n in f.names)         # one restart per incident
 
 
 def test_two_backends_on_one_host_restart_one_at_a_time(tmp_path: Path) -> None:
-    with running_fleet(tmp_path, 2, hosts=["node-x", "node-x"], verify_seconds=0.3, action_seconds=1.0,
+    with running_fleet(tmp_path, 2, hosts=["node-x", "node-x"], verify_seconds=0.3, action_seconds=0.5,
                        outcome="down", sample_out=True) as f:
         f.alert_all(f.names)
         wait_until(lambda: all("recovered" in f.kinds(n) for n in f.names), timeout=60, what="both recovered")
@@ -168,7 +190,7 @@ def test_two_backends_on_one_host_restart_one_at_a_time(tmp_path: Path) -> None:
 
 def test_min_ready_holds_while_incidents_race(tmp_path: Path) -> None:
     # 5 serving backends that stall at once, min_ready 3: at most 2 may be out of service at any moment
-    with running_fleet(tmp_path, 5, verify_seconds=0.5, action_seconds=1.0, outcome="no_progress",
+    with running_fleet(tmp_path, 5, verify_seconds=0.2, action_seconds=0.5, outcome="no_progress",
                        min_ready=3, sample_out=True) as f:
         f.alert_all(f.names)
         wait_until(lambda: all("recovered" in f.kinds(n) for n in f.names), timeout=90, what="all recovered")
@@ -203,7 +225,7 @@ def test_a_hundred_refused_backends_all_get_their_first_restart_within_a_few_ver
     """A rack failure: 100 backends refuse connections and do not come back after their restart. The
     warm-up held a restart slot for up to warmup_timeout, so 8 restarted, the rest waited 900 s per wave
     (about 3 hours for the last). A backend verified down serves nothing: its restart takes no slot."""
-    verify = 0.5
+    verify = 0.2
     with running_fleet(tmp_path, 100, verify_seconds=verify, action_seconds=0.1, outcome="down",
                        restart_fixes=False, max_concurrent_restarts=DEFAULTS.max_concurrent_restarts,
                        max_concurrent_incidents=DEFAULTS.max_concurrent_incidents,
@@ -219,14 +241,15 @@ def test_a_hundred_refused_backends_all_get_their_first_restart_within_a_few_ver
 def test_a_warm_up_that_does_not_come_back_frees_its_slot_after_restart_slot_warmup(tmp_path: Path) -> None:
     """20 serving backends stall at once and none comes back after its restart: 8 at a time take capacity,
     and each frees its slot restart_slot_warmup after its action, not at warmup_timeout."""
-    with running_fleet(tmp_path, 20, verify_seconds=0.3, action_seconds=0.2, outcome="no_progress",
-                       restart_fixes=False, max_concurrent_restarts=8, restart_slot_warmup=2.0,
+    slot = 1.0          # restart_slot_warmup
+    with running_fleet(tmp_path, 20, verify_seconds=0.2, action_seconds=0.1, outcome="no_progress",
+                       restart_fixes=False, max_concurrent_restarts=8, restart_slot_warmup=slot,
                        warmup_timeout=120) as f:
         alerted = f.alert_all(f.names)
-        wait_until(lambda: len(f.starts) == 20, timeout=60, interval=0.2, what="20 first restarts")
+        wait_until(lambda: len(f.starts) == 20, timeout=60, interval=0.05, what="20 first restarts")
         starts = sorted(f.starts[n][0] - alerted for n in f.names)
-        assert starts[-1] < 40, starts                                 # 3 waves of ~2 s, never 120 s
-        assert starts[8] - starts[0] >= 1.5, starts                    # the 9th waited for a slot to free
+        assert starts[-1] < 40, starts                                 # 3 waves of ~1 s, never 120 s
+        assert starts[8] - starts[0] >= 0.75 * slot, starts            # the 9th waited for a slot to free
         assert any("deferred_concurrency" in f.kinds(n) for n in f.names)
 
 
