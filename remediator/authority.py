@@ -23,6 +23,7 @@ two authorities, or one that crashed mid-restart can never repeat a restart.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -44,13 +45,15 @@ from llm_health.remediator.backend_io import (
 from llm_health.remediator.lease import AuthorityLease
 from llm_health.remediator.lifecycle_watch import LifecycleWatch
 from llm_health.remediator.recovery import Recovery
-from llm_health.remediator.restart.context import Context
+from llm_health.remediator.restart.context import Context, NotLeading
 from llm_health.remediator.restart.reconcile import Reconciler
 from llm_health.remediator.restart.result import seconds_until
 from llm_health.remediator.restart.silences import SILENCE_TIMEOUT
 from llm_health.remediator.rollout.procedure import GateQueries, Procedure
 from llm_health.remediator.scheduler import Scheduler
 from llm_health.remediator.store import StateStore
+
+log = logging.getLogger("llm_health.remediator")
 
 ROLLOUT_KEY = "rollout:"         # a rollout's scheduler key (a backend's name never holds ':', config.NAME_RE)
 
@@ -91,8 +94,8 @@ class Authority:
                              in_flight=in_flight, runner=runner)
         self.lease = AuthorityLease(store, self.clocks, self.holder, ttl=max(5.0, 10 * r.poll_interval),
                                     warmup_timeout=r.warmup_timeout)
-        self.ctx = Context(store, config, self.io, self.clocks, self.holder, self.lease.holds, self.lease.fit_to_act,
-                           lambda: self.lease.epoch, action_dir(config),
+        self.ctx = Context(store, config, self.io, self.clocks, self.holder, self.lease.holds, self.lease.spare,
+                           self.lease.term, action_dir(config),
                            diagnostics_dir(config))
         self.recovery = Recovery(self.ctx)
         self.lease.on_new_term = self.recovery.again
@@ -127,10 +130,15 @@ class Authority:
         if not self.lease.holding.is_set():
             self.last_pass = time.monotonic()
             return []
-        self.recovery.if_needed()
+        try:
+            self.recovery.if_needed()
+            due = self.lifecycles.due()
+        except NotLeading as exc:      # deposed: nothing written, no look handed out
+            log.warning("resync stopped, nothing written: %s", exc)
+            return []
         incidents = [inc.backend for inc in self.store.active_incidents()]
         busy = set(incidents)
-        keys = incidents + [name for name in self.lifecycles.due() if name not in busy]
+        keys = incidents + [name for name in due if name not in busy]
         keys += [rollout_key(r.id) for r in self.store.active_rollouts()]
         self.last_pass = time.monotonic()
         return keys
@@ -139,6 +147,14 @@ class Authority:
         """One look at one backend; seconds until it wants another look (None: at the next resync)."""
         if self._stop.is_set() or not self.lease.holding.is_set():
             return None
+        with self.lease.look():        # every write of this look is fenced on the term it begins in
+            try:
+                return self._look(key)
+            except NotLeading as exc:  # deposed mid-look: it wrote nothing; the lease thread takes it back or not
+                log.warning("look at %s stopped, nothing written: %s", key, exc)
+                return None
+
+    def _look(self, key: str) -> float | None:
         rollout_id = rollout_of_key(key)
         if rollout_id is not None:
             return self.rollouts.look(rollout_id)

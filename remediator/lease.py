@@ -11,6 +11,13 @@ Every takeover starts a new term: the stored epoch goes up by one (a fencing tok
 only while the stored epoch is the one this holder took, so a holder that lost the lease, even to itself
 after a lapse, never writes under the old term; an action's process gets the epoch in its environment
 (LLM_HEALTH_EPOCH) and starts only while the lease has `ACTION_MARGIN` of its time left.
+
+A look (one worker's pass at one key) decides from what it read under the term it began in: `look()`
+pins that term for the worker's thread, and `holds(tx)` inside the look asks for that term, not the
+newest. A look that began under term 1, was frozen past the lease and resumed after the lease came back
+to this holder as term 3 writes nothing: what it read may be stale, and term 2's holder may have acted.
+A `holds(tx)` that finds the lease gone also clears `holding`, so every other worker stops at its next
+look, not at the lease thread's next renewal.
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from llm_health.remediator.clock import Clocks, boot_id
@@ -44,6 +52,7 @@ class AuthorityLease:
         self.warmup_timeout = warmup_timeout     # a rebased warm-up gets this long again
         self.holding = threading.Event()
         self.epoch = 0                           # the term we hold (0: none yet)
+        self._look = threading.local()           # .term: the term the calling thread's look began in
         #: the lease is (again) ours after someone else held it or it lapsed: what ran meanwhile may be
         #: unrecorded, so recovery must look (set by the authority)
         self.on_new_term: Callable[[], None] = _nothing
@@ -84,22 +93,47 @@ class AuthorityLease:
         self.holding.clear()
         return False
 
+    @contextmanager
+    def look(self) -> Iterator[int]:
+        """Pin, for the calling thread, the term its look begins in (yielded; 0: none held)."""
+        self._look.term = self.epoch if self.holding.is_set() else 0
+        try:
+            yield self._look.term
+        finally:
+            del self._look.term
+
+    def term(self) -> int:
+        """The term the calling thread acts for: its look's (pinned by look()), else the newest we took."""
+        return getattr(self._look, "term", self.epoch)
+
     def holds(self, tx: Transaction) -> bool:
-        """Inside the caller's transaction: the lease is ours, on this boot, and not expired."""
+        """Inside the caller's transaction: the lease is ours, in the caller's term (term()), on this boot,
+        and not expired. False also clears `holding`: the other workers stop too, until the lease thread
+        takes the lease again (a new term)."""
         return self.left(tx) >= 0.0
 
     def left(self, tx: Transaction) -> float:
-        """Inside the caller's transaction: seconds the lease we hold has left (-inf: not ours, another
-        term, another boot's clock, or expired)."""
+        """Inside the caller's transaction: seconds the lease we hold has left in the caller's term (-inf:
+        not ours, another term, another boot's clock, or expired: then `holding` is cleared too; or ours, but
+        in a newer term than the caller's look)."""
         row = tx.lease(NAME)
-        if row is None or row.holder != self.holder or row.boot != self.clocks.boot or row.epoch != self.epoch:
+        ours = (row is not None and row.holder == self.holder and row.boot == self.clocks.boot
+                and row.epoch == self.epoch > 0)
+        left = row.expires_at - self._time_base(tx)[0] if ours and row is not None else float("-inf")
+        if left < 0.0:
+            self.holding.clear()
             return float("-inf")
-        left = row.expires_at - self._time_base(tx)[0]
-        return left if left >= 0.0 else float("-inf")
+        return left if self.term() == self.epoch else float("-inf")
 
     def fit_to_act(self, tx: Transaction) -> bool:
-        """Right before an action's process starts: ours, with ACTION_MARGIN of its time left."""
-        return self.left(tx) >= ACTION_MARGIN * self.ttl
+        """Right before an action's process starts: ours, in the caller's term, with ACTION_MARGIN of its time
+        left."""
+        return self.spare(tx) >= 0.0
+
+    def spare(self, tx: Transaction) -> float:
+        """Seconds until the lease (ours, in the caller's term) has less than ACTION_MARGIN of its time left
+        (negative or -inf: an action's process must not start now)."""
+        return self.left(tx) - ACTION_MARGIN * self.ttl
 
     def keep(self, stop: threading.Event) -> None:
         """The lease thread: renew every ttl/4 until `stop`."""

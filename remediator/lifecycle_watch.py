@@ -48,7 +48,7 @@ class LifecycleWatch:
         rows = ctx.store.lifecycles()
         missing = [b.name for b in ctx.config.backends if b.name not in rows]
         if missing:
-            with ctx.store.tx() as tx:
+            with ctx.fenced() as tx:
                 for name in missing:
                     tx.ensure_lifecycle(name, now)
             rows = ctx.store.lifecycles()
@@ -92,7 +92,7 @@ class LifecycleWatch:
         moves, escalating = outside_restart(st, ready, r.since, now, ctx.r.warmup_timeout)
         reasons = {S.INITIALIZING: f"out of ERROR: {why}", S.READY: why,
                    S.ERROR: f"not answering {ctx.r.warmup_timeout:g}s after it was first seen: {why}"}
-        with ctx.store.tx() as tx:
+        with ctx.fenced() as tx:
             current = tx.lifecycle(name)
             if current is None or current.state != st or current.owned:
                 return

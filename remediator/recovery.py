@@ -46,7 +46,7 @@ class Recovery:
         now = ctx.clocks.wall()
         interrupted: set[str] = set()
         collected: list[tuple[Action, act.ActionResult]] = []
-        with ctx.store.tx() as tx:
+        with ctx.fenced() as tx:
             for a in tx.unfinished_actions():
                 if a.id in ctx.running:
                     continue

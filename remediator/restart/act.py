@@ -25,7 +25,7 @@ from llm_health.remediator.restart.choices import (
     claim_lifecycle,
     unknown_outcome,
 )
-from llm_health.remediator.restart.context import Context
+from llm_health.remediator.restart.context import Context, NotLeading
 from llm_health.remediator.restart.notes import escalate
 from llm_health.remediator.restart.result import DONE, LookAgain, StepResult
 from llm_health.remediator.restart.silences import silence, unsilence_safely
@@ -39,8 +39,9 @@ S = LifecycleState
 IS = IncidentState
 
 
-class LeaseLost(RuntimeError):
-    """The authority's lease is not ours (or nearly over) when an action's process is about to start."""
+class LeaseLost(NotLeading):
+    """The authority's lease is not ours (or nearly over), or the intent was settled by someone else, when an
+    action's process is about to start: it is not started."""
 
 
 def claim(ctx: Context, tx: Transaction, incident_id: int, backend: Backend, d: policy.Decision, now: float) -> int:
@@ -92,13 +93,13 @@ def carry_out(ctx: Context, incident_id: int, action_id: int, backend: Backend, 
         if with_silence:
             silence(ctx, incident_id, backend)
         before_kill(ctx, incident_id, backend)       # bounded; never stops the restart
-        with ctx.store.tx() as tx:    # right before the process starts: still ours, with time to spare
-            if not ctx.fit_to_act(tx):
-                raise LeaseLost(f"the lease of {ctx.holder} (epoch {ctx.epoch()}) is lost or about to "
-                                "expire: the action was not started")
+        argv, act_by = fit_to_start(ctx, incident_id, action_id, backend)
         env = {"LLM_HEALTH_BACKEND": backend.name, "LLM_HEALTH_INCIDENT": str(incident_id),
                "LLM_HEALTH_ACTION": str(action_id), "LLM_HEALTH_EPOCH": str(ctx.epoch())}
-        result = ctx.io.runner(stored_argv(ctx.store, backend, ctx), ctx.r.action_timeout, env)
+        if ctx.clocks.mono() > act_by:
+            raise LeaseLost(f"the lease of {ctx.holder} (epoch {ctx.epoch()}) may have too little time left by "
+                            "now: the action was not started")
+        result = ctx.io.runner(argv, ctx.r.action_timeout, env)
         record_result(ctx, incident_id, action_id, backend.name, result)
     except Exception as exc:  # noqa: BLE001 - the state machine must always reach a resting state
         log.exception("restart of %s (incident %s, action %s) failed", backend.name, incident_id, action_id)
@@ -106,6 +107,26 @@ def carry_out(ctx: Context, incident_id: int, action_id: int, backend: Backend, 
     finally:
         ctx.running.remove(action_id)
     return DONE
+
+
+def fit_to_start(ctx: Context, incident_id: int, action_id: int, backend: Backend) -> tuple[tuple[str, ...], float]:
+    """Right before the process starts, in one transaction: the lease is ours in the look's term with time
+    to spare, and the intent is still open (no outcome recorded by anyone: a holder of another term may have
+    settled it as interrupted); the argv it runs. Returns the argv and the monotonic time by which the
+    process must have started (the lease's spare time, counted from before the check): nothing slow may sit
+    between the check and the start unbounded."""
+    checked = ctx.clocks.mono()
+    with ctx.store.tx() as tx:
+        spare = ctx.spare_to_act(tx)
+        if spare < 0.0:
+            raise LeaseLost(f"the lease of {ctx.holder} (epoch {ctx.epoch()}) is lost or about to expire: the "
+                            "action was not started")
+        open_intent = tx.unfinished_action(incident_id)
+        if (open_intent is None or open_intent.id != action_id
+                or tx.incident_in(incident_id, IS.RESTARTING) is None):
+            raise LeaseLost(f"action {action_id} of incident {incident_id} was settled meanwhile (another term's "
+                            "recovery): the action was not started")
+        return stored_argv(tx, backend, ctx), checked + spare
 
 
 def watch_action(ctx: Context, inc: Incident, backend: Backend) -> StepResult:
@@ -118,7 +139,7 @@ def watch_action(ctx: Context, inc: Incident, backend: Backend) -> StepResult:
     result = act.collect(act.ActionFiles(path.parent, path.name.removesuffix(".status")))
     if result is None:
         at = ctx.clocks.mono() + ctx.r.poll_interval
-        with ctx.store.tx() as tx:
+        with ctx.fenced() as tx:
             tx.look_again_at(inc.id, at)
         return LookAgain(at)
     record_result(ctx, inc.id, row.id, backend.name, result, collected=True)
@@ -225,6 +246,7 @@ def abort(ctx: Context, incident_id: int, action_id: int, backend: Backend, exc:
                 tx.event(now, "late_result", backend.name, incident_id, action_id=action_id,
                          reason=f"{reason}; this authority ({ctx.holder}) lost the lease: recorded nothing, "
                          "the new holder finds the intent without an outcome")
+                ctx.on_abort_unrecorded()     # ours again later (a new term): its recovery looks at the intent
                 return
             done = tx.finish_action(action_id, now, ActionResultKind.ERROR, None, reason)
             restarting = tx.incident_in(incident_id, IS.RESTARTING) is not None

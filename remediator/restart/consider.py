@@ -41,7 +41,7 @@ def consider(ctx: Context, inc: Incident, backend: Backend) -> StepResult:
     if d.kind == policy.VERIFY:
         d = host_gate(ctx, ctx.store, backend) or concurrency_gate(ctx, ctx.store, incident_id) or d
     if d.kind != policy.VERIFY:
-        with ctx.store.tx() as tx:
+        with ctx.fenced() as tx:
             if tx.incident_in(incident_id, IS.OPEN) is not None:
                 return note(ctx, tx, incident_id, backend.name, d, now)
         return DONE
@@ -51,7 +51,7 @@ def consider(ctx: Context, inc: Incident, backend: Backend) -> StepResult:
         baseline = in_flight_now(ctx, backend)   # read outside the transaction: what the drain starts from
     now, t = ctx.clocks.wall(), ctx.clocks.mono()
     claimed: int | None = None
-    with ctx.store.tx() as tx:
+    with ctx.fenced() as tx:
         current = tx.incident_in(incident_id, IS.OPEN)
         if current is None:
             return DONE  # resolved or acknowledged while we verified
@@ -62,8 +62,6 @@ def consider(ctx: Context, inc: Incident, backend: Backend) -> StepResult:
                  or floor_gate(ctx, tx, backend, verification, now) or d)
         if d.kind != policy.RESTART:
             return note(ctx, tx, incident_id, backend.name, d, now)
-        if not ctx.holds_lease(tx):
-            return DONE
         claimed = begin(ctx, tx, incident_id, backend, d, verification, baseline, now, t)
         draining = claimed is None and tx.lifecycle_state(backend.name) == S.DRAINING
     if claimed is not None:

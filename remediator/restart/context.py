@@ -9,7 +9,8 @@ of restart actions running in this process. The authority builds one and shares 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,6 +49,10 @@ def _no_hook() -> None:
     return None
 
 
+class NotLeading(RuntimeError):
+    """The authority's lease is not ours in the term this look began in: the transaction wrote nothing."""
+
+
 @dataclass
 class Context:
     store: StateStore
@@ -55,14 +60,25 @@ class Context:
     io: BackendIO
     clocks: Clocks
     holder: str
-    holds_lease: Callable[[Transaction], bool]     # inside the caller's transaction
-    fit_to_act: Callable[[Transaction], bool]      # ... and with margin left, right before a process starts
-    epoch: Callable[[], int]                       # the lease's term we hold (LLM_HEALTH_EPOCH)
+    holds_lease: Callable[[Transaction], bool]     # inside the caller's transaction, in the look's term
+    spare_to_act: Callable[[Transaction], float]   # ... seconds until too little of it is left to start a process
+    epoch: Callable[[], int]                       # the lease's term the look acts for (LLM_HEALTH_EPOCH)
     action_dir: Path | None = None                 # where the default runner's files go
     diagnostics_dir: Path | None = None            # where diagnostics captures may keep files (one folder each)
     running: RunningActions = field(default_factory=RunningActions)
     #: a restart was aborted and its abort could not be recorded: recover() must run again
     on_abort_unrecorded: Callable[[], None] = _no_hook
+
+    @contextmanager
+    def fenced(self) -> Iterator[Transaction]:
+        """A write transaction of the authority's: the lease is checked first, inside it (ours, in the term
+        the look began in), so a holder deposed meanwhile (frozen, cut off, its renewals failing, or holding
+        a newer term than the look's) writes nothing: NotLeading, and the transaction is rolled back."""
+        with self.store.tx() as tx:
+            if not self.holds_lease(tx):
+                raise NotLeading(f"{self.holder} does not hold the authority's lease in term {self.epoch()}: "
+                                 "nothing recorded")
+            yield tx
 
     @property
     def r(self) -> RemediatorSettings:

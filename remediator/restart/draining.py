@@ -46,7 +46,7 @@ def watch_drain(ctx: Context, inc: Incident, backend: Backend) -> StepResult:
     claimed: int | None = None
     unsilence = False
     result: StepResult = DONE
-    with ctx.store.tx() as tx:
+    with ctx.fenced() as tx:
         current = tx.incident_in(incident_id, IS.DRAINING)
         r = tx.lifecycle(backend.name)
         if current is None:
@@ -81,7 +81,7 @@ def watch_drain(ctx: Context, inc: Incident, backend: Backend) -> StepResult:
             elif end == DrainEnd.DECIDE and verification is not None:
                 claimed, unsilence, result = after_reverification(ctx, tx, current, backend, verification, why,
                                                                   now, t)
-            elif end == DrainEnd.CLAIM and ctx.holds_lease(tx):
+            elif end == DrainEnd.CLAIM:
                 if tx.move_lifecycle(backend.name, S.STOPPED, now, why, incident_id):
                     d = policy.Decision(policy.RESTART, f"verified before the drain; drained: {why}")
                     claimed = claim(ctx, tx, incident_id, backend, d, now)
@@ -137,7 +137,7 @@ def after_reverification(ctx: Context, tx: Transaction, inc: Incident, backend: 
     firing = tx.firing_alerts(incident_id)
     meaning = after_recheck(d, firing)
     if meaning == Recheck.RESTART:
-        if not ctx.holds_lease(tx) or not tx.move_lifecycle(backend.name, S.STOPPED, now, why, incident_id):
+        if not tx.move_lifecycle(backend.name, S.STOPPED, now, why, incident_id):
             return None, False, DONE
         d = policy.Decision(policy.RESTART, f"re-verified at the end of the drain ({why}): {d.reason}")
         return claim(ctx, tx, incident_id, backend, d, now), False, DONE

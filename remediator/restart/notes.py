@@ -53,7 +53,7 @@ def close(ctx: Context, incident_id: int, backend: str, kind: str, reason: str) 
     initializing) is released to ERROR: otherwise the backend, once back in the fleet, would hold
     its host's mutex and defer its own restarts forever."""
     now = ctx.clocks.wall()
-    with ctx.store.tx() as tx:
+    with ctx.fenced() as tx:
         tx.move_incident(incident_id, now, IncidentState.CLOSED, close_reason=reason)
         tx.event(now, kind, backend, incident_id, reason=reason)
         r = tx.lifecycle(backend)
@@ -70,7 +70,7 @@ def hold_off(ctx: Context, incident_id: int, backend: str, why: str) -> StepResu
     may be collecting evidence from it); OBSERVED until its alerts resolve or an operator puts the backend
     back (which re-opens it: remediator/operate.py)."""
     now = ctx.clocks.wall()
-    with ctx.store.tx() as tx:
+    with ctx.fenced() as tx:
         if tx.incident_in(incident_id, IncidentState.OPEN) is None:
             return DONE
         tx.move_incident(incident_id, now, IncidentState.OBSERVED, last_decision=HELD)

@@ -162,7 +162,7 @@ class DiscoveryWait:
         incident) on that; look again after poll_interval. Audited once per wait."""
         ctx = self.ctx
         now, t = ctx.clocks.wall(), ctx.clocks.mono()
-        with ctx.store.tx() as tx:
+        with ctx.fenced() as tx:
             current = tx.incident_in(inc.id, inc.state)
             if current is None:
                 return DONE

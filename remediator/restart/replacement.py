@@ -36,7 +36,7 @@ def follow(ctx: Context, inc: Incident) -> Backend | None:
         return ctx.config.backend(inc.replacement)
     now = ctx.clocks.wall()
     for b in candidates(inc, list(ctx.config.backends)):
-        with ctx.store.tx() as tx:
+        with ctx.fenced() as tx:
             if tx.incident_in(inc.id, IS.WARMING) is None:
                 return None
             if tx.take_replacement(inc.id, b.name):
@@ -54,7 +54,7 @@ def watch_replacement(ctx: Context, inc: Incident) -> StepResult:
     target = follow(ctx, inc)
     if target is None:
         t = ctx.clocks.mono()
-        with ctx.store.tx() as tx:
+        with ctx.fenced() as tx:
             if tx.incident_in(inc.id, IS.WARMING) is None:
                 return DONE
             tx.look_again_at(inc.id, t + ctx.r.warmup_poll,
@@ -74,7 +74,7 @@ def release(ctx: Context, inc: Incident, replacement: str) -> None:
     """The old pod is gone: its alerts back, its lifecycle owned by no incident (it holds no restart)."""
     unsilence_safely(ctx, inc.backend)
     now = ctx.clocks.wall()
-    with ctx.store.tx() as tx:
+    with ctx.fenced() as tx:
         row = tx.lifecycle(inc.backend)
         if row is not None and row.incident_id == inc.id:
             tx.set_lifecycle_owner(inc.backend, None)

@@ -75,7 +75,7 @@ def called_off(ctx: Context, inc: Incident, backend: Backend, state: IncidentSta
     rollout's command; the claim's transaction checks again (stale_rollout)."""
     if not stale_rollout(ctx.store, inc):
         return False
-    with ctx.store.tx() as tx:
+    with ctx.fenced() as tx:
         current = tx.incident_in(inc.id, state)
         why = stale_rollout(tx, current) if current is not None else ""
         if current is not None and why:
@@ -90,15 +90,13 @@ def consider_requested(ctx: Context, inc: Incident, backend: Backend) -> StepRes
         return DONE
     now, t = ctx.clocks.wall(), ctx.clocks.mono()
     claimed: int | None = None
-    with ctx.store.tx() as tx:
+    with ctx.fenced() as tx:
         current = tx.incident_in(inc.id, IS.OPEN)
         if current is None or stale_rollout(tx, current):      # its rollout moved on meanwhile: next look
             return DONE
         d = decision(ctx, tx, current, backend, now)
         if d.kind != policy.RESTART:
             return note(ctx, tx, inc.id, backend.name, d, now)
-        if not ctx.holds_lease(tx):
-            return DONE
         # the same beginning as an automatic restart: a serving backend drains (drain_timeout: it is not
         # stalled), anything else is claimed at once
         claimed = begin(ctx, tx, inc.id, backend, d, ASKED, None, now, t)
@@ -116,7 +114,7 @@ def watch_requested_drain(ctx: Context, inc: Incident, backend: Backend) -> Step
     seen = in_flight_now(ctx, backend)
     now, t = ctx.clocks.wall(), ctx.clocks.mono()
     claimed: int | None = None
-    with ctx.store.tx() as tx:
+    with ctx.fenced() as tx:
         current = tx.incident_in(inc.id, IS.DRAINING)
         r = tx.lifecycle(backend.name)
         if current is None or stale_rollout(tx, current):      # its rollout moved on meanwhile: next look
@@ -133,7 +131,7 @@ def watch_requested_drain(ctx: Context, inc: Incident, backend: Backend) -> Step
             tx.move_incident(inc.id, now, IS.OPEN, last_note="")
             return note(ctx, tx, inc.id, backend.name, d, now)
         why = "in-flight work finished" if seen.drained else f"drain timeout, still {seen.describe()}"
-        if ctx.holds_lease(tx) and tx.move_lifecycle(backend.name, S.STOPPED, now, why, inc.id):
+        if tx.move_lifecycle(backend.name, S.STOPPED, now, why, inc.id):
             claimed = claim(ctx, tx, inc.id, backend, policy.Decision(policy.RESTART, f"{d.reason}; drained: {why}"),
                             now)
     if claimed is not None:

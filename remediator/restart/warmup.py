@@ -51,7 +51,7 @@ def settle(ctx: Context, incident_id: int, state: IncidentState, backend: Backen
     """Write what the check found, if the incident is still in `state`: warm = recovered and closed (the
     lifecycle to READY), else look again after warmup_poll (keeping `note` when given)."""
     now, t = ctx.clocks.wall(), ctx.clocks.mono()
-    with ctx.store.tx() as tx:
+    with ctx.fenced() as tx:
         if tx.incident_in(incident_id, state) is None:
             return DONE
         if not ready:
@@ -76,7 +76,7 @@ def walk(tx: Transaction, backend: str, moves: tuple[LifecycleState, ...], now: 
 def warmup_timed_out(ctx: Context, incident_id: int, name: str, last: str) -> StepResult:
     unsilence_safely(ctx, name)
     now = ctx.clocks.wall()
-    with ctx.store.tx() as tx:
+    with ctx.fenced() as tx:
         if tx.incident_in(incident_id, IS.WARMING) is None:
             return DONE
         why = f"not warm {ctx.r.warmup_timeout:g}s after the restart" + (f" (last check: {last})" if last else "")

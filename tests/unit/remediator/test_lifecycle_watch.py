@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests.support import stores
-from tests.support.alerts import alert, one_pass, payload
+from tests.support.alerts import alert, payload
 from tests.support.remediator import AUTH, World, fleet
 
 pytestmark = pytest.mark.usefixtures("store_kind")   # every test on SQLite and on PostgreSQL
@@ -37,7 +37,7 @@ def test_a_lifecycle_check_that_raises_never_starves_the_other_backends(w: World
     w.authority.io.first_seen_check = check
     for _ in range(3):
         w.clock.advance(10)                         # past warmup_poll: both due
-        one_pass(w.authority)
+        w.run(1)
     assert w.state("gpu-b") == "ready"
     assert w.state("gpu-a") == "initializing"
 

@@ -1,0 +1,156 @@
+"""Fencing: an authority that is not the lease's holder in the term its look began in writes nothing
+(restart/context.py `Context.fenced`, lease.py `look()`), and an action's process starts only while its
+intent is still open and the lease's spare time, counted from the check, has not run out
+(restart/act.py `fit_to_start`).
+
+Each test deposes the fixture's authority the way a frozen (SIGSTOP, a long GC pause) or cut-off leader is
+deposed: its lease lapses and another authority takes the next term; then the deposed one carries on
+from where it was, and must change nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llm_health.remediator import policy
+from llm_health.remediator.authority import Authority
+from llm_health.remediator.restart import act, warmup
+from llm_health.remediator.restart.context import NotLeading
+from llm_health.remediator.store import IncidentState
+from tests.support import stores
+from tests.support.alerts import alert, payload
+from tests.support.remediator import World, four_backends
+
+pytestmark = pytest.mark.usefixtures("store_kind")   # every test on SQLite and on PostgreSQL
+
+IS = IncidentState
+
+
+@pytest.fixture
+def w(tmp_path: Path) -> Iterator[World]:
+    world = four_backends(tmp_path)
+    yield world
+    world.close()
+
+
+def successor(w: World) -> Authority:
+    """The fixture's authority lapses (frozen past its lease); another takes the next term."""
+    a = w.authority
+    b = Authority(w.store, w.config, clock=w.clock, holder="other", runner=a.io.runner)
+    w.pass_time(a.lease.ttl + 10)
+    assert b.lease.renew() and b.lease.epoch == a.lease.epoch + 1
+    return b
+
+
+def warming(w: World) -> int:
+    """gpu-a's incident, in its warm-up since a moment ago (as after a restart)."""
+    w.deliver(payload(alert()))
+    inc = w.store.active_incident("gpu-a")
+    assert inc is not None
+    with w.store.tx() as tx:
+        tx.move_incident(inc.id, w.clock(), IS.WARMING, warm_deadline=w.clock() + 5)
+    return inc.id
+
+
+def claimed(w: World, by: Authority) -> tuple[int, int]:
+    """gpu-a's incident with a restart claimed by `by` (its intent recorded, no outcome yet)."""
+    w.deliver(payload(alert()))
+    inc = w.store.active_incident("gpu-a")
+    assert inc is not None
+    backend = w.config.backend("gpu-a")
+    assert backend is not None
+    with w.store.tx() as tx:
+        assert by.lease.holds(tx)
+        action_id = act.claim(by.ctx, tx, inc.id, backend, policy.Decision(policy.RESTART, "test"), w.clock())
+    return inc.id, action_id
+
+
+def state(w: World, incident_id: int) -> tuple[Any, ...]:
+    inc = w.store.incident(incident_id)
+    assert inc is not None
+    actions = [(r["id"], r["result"]) for r in stores.sql(w.store).execute("SELECT id, result FROM actions ORDER BY id").fetchall()]
+    return inc.state, inc.last_decision, w.state("gpu-a"), actions
+
+
+def test_a_deposed_authority_moves_no_incident_and_every_worker_stops(w: World) -> None:
+    incident_id = warming(w)
+    successor(w)
+    before = state(w, incident_id)
+    assert w.authority.lease.holding.is_set()          # it has not noticed yet
+    with pytest.raises(NotLeading):                     # its warm-up ran past the deadline while it was frozen
+        warmup.warmup_timed_out(w.authority.ctx, incident_id, "gpu-a", "")
+    assert state(w, incident_id) == before              # not needs_ack, not ERROR: the new holder decides
+    assert not w.authority.lease.holding.is_set()       # the other workers stop at their next look
+
+
+def test_a_deposed_authority_does_not_settle_the_new_holders_intent(w: World) -> None:
+    b = successor(w)
+    incident_id, action_id = claimed(w, b)
+    before = state(w, incident_id)
+    with pytest.raises(NotLeading):                     # the old holder's recovery, late
+        w.authority.recovery.recover()
+    assert state(w, incident_id) == before
+    action = w.store.action(action_id)
+    assert action is not None and action.result is None and before[0] == IS.RESTARTING
+
+
+def test_a_look_begun_in_an_older_term_writes_nothing_even_with_the_lease_ours_again(w: World) -> None:
+    incident_id = warming(w)
+    a = w.authority
+    with a.lease.look() as term:
+        w.pass_time(a.lease.ttl + 10)                   # frozen mid-look past its lease
+        assert a.lease.renew() and a.lease.epoch == term + 1    # the lease thread took it back: a new term
+        before = state(w, incident_id)
+        with pytest.raises(NotLeading):                 # what the look read belongs to the old term
+            warmup.warmup_timed_out(a.ctx, incident_id, "gpu-a", "")
+        assert state(w, incident_id) == before
+    assert a.lease.holding.is_set()                     # the lease is ours: only that look was stale
+    warmup.warmup_timed_out(a.ctx, incident_id, "gpu-a", "")     # a look of the new term decides
+    assert state(w, incident_id)[0] == IS.NEEDS_ACK
+
+
+def test_an_intent_settled_by_another_term_is_never_started(w: World) -> None:
+    """Claimed in term 1, frozen before the process started; term 2's holder found the intent without an
+    outcome (interrupted, needs a person) and died; term 3 is ours again: the restart is not run now."""
+    a = w.authority
+    incident_id, action_id = claimed(w, a)
+    b = successor(w)
+    b.recovery.recover()
+    assert state(w, incident_id)[0] == IS.NEEDS_ACK
+    w.pass_time(b.lease.ttl + 10)
+    assert a.lease.renew()
+    backend = w.config.backend("gpu-a")
+    assert backend is not None
+    act.carry_out(a.ctx, incident_id, action_id, backend, with_silence=False)
+    assert w.calls == []
+    assert state(w, incident_id)[0] == IS.NEEDS_ACK
+
+
+def test_a_process_that_would_start_after_the_lease_s_spare_time_is_not_started(w: World, monkeypatch: Any) -> None:
+    """The check passed, then reading the argv (a slow pool, a database failover) or a freeze took the
+    lease's whole spare time: nothing slow may sit unbounded between the check and the start."""
+    a = w.authority
+    incident_id, action_id = claimed(w, a)
+    argv = act.stored_argv
+
+    def slow(rd: Any, backend: Any, ctx: Any) -> tuple[str, ...]:
+        w.clock.advance(a.lease.ttl)                    # this process' monotonic clock: the time it took
+        return argv(rd, backend, ctx)
+
+    monkeypatch.setattr(act, "stored_argv", slow)
+    backend = w.config.backend("gpu-a")
+    assert backend is not None
+    act.carry_out(a.ctx, incident_id, action_id, backend, with_silence=False)
+    assert w.calls == []
+    assert state(w, incident_id)[0] == IS.NEEDS_ACK     # aborted: the intent is there, the outcome known (none)
+
+
+def test_the_action_gets_the_term_its_look_began_in(w: World) -> None:
+    a = w.authority
+    w.deliver(payload(alert()))
+    w.run()
+    assert w.calls and w.envs[-1]["LLM_HEALTH_EPOCH"] == str(a.lease.epoch)
