@@ -264,11 +264,15 @@ class Config:
         return None
 
     def backend_for_instance(self, instance: str) -> Backend | None:
-        """Match an alert's `instance` label (host:port or a URL) against the configured URLs."""
+        """Match an alert's `instance` label (host:port or a URL) against the configured URLs; one that is
+        no URL (a bad port, a broken IPv6 literal: any label an alert may carry) matches nothing."""
         wanted = instance.strip()
         if "://" in wanted:
-            parsed = urlparse(wanted)
-            wanted = f"{parsed.hostname}:{parsed.port or (443 if parsed.scheme == 'https' else 80)}"
+            try:
+                parsed = urlparse(wanted)
+                wanted = f"{parsed.hostname}:{parsed.port or (443 if parsed.scheme == 'https' else 80)}"
+            except ValueError:
+                return None
         for b in self.backends:
             if b.address == wanted:
                 return b

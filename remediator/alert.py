@@ -57,6 +57,8 @@ def _str(value: Any, where: str, default: str | None = None) -> str:
         return default
     if not isinstance(value, str):
         raise PayloadError(f"{where} must be a string")
+    if "\x00" in value:
+        raise PayloadError(f"{where} contains a NUL character")
     return value
 
 
@@ -69,6 +71,8 @@ def _labels(value: Any, where: str) -> dict[str, str]:
             raise PayloadError(f"{where} must map strings to strings")
         if len(k) > MAX_LABEL_CHARS or len(v) > MAX_LABEL_CHARS:
             raise PayloadError(f"{where}.{k[:40]} is longer than {MAX_LABEL_CHARS} characters")
+        if "\x00" in k or "\x00" in v:      # no label has one (Prometheus), and PostgreSQL's text cannot hold it
+            raise PayloadError(f"{where} has a NUL character in a label")
         out[k] = v
     return out
 

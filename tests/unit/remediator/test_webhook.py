@@ -43,6 +43,10 @@ def test_bad_bodies_are_refused_and_change_nothing(w: World) -> None:
         (b'{"version": "3", "alerts": []}', 400),
         (b'{"alerts": [{"status": "firing", "labels": {"a": 1}}]}', 400),
         (b'{"alerts": [{"status": "exploded", "labels": {}}]}', 400),
+        # a NUL in a label or a field: PostgreSQL's text cannot hold it (it answered 500 there, 202 on SQLite)
+        (json.dumps(payload(alert(alertname="Stall\u0000x"))).encode(), 400),
+        (json.dumps(payload({**alert(), "fingerprint": "ab\u0000cd"})).encode(), 400),
+        (json.dumps(payload({**alert(), "startsAt": "2026-11-30T00:00:00Z\u0000"})).encode(), 400),
         (b'{"alerts": [{"status": "firing", "labels": {"backend": "gpu-a"}}]}' + b" " * 2_000_000, 413),
     ]
     for body, status in bad:
@@ -52,6 +56,17 @@ def test_bad_bodies_are_refused_and_change_nothing(w: World) -> None:
     w.run()
     assert [e for e in w.store.events(limit=10) if e.kind != "lease_acquired"] == []
     assert w.store.active_incidents() == [] and w.calls == [] and w.store.counters("alerts_received") == {}
+
+
+def test_an_alert_with_an_instance_that_is_no_url_is_ignored_and_the_others_are_recorded(w: World) -> None:
+    """A non-restart alert grouped with a restart alert, its `instance` an unparsable URL: the whole
+    notification was answered 500 (urlparse's ValueError), and Alertmanager retried it forever, so the
+    restart alert beside it was never recorded."""
+    for instance in ("http://x:abc", "http://[::1", "http://h:99999"):
+        r = w.post(payload(alert(None, alertname="NodeDown", restart=False, instance=instance), alert()))
+        assert r.status_code == 202, (instance, r.get_json())
+    assert w.incident() is not None
+    assert len(w.store.events(kind="ignored")) == 3
 
 
 def chunked_post(w: World, body: bytes) -> Any:
