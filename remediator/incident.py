@@ -109,7 +109,10 @@ def _apply(tx: Transaction, config: Config, alert: Alert, now: float) -> str:
                      reason=f"{alert.name or 'alert'} firing, but this very alert (fingerprint and startsAt) was "
                      "already resolved: a late resend, ignored (a new firing has a new startsAt)", **_brief(alert))
             return "stale_firing"
-        scope = [n for n, _ in (*config.remediator.group_labels, *(backend.labels if backend else ()))]
+        # the group labels to keep with the incident: the backend's, or, for a backend this worker has not
+        # discovered yet, every label discovery may give it (compared when it is found: restart/reconcile.py)
+        theirs = [n for n, _ in backend.labels] if backend is not None else list(config.discovery.group_labels)
+        scope = [n for n, _ in config.remediator.group_labels] + theirs
         return _firing(tx, name, active, alert, now, groups.group_of(alert.labels, scope), unseen=backend is None)
     if alert.starts_at:
         tx.remember_resolved(alert.fingerprint, alert.starts_at, now)

@@ -84,12 +84,13 @@ class Reconciler:
             backend = self.ctx.config.backend(inc.backend)     # the refresh may have found it
             if backend is None:
                 return close(self.ctx, inc.id, inc.backend, "closed", "backend no longer configured")
-            # opened before this worker knew the backend: only now can its group labels be compared
-            why = groups.mismatch(dict(inc.labels), backend.labels, f"backend {backend.name}")
-            if why is not None and not inc.restart_under_way:
-                return close(self.ctx, inc.id, inc.backend, "closed", f"not this backend's alert: {why}")
         else:
             self.discovery.found(inc.id)
+        # opened before the webhook's worker knew the backend (discovery found it since, in this look or
+        # between two): its group labels are compared only now, at every look before a restart is under way
+        why = groups.mismatch(dict(inc.labels), backend.labels, f"backend {backend.name}")
+        if why is not None and not inc.restart_under_way:
+            return close(self.ctx, inc.id, inc.backend, "closed", f"not this backend's alert: {why}")
         held = self.ctx.store.admin(backend.name)
         if held is not None and not inc.restart_under_way:
             who = f"{backend.name} is {held.state.value} (by {held.by or 'unknown'}: {held.reason})"

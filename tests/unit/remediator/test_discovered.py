@@ -121,6 +121,40 @@ def test_an_alert_about_a_backend_discovered_after_the_webhook_is_not_lost(w: Wo
     assert "waiting_for_discovery" in w.kinds("vllm-7")
 
 
+@pytest.mark.parametrize("group", [{"namespace": "staging"}, {"team": "b"}], ids=["namespace", "custom"])
+def test_another_groups_alert_about_a_backend_discovered_after_the_webhook_restarts_nothing(
+        tmp_path: Path, group: dict[str, str]) -> None:
+    """The same race with group labels: the backend is found only after the webhook recorded the alert
+    (the refresh between two looks, the usual case), and the alert is another group's (another namespace,
+    another team): its labels were compared only when the refresh came within the look that waited for
+    it, so the next look restarted the backend of the other group."""
+    name = next(iter(group))
+    w = discovered(tmp_path, group_labels=[name])
+    try:
+        w.publish()
+        w.prometheus.targets = [pod("vllm-7", "10.0.0.7:8000", team="a")]   # namespace llm, team a
+        assert w.app.extensions["remediator"].config.backend("vllm-7") is None
+        assert w.post(payload(alert("vllm-7", **group))).status_code == 202
+        w.run_until(lambda: w.store.active_incident("vllm-7") is None or w.calls, "vllm-7 decided")
+        assert w.calls == []
+        closed = [e.reason for e in w.store.events(backend="vllm-7", kind="closed")]
+        assert closed and "not this backend's alert" in closed[0], w.kinds("vllm-7")
+    finally:
+        w.close()
+
+
+def test_its_own_groups_alert_about_a_backend_discovered_after_the_webhook_restarts_it(tmp_path: Path) -> None:
+    w = discovered(tmp_path, group_labels=["namespace", "team"])
+    try:
+        w.publish()
+        w.prometheus.targets = [pod("vllm-7", "10.0.0.7:8000", team="a")]
+        assert w.post(payload(alert("vllm-7", namespace="llm", team="a"))).status_code == 202
+        w.run_until(lambda: w.calls, "vllm-7 found and restarted")
+        assert w.calls == [("restart-pod", "llm", "vllm-7")]
+    finally:
+        w.close()
+
+
 def test_an_alert_for_a_proxy_or_an_invalid_name_is_still_ignored(w: World) -> None:
     w.publish(pod("vllm-0"))
     w.post(payload(alert("a b"), alert(None, instance="10.9.9.9:1")))
