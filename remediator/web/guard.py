@@ -4,7 +4,9 @@
 * no cross-site request: a foreign `Origin`, or `Sec-Fetch-Site` cross-site/same-site, is refused (403);
 * without a token (insecure_no_auth, loopback only) the `Host` must be a loopback name (DNS rebinding);
 * bodies: JSON only (415), at most max_body_bytes (413, Content-Length or a chunked body read to the
-  limit), valid UTF-8 JSON without lone surrogates, nested at most MAX_JSON_DEPTH levels (400).
+  limit), valid UTF-8 JSON (RFC 8259: no NaN or Infinity, no key twice in one object: which of two
+  `backend` labels would count is anyone's guess) without lone surrogates, nested at most MAX_JSON_DEPTH
+  levels (400).
 
 The serving worker (serving.py) bounds what reaches the app at all (head and body sizes, timeouts); these
 checks are what the app itself refuses. Every refusal is JSON `{"error": ...}`.
@@ -120,7 +122,7 @@ def json_body(limit: int) -> Any:
     if not raw.strip():
         raise BodyError(400, "empty body: expected JSON")
     try:
-        data = json.loads(raw)
+        data = json.loads(raw, parse_constant=_no_constant, object_pairs_hook=_unique_keys)
     except RecursionError:
         raise BodyError(400, f"body is nested too deeply (more than {MAX_JSON_DEPTH} levels)") from None
     except (ValueError, UnicodeDecodeError) as exc:
@@ -132,6 +134,22 @@ def json_body(limit: int) -> Any:
     except UnicodeEncodeError:
         raise BodyError(400, "body contains a lone surrogate (\\ud800-\\udfff escape): not valid Unicode") from None
     return data
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (RFC 8259 has no NaN or Infinity)")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) == len(pairs):
+        return out
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise ValueError(f"key {key[:100]!r} appears twice in one object")
+        seen.add(key)
+    return out
 
 
 def read_body(limit: int) -> bytes:

@@ -43,6 +43,11 @@ def test_bad_bodies_are_refused_and_change_nothing(w: World) -> None:
         (b'{"version": "3", "alerts": []}', 400),
         (b'{"alerts": [{"status": "firing", "labels": {"a": 1}}]}', 400),
         (b'{"alerts": [{"status": "exploded", "labels": {}}]}', 400),
+        # not JSON (RFC 8259), though Python's json module reads them: NaN, Infinity, a key twice in one object
+        (b'{"alerts": [], "x": NaN}', 400),
+        (b'{"alerts": [], "x": -Infinity}', 400),
+        (b'{"alerts": [{"status": "firing", "labels": {"backend": "gpu-x", "backend": "gpu-a", '
+         b'"remediation": "restart"}}]}', 400),
         # a NUL in a label or a field: PostgreSQL's text cannot hold it (it answered 500 there, 202 on SQLite)
         (json.dumps(payload(alert(alertname="Stall\u0000x"))).encode(), 400),
         (json.dumps(payload({**alert(), "fingerprint": "ab\u0000cd"})).encode(), 400),
