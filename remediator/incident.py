@@ -71,7 +71,7 @@ def record(tx: Transaction, config: Config, n: Notification, now: float, dedup_w
     tx.remember_delivery(key, now, forget_before=now - max(dedup_window, 3600.0) * 2)
     tx.event(now, "received", reason=f"{n.status} notification with {len(n.alerts)} alert(s)",
              group_key=n.group_key[:200], receiver=n.receiver, sender=n.sender)
-    outcomes = [_apply(tx, config, a, now) for a in n.alerts]
+    outcomes = [_apply(tx, config, a, now, dedup_window) for a in n.alerts]
     return {"deduplicated": False, "alerts": len(n.alerts), "outcomes": outcomes}
 
 
@@ -84,7 +84,7 @@ def maybe_discovered(alert: Alert, config: Config) -> str | None:
     return None if any(p.name == name for p in config.proxies) else name
 
 
-def _apply(tx: Transaction, config: Config, alert: Alert, now: float) -> str:
+def _apply(tx: Transaction, config: Config, alert: Alert, now: float, resend_window: float) -> str:
     backend = route(alert, config)
     name = backend.name if backend is not None else maybe_discovered(alert, config)
     if name is None:
@@ -104,10 +104,11 @@ def _apply(tx: Transaction, config: Config, alert: Alert, now: float) -> str:
                  "(no remediation=\"restart\" label)", **_brief(alert))
         return "signal"
     if alert.status == "firing":
-        if _already_resolved(tx, alert):
+        if _late_resend(tx, alert, now, resend_window):
             tx.event(now, "stale_firing", name, active_id,
                      reason=f"{alert.name or 'alert'} firing, but this very alert (fingerprint and startsAt) was "
-                     "already resolved: a late resend, ignored (a new firing has a new startsAt)", **_brief(alert))
+                     f"resolved less than {resend_window:g}s ago: a late resend, ignored (a new firing has a new "
+                     "startsAt)", **_brief(alert))
             return "stale_firing"
         # the group labels to keep with the incident: the backend's, or, for a backend this worker has not
         # discovered yet, every label discovery may give it (compared when it is found: restart/reconcile.py)
@@ -119,13 +120,17 @@ def _apply(tx: Transaction, config: Config, alert: Alert, now: float) -> str:
     return _resolved(tx, name, active, alert, now)
 
 
-def _already_resolved(tx: Transaction, alert: Alert) -> bool:
+def _late_resend(tx: Transaction, alert: Alert, now: float, window: float) -> bool:
     """Alertmanager identifies one firing of an alert by (fingerprint, startsAt): Prometheus keeps
     startsAt while the alert stays active and gives a new one when it fires again after resolving.
-    A firing copy of an alert whose resolution we already have is a late resend (HA peer, retry)."""
+    A firing copy of an alert whose resolution came less than `window` (remediator.dedup_window) ago is a
+    late resend (an HA peer's copy, a retry). Later, the same firing is the alert still active after
+    Alertmanager resolved it by its resolve_timeout (Prometheus restarting or cut off from it for minutes):
+    a real failure going on, not a resend, so it opens an incident again."""
     if not alert.starts_at:
         return False
-    return tx.alert_resolved(alert.fingerprint, alert.starts_at)
+    resolved_at = tx.alert_resolved_at(alert.fingerprint, alert.starts_at)
+    return resolved_at is not None and now - resolved_at < window
 
 
 def _firing(tx: Transaction, backend: str, active: Incident | None, alert: Alert, now: float,

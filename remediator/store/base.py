@@ -75,7 +75,7 @@ class Reads(Protocol):
     def firing_alerts(self, incident_id: int) -> int: ...            # the incident's alerts still firing
     def alert_known(self, incident_id: int, fingerprint: str, starts_at: str) -> bool: ...
     def delivery_seen_at(self, key: str) -> float | None: ...        # a notification's first delivery
-    def alert_resolved(self, fingerprint: str, starts_at: str) -> bool: ...  # this firing was seen resolved
+    def alert_resolved_at(self, fingerprint: str, starts_at: str) -> float | None: ...  # this firing's resolution
 
     def restarts_in_progress(self, except_incident: int | None = None, warming_until: float = float("inf")) -> int:
         """Restarts holding a slot of the concurrency bound, fleet-wide: a drain, a running restart action,

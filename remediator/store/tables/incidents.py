@@ -79,9 +79,10 @@ class IncidentReads(Connected):
         r = self._db().execute("SELECT first_seen FROM deliveries WHERE key = ?", (key,)).fetchone()
         return None if r is None else float(r[0])
 
-    def alert_resolved(self, fingerprint: str, starts_at: str) -> bool:
-        return self._db().execute("SELECT 1 FROM resolved_alerts WHERE fingerprint = ? AND starts_at = ?",
-                                  (fingerprint, starts_at)).fetchone() is not None
+    def alert_resolved_at(self, fingerprint: str, starts_at: str) -> float | None:
+        r = self._db().execute("SELECT resolved_at FROM resolved_alerts WHERE fingerprint = ? AND starts_at = ?",
+                               (fingerprint, starts_at)).fetchone()
+        return None if r is None else float(r[0])
 
     def restarts_in_progress(self, except_incident: int | None = None, warming_until: float = float("inf")) -> int:
         return int(self._db().execute(
@@ -102,7 +103,8 @@ class IncidentWrites(Connected):
 
     def remember_resolved(self, fingerprint: str, starts_at: str, at: float) -> None:
         self._db().execute("INSERT INTO resolved_alerts (fingerprint, starts_at, resolved_at) "
-                           "VALUES (?,?,?) ON CONFLICT DO NOTHING", (fingerprint, starts_at, at))
+                           "VALUES (?,?,?) ON CONFLICT (fingerprint, starts_at) DO UPDATE SET resolved_at = excluded.resolved_at",
+                           (fingerprint, starts_at, at))
 
     def open_incident(self, backend: str, at: float, labels: Labels = ()) -> int:
         return inserted_id(self._db(), "INSERT INTO incidents (backend, state, opened_at, updated_at, labels) "

@@ -70,6 +70,25 @@ def test_a_firing_resent_after_its_resolve_opens_nothing(store: SqliteStore, con
     assert post(store, config, payload(again), now=1030.0)["outcomes"] == ["incident_opened"]
 
 
+def test_the_same_firing_after_the_resend_window_is_the_alert_still_active(store: SqliteStore, config: Config) -> None:
+    """Prometheus restarted (a long WAL replay) or was cut off from Alertmanager for longer than its
+    resolve_timeout: Alertmanager resolved the alert, and when Prometheus sends it again it keeps its
+    startsAt (the alert never stopped). That firing, minutes after the resolution, is a failure going on,
+    not a late resend: it was ignored as stale for as long as the resolution was kept (an hour and more)."""
+    first = alert(starts_at="2026-11-30T00:00:00Z")
+    post(store, config, payload(first))
+    post(store, config, payload({**first, "status": "resolved"}), now=1010.0)
+    again = payload(first)
+    again["groupKey"] += "-again"
+    assert post(store, config, again, now=1010.0 + WINDOW + 1)["outcomes"] == ["incident_opened"]
+    # resolved once more: a late copy of that firing, within the window of the NEW resolution, is stale
+    post(store, config, payload({**first, "status": "resolved"}, external="http://am-2:9093"), now=2000.0)
+    assert store.active_incidents() == []
+    late = payload(first, external="http://am-1:9093")
+    late["groupKey"] += "-late"
+    assert post(store, config, late, now=2000.0 + WINDOW / 2)["outcomes"] == ["stale_firing"]
+
+
 def test_an_incident_closes_only_when_all_its_alerts_resolved(store: SqliteStore, config: Config) -> None:
     stalled, down = alert(), alert(alertname="LLMBackendDown")
     assert post(store, config, payload(stalled, down))["outcomes"] == ["incident_opened", "absorbed"]

@@ -96,7 +96,7 @@ def snapshot(store: Any) -> dict[str, Any]:
         "breaker": store.breaker(),
         "heard": store.last_heard(),
         "delivery": store.delivery_seen_at("d-1"),
-        "resolved": store.alert_resolved("fp0", "2025-12-31T00:00:00Z"),
+        "resolved": store.alert_resolved_at("fp0", "2025-12-31T00:00:00Z"),
     }
 
 
