@@ -37,9 +37,14 @@ class Recovery:
 
     def if_needed(self) -> None:
         with self._lock:
-            if not self._done:
+            if self._done:
+                return
+            self._done = True         # before it runs: an again() asked for meanwhile is kept
+            try:
                 self.recover()
-                self._done = True
+            except BaseException:
+                self._done = False
+                raise
 
     def recover(self) -> None:
         ctx = self.ctx

@@ -90,6 +90,7 @@ def carry_out(ctx: Context, incident_id: int, action_id: int, backend: Backend, 
     restart is aborted into needs_ack (outcome unknown, never repeated blindly)."""
     ctx.running.add(action_id, backend.name)
     try:
+        fit_to_start(ctx, incident_id, action_id, backend)   # before any side effect: a silence, a capture
         if with_silence:
             silence(ctx, incident_id, backend)
         before_kill(ctx, incident_id, backend)       # bounded; never stops the restart
@@ -164,6 +165,7 @@ def record_result(ctx: Context, incident_id: int, action_id: int, backend: str, 
                      reason=f"action finished ({result.result}) after this authority ({ctx.holder}) lost "
                      "the lease: recorded nothing, the new holder collects the outcome and carries on",
                      **{**detail, "seen_here": result.result})
+            ctx.on_abort_unrecorded()     # the new holder may be us, in a newer term: its recovery looks again
             return
         updated = tx.finish_action(action_id, now, result.result, result.exit_code, result.output)
         if collected:

@@ -72,7 +72,6 @@ def watch_replacement(ctx: Context, inc: Incident) -> StepResult:
 
 def release(ctx: Context, inc: Incident, replacement: str) -> None:
     """The old pod is gone: its alerts back, its lifecycle owned by no incident (it holds no restart)."""
-    unsilence_safely(ctx, inc.backend)
     now = ctx.clocks.wall()
     with ctx.fenced() as tx:
         row = tx.lifecycle(inc.backend)
@@ -80,3 +79,4 @@ def release(ctx: Context, inc: Incident, replacement: str) -> None:
             tx.set_lifecycle_owner(inc.backend, None)
             tx.event(now, "replaced", inc.backend, inc.id, reason=f"replaced by {replacement} "
                      f"of {inc.workload}; it leaves the fleet when discovery drops it")
+    unsilence_safely(ctx, inc.backend)   # after the lease check: a deposed holder expires no silence

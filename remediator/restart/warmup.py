@@ -39,17 +39,24 @@ def watch_recovery(ctx: Context, inc: Incident, backend: Backend) -> StepResult:
 
 
 def check(ctx: Context, backend: Backend) -> tuple[bool, str]:
-    """The warm-up check (it may send a probe: counted); a backend found warm gets its alerts back."""
-    ready, why = ctx.io.warmup_check(backend)
-    if ready:
-        unsilence_safely(ctx, backend.name)
-    return ready, why
+    """The warm-up check (it may send a probe: counted)."""
+    return ctx.io.warmup_check(backend)
 
 
 def settle(ctx: Context, incident_id: int, state: IncidentState, backend: Backend, ready: bool, why: str,
            note: str | None) -> StepResult:
     """Write what the check found, if the incident is still in `state`: warm = recovered and closed (the
-    lifecycle to READY), else look again after warmup_poll (keeping `note` when given)."""
+    lifecycle to READY), else look again after warmup_poll (keeping `note` when given). A backend found
+    warm gets its alerts back, once the write's lease check passed (a deposed holder expires no silence:
+    the new holder's may be among them)."""
+    result = _record_check(ctx, incident_id, state, backend, ready, why, note)
+    if ready:
+        unsilence_safely(ctx, backend.name)
+    return result
+
+
+def _record_check(ctx: Context, incident_id: int, state: IncidentState, backend: Backend, ready: bool, why: str,
+                  note: str | None) -> StepResult:
     now, t = ctx.clocks.wall(), ctx.clocks.mono()
     with ctx.fenced() as tx:
         if tx.incident_in(incident_id, state) is None:
@@ -74,14 +81,13 @@ def walk(tx: Transaction, backend: str, moves: tuple[LifecycleState, ...], now: 
 
 
 def warmup_timed_out(ctx: Context, incident_id: int, name: str, last: str) -> StepResult:
-    unsilence_safely(ctx, name)
     now = ctx.clocks.wall()
     with ctx.fenced() as tx:
-        if tx.incident_in(incident_id, IS.WARMING) is None:
-            return DONE
-        why = f"not warm {ctx.r.warmup_timeout:g}s after the restart" + (f" (last check: {last})" if last else "")
-        tx.move_lifecycle(name, S.ERROR, now, f"warm-up timeout: {why}", incident_id)
-        tx.move_incident(incident_id, now, IS.NEEDS_ACK, last_decision=WARMUP_TIMEOUT)
-        tx.event(now, WARMUP_TIMEOUT, name, incident_id, reason=f"{why}; needs a person, not restarted again")
-        escalate(tx, name, incident_id, now, f"warm-up timeout: {why}")
+        if tx.incident_in(incident_id, IS.WARMING) is not None:
+            why = f"not warm {ctx.r.warmup_timeout:g}s after the restart" + (f" (last check: {last})" if last else "")
+            tx.move_lifecycle(name, S.ERROR, now, f"warm-up timeout: {why}", incident_id)
+            tx.move_incident(incident_id, now, IS.NEEDS_ACK, last_decision=WARMUP_TIMEOUT)
+            tx.event(now, WARMUP_TIMEOUT, name, incident_id, reason=f"{why}; needs a person, not restarted again")
+            escalate(tx, name, incident_id, now, f"warm-up timeout: {why}")
+    unsilence_safely(ctx, name)       # after the lease check: a deposed holder expires no silence
     return DONE

@@ -10,19 +10,23 @@ from where it was, and must change nothing.
 
 from __future__ import annotations
 
+import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from llm_health.remediator import policy
+from llm_health.httpserver import QuietHandler
+from llm_health.remediator import action, policy
 from llm_health.remediator.authority import Authority
 from llm_health.remediator.restart import act, warmup
 from llm_health.remediator.restart.context import NotLeading
-from llm_health.remediator.store import IncidentState
+from llm_health.remediator.store import IncidentState, Silence
 from tests.support import stores
 from tests.support.alerts import alert, payload
+from tests.support.loopback import Loopback
 from tests.support.remediator import World, four_backends
 
 pytestmark = pytest.mark.usefixtures("store_kind")   # every test on SQLite and on PostgreSQL
@@ -30,11 +34,40 @@ pytestmark = pytest.mark.usefixtures("store_kind")   # every test on SQLite and 
 IS = IncidentState
 
 
+class Alertmanager:
+    """Accepts silences (POST) and their expiry (DELETE), counting both."""
+
+    def __init__(self) -> None:
+        self.posts: list[str] = []
+        self.deletes: list[str] = []
+        seen = self
+
+        class Handler(QuietHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                seen.posts.append(self.path)
+                self.reply_json(200, {"silenceID": str(uuid.uuid4())})
+
+            def do_DELETE(self) -> None:  # noqa: N802
+                seen.deletes.append(self.path)
+                self.reply_json(200, {})
+
+        self.server = Loopback(Handler)
+        self.url = self.server.url
+
+
 @pytest.fixture
 def w(tmp_path: Path) -> Iterator[World]:
     world = four_backends(tmp_path)
     yield world
     world.close()
+
+
+@pytest.fixture
+def am() -> Iterator[Alertmanager]:
+    fake = Alertmanager()
+    yield fake
+    fake.server.stop()
 
 
 def successor(w: World) -> Authority:
@@ -154,3 +187,65 @@ def test_the_action_gets_the_term_its_look_began_in(w: World) -> None:
     w.deliver(payload(alert()))
     w.run()
     assert w.calls and w.envs[-1]["LLM_HEALTH_EPOCH"] == str(a.lease.epoch)
+
+
+def test_a_deposed_authority_expires_no_silence(tmp_path: Path, am: Alertmanager) -> None:
+    """Its warm-up timed out while it was frozen: it expired every silence on the backend (the new holder's
+    among them) before its write found the lease gone."""
+    w = four_backends(tmp_path, alertmanager_url=am.url)
+    try:
+        incident_id = warming(w)
+        successor(w)
+        theirs = str(uuid.uuid4())
+        with w.store.tx() as tx:                        # the new holder's silence for its work on gpu-a
+            tx.add_silence(Silence(theirs, "gpu-a", incident_id, w.clock(), w.clock() + 3600))
+        with pytest.raises(NotLeading):
+            warmup.warmup_timed_out(w.authority.ctx, incident_id, "gpu-a", "")
+        assert am.deletes == []
+        assert [s.id for s in w.store.active_silences("gpu-a")] == [theirs]
+    finally:
+        w.close()
+
+
+def test_a_deposed_authority_leaves_no_silence_on_a_backend_that_needs_a_person(
+        tmp_path: Path, am: Alertmanager) -> None:
+    """Claimed in term 1 and frozen; term 2 settled the intent (needs a person) and unsilenced. Resumed, it
+    silenced the backend's alerts, then refused to start the process: the pages stayed muted."""
+    w = four_backends(tmp_path, alertmanager_url=am.url)
+    try:
+        a = w.authority
+        incident_id, action_id = claimed(w, a)
+        successor(w).recovery.recover()
+        assert state(w, incident_id)[0] == IS.NEEDS_ACK
+        backend = w.config.backend("gpu-a")
+        assert backend is not None
+        with a.lease.look():
+            act.carry_out(a.ctx, incident_id, action_id, backend, with_silence=True)
+        assert w.calls == [] and am.posts == [] and w.store.active_silences("gpu-a") == []
+    finally:
+        w.close()
+
+
+def test_a_lease_lapsed_and_taken_back_while_the_action_ran_leaves_no_incident_restarting(w: World) -> None:
+    """The action ran long, the lease lapsed and the lease thread took it back (a new term); the new term's
+    recovery ran meanwhile and skipped the action (still running here). Its result, late for its term,
+    was not recorded: with a runner that keeps no status file, the incident stayed RESTARTING for ever."""
+    a = w.authority
+    runs = a.io.runner
+
+    def slow(argv: Any, timeout: float, env: dict[str, str]) -> action.ActionResult:
+        w.pass_time(a.lease.ttl + 10)
+        assert a.lease.renew()                          # a new term, ours
+        resync = threading.Thread(target=a.recovery.if_needed)    # the resync thread, meanwhile
+        resync.start()
+        resync.join()
+        return runs(argv, timeout, env)
+
+    a.io.runner = a.ctx.io.runner = slow
+    w.deliver(payload(alert()))
+    w.run(1)
+    assert len(w.calls) == 1
+    w.run(2)
+    inc = w.store.active_incident("gpu-a")
+    assert inc is not None and inc.state == IS.NEEDS_ACK, inc     # outcome unknown for its term: a person decides
+    assert len(w.calls) == 1                            # never repeated

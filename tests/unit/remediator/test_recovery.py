@@ -66,3 +66,23 @@ def test_lifecycle_survives_a_crash_and_every_process_answers_the_same(tmp_path:
     assert second.lease.renew()     # its lease thread's job (every ttl/4): no process starts on a lease's last second
     one_pass(second)                                 # resumes the drain where it was: deadline passed
     assert w.restarted == ["gpu-a"] and w.state() == "initializing"
+
+
+def test_a_recovery_asked_for_while_one_runs_is_not_lost(w: World) -> None:
+    """again() (a new term, an abort not recorded) while recover() runs: it was lost, as if_needed set
+    `done` after recover() returned."""
+    recovery = w.authority.recovery
+    runs: list[int] = []
+
+    def recover() -> None:
+        runs.append(1)
+        if len(runs) == 1:
+            recovery.again()
+
+    recovery.again()
+    recovery.recover = recover              # type: ignore[method-assign]
+    recovery.if_needed()
+    recovery.if_needed()
+    assert runs == [1, 1]
+    recovery.if_needed()
+    assert runs == [1, 1]
