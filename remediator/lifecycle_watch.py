@@ -88,11 +88,11 @@ class LifecycleWatch:
             log.exception("lifecycle check of %s failed", name)
             ready, why = False, f"check raised {exc.__class__.__name__}: {exc}"[:300]
         now, t = ctx.clocks.wall(), ctx.clocks.mono()
-        self._next_look[name] = t + pause
         moves, escalating = outside_restart(st, ready, r.since, now, ctx.r.warmup_timeout)
         reasons = {S.INITIALIZING: f"out of ERROR: {why}", S.READY: why,
                    S.ERROR: f"not answering {ctx.r.warmup_timeout:g}s after it was first seen: {why}"}
         with ctx.fenced() as tx:
+            self._next_look[name] = t + pause   # only once the lease check passed: a deposed look delays nothing
             current = tx.lifecycle(name)
             if current is None or current.state != st or current.owned:
                 return

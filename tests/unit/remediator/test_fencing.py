@@ -249,3 +249,17 @@ def test_a_lease_lapsed_and_taken_back_while_the_action_ran_leaves_no_incident_r
     inc = w.store.active_incident("gpu-a")
     assert inc is not None and inc.state == IS.NEEDS_ACK, inc     # outcome unknown for its term: a person decides
     assert len(w.calls) == 1                            # never repeated
+
+
+def test_a_deposed_lifecycle_look_does_not_delay_that_backend_in_the_next_term(w: World) -> None:
+    """The lifecycle watch set the backend's next look before its write found the lease gone: back in the
+    lease, the backend waited up to max(30 s, 6 warm-up polls) for a look."""
+    w.run(1)                                            # the lifecycle rows, READY
+    stores.sql(w.store).execute("UPDATE lifecycle SET state = 'error', incident_id = NULL")   # looked at every 30 s
+    a = w.authority
+    successor(w)
+    with a.lease.look(), pytest.raises(NotLeading):
+        a.lifecycles.look("gpu-a")
+    w.pass_time(a.lease.ttl + 10)
+    assert a.lease.renew()
+    assert "gpu-a" in a.lifecycles.due()
