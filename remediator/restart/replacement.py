@@ -17,7 +17,7 @@ from llm_health.config import Backend
 from llm_health.remediator.restart.choices import Warmup, warmup_after_check
 from llm_health.remediator.restart.context import Context
 from llm_health.remediator.restart.result import DONE, LookAgain, StepResult
-from llm_health.remediator.restart.silences import unsilence_safely
+from llm_health.remediator.restart.silences import unsilence_fenced
 from llm_health.remediator.restart.warmup import check, settle, warmup_timed_out
 from llm_health.remediator.store import Incident, IncidentState
 
@@ -72,6 +72,7 @@ def watch_replacement(ctx: Context, inc: Incident) -> StepResult:
 
 def release(ctx: Context, inc: Incident, replacement: str) -> None:
     """The old pod is gone: its alerts back, its lifecycle owned by no incident (it holds no restart)."""
+    unsilence_fenced(ctx, inc.backend)
     now = ctx.clocks.wall()
     with ctx.fenced() as tx:
         row = tx.lifecycle(inc.backend)
@@ -79,4 +80,3 @@ def release(ctx: Context, inc: Incident, replacement: str) -> None:
             tx.set_lifecycle_owner(inc.backend, None)
             tx.event(now, "replaced", inc.backend, inc.id, reason=f"replaced by {replacement} "
                      f"of {inc.workload}; it leaves the fleet when discovery drops it")
-    unsilence_safely(ctx, inc.backend)   # after the lease check: a deposed holder expires no silence

@@ -83,3 +83,11 @@ def unsilence_safely(ctx: Context, backend: str) -> None:
         unsilence(ctx, backend)
     except Exception:  # noqa: BLE001 - the silence ends by itself at its end time
         log.exception("removing the silence of %s failed", backend)
+
+
+def unsilence_fenced(ctx: Context, backend: str) -> None:
+    """unsilence_safely, once a transaction found the lease ours in the look's term (else NotLeading): a
+    deposed holder expires no silence (the new holder's may be among them)."""
+    with ctx.fenced():
+        pass
+    unsilence_safely(ctx, backend)

@@ -14,7 +14,7 @@ from llm_health.remediator.restart.choices import Warmup, moves_when_warm, warmu
 from llm_health.remediator.restart.context import Context
 from llm_health.remediator.restart.notes import escalate
 from llm_health.remediator.restart.result import DONE, LookAgain, StepResult
-from llm_health.remediator.restart.silences import unsilence_safely
+from llm_health.remediator.restart.silences import unsilence_fenced
 from llm_health.remediator.store import Incident, IncidentState, Transaction
 
 S = LifecycleState
@@ -47,12 +47,11 @@ def settle(ctx: Context, incident_id: int, state: IncidentState, backend: Backen
            note: str | None) -> StepResult:
     """Write what the check found, if the incident is still in `state`: warm = recovered and closed (the
     lifecycle to READY), else look again after warmup_poll (keeping `note` when given). A backend found
-    warm gets its alerts back, once the write's lease check passed (a deposed holder expires no silence:
-    the new holder's may be among them)."""
-    result = _record_check(ctx, incident_id, state, backend, ready, why, note)
+    warm gets its alerts back once a lease check passed (a deposed holder expires no silence:
+    the new holder's may be among them), before the incident closes."""
     if ready:
-        unsilence_safely(ctx, backend.name)
-    return result
+        unsilence_fenced(ctx, backend.name)
+    return _record_check(ctx, incident_id, state, backend, ready, why, note)
 
 
 def _record_check(ctx: Context, incident_id: int, state: IncidentState, backend: Backend, ready: bool, why: str,
@@ -81,13 +80,14 @@ def walk(tx: Transaction, backend: str, moves: tuple[LifecycleState, ...], now: 
 
 
 def warmup_timed_out(ctx: Context, incident_id: int, name: str, last: str) -> StepResult:
+    unsilence_fenced(ctx, name)       # its alerts page people again before it is handed to them
     now = ctx.clocks.wall()
     with ctx.fenced() as tx:
-        if tx.incident_in(incident_id, IS.WARMING) is not None:
-            why = f"not warm {ctx.r.warmup_timeout:g}s after the restart" + (f" (last check: {last})" if last else "")
-            tx.move_lifecycle(name, S.ERROR, now, f"warm-up timeout: {why}", incident_id)
-            tx.move_incident(incident_id, now, IS.NEEDS_ACK, last_decision=WARMUP_TIMEOUT)
-            tx.event(now, WARMUP_TIMEOUT, name, incident_id, reason=f"{why}; needs a person, not restarted again")
-            escalate(tx, name, incident_id, now, f"warm-up timeout: {why}")
-    unsilence_safely(ctx, name)       # after the lease check: a deposed holder expires no silence
+        if tx.incident_in(incident_id, IS.WARMING) is None:
+            return DONE
+        why = f"not warm {ctx.r.warmup_timeout:g}s after the restart" + (f" (last check: {last})" if last else "")
+        tx.move_lifecycle(name, S.ERROR, now, f"warm-up timeout: {why}", incident_id)
+        tx.move_incident(incident_id, now, IS.NEEDS_ACK, last_decision=WARMUP_TIMEOUT)
+        tx.event(now, WARMUP_TIMEOUT, name, incident_id, reason=f"{why}; needs a person, not restarted again")
+        escalate(tx, name, incident_id, now, f"warm-up timeout: {why}")
     return DONE
