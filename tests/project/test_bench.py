@@ -92,7 +92,11 @@ def test_fleet_under_trouble_runs_and_reports(tmp_path: Path) -> None:
     r = bench(tmp_path, "fleet")["fleet"]
     assert r["backends"] == 20 and r["by_kind"]["hang"] == 2 and r["by_kind"]["wedge"] == 1
     assert set(r["detected"]) == {"wedge-0", "stall-0"}
-    assert r["verdict_before_fault"] == {"wedge-0": "idle", "stall-0": "busy"}
+    # judged right before the fault, and never wrongly: on a loaded machine a read that comes late makes a
+    # verdict "unknown" for a moment (stale data is never healthy), so the last one seen may be that
+    seen = r["verdicts_before_fault"]
+    assert "idle" in seen["wedge-0"] and "down" not in seen["wedge-0"], seen
+    assert "busy" in seen["stall-0"] and "stalled" not in seen["stall-0"], seen
     assert r["reads"]["idle"]["gaps"] > 0 and r["probes"]["gaps"] > 0
     assert not r["cycle_series"]            # the per-fleet cycle series is gone
     doc = (tmp_path / "benchmarks.md").read_text()
