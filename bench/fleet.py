@@ -202,8 +202,7 @@ def measure(size: int, settings: ExporterSettings, warm: float, quick: bool) -> 
     drip_url = dict(zip(dripping, drip.urls, strict=False))
     listen = free_port()
     detected: dict[str, float | None] = {n: None for n, m in members.items() if m.kind in ("wedge", "stall")}
-    before: dict[str, str] = {}                # the last verdict seen before the fault
-    seen_before: dict[str, set[str]] = {}       # every verdict seen before it (a late read is "unknown" a while)
+    seen_before: dict[str, set[str]] = {}       # every verdict seen before the fault (a late read: "unknown")
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "llm-health.yml"
         lines = ["backends:"]
@@ -235,7 +234,6 @@ def measure(size: int, settings: ExporterSettings, warm: float, quick: bool) -> 
                         continue
                     want = "down" if members[name].kind == "wedge" else "stalled"
                     if seen < world.faults_at:
-                        before[name] = b["verdict"]
                         seen_before.setdefault(name, set()).add(b["verdict"])
                     elif detected[name] is None and b["verdict"] == want:
                         detected[name] = seen - world.faults_at
@@ -276,7 +274,6 @@ def measure(size: int, settings: ExporterSettings, warm: float, quick: bool) -> 
                                 "median": statistics.median(probes_per_interval) if idle else 0.0},
         "wedge_bound_s": wedge_bound, "stall_bound_s": stall_bound,
         "detected": {n: detected[n] for n in sorted(detected)},
-        "verdict_before_fault": before,
         "verdicts_before_fault": {n: sorted(v) for n, v in sorted(seen_before.items())},
         "cycle_series": "llm_health_cycle_duration_seconds" in exporter_metrics,
         "quick": quick,

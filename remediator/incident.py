@@ -84,7 +84,7 @@ def maybe_discovered(alert: Alert, config: Config) -> str | None:
     return None if any(p.name == name for p in config.proxies) else name
 
 
-def _apply(tx: Transaction, config: Config, alert: Alert, now: float, resend_window: float) -> str:
+def _apply(tx: Transaction, config: Config, alert: Alert, now: float, dedup_window: float) -> str:
     backend = route(alert, config)
     name = backend.name if backend is not None else maybe_discovered(alert, config)
     if name is None:
@@ -104,10 +104,10 @@ def _apply(tx: Transaction, config: Config, alert: Alert, now: float, resend_win
                  "(no remediation=\"restart\" label)", **_brief(alert))
         return "signal"
     if alert.status == "firing":
-        if _late_resend(tx, alert, now, resend_window):
+        if _late_resend(tx, alert, now, dedup_window):
             tx.event(now, "stale_firing", name, active_id,
                      reason=f"{alert.name or 'alert'} firing, but this very alert (fingerprint and startsAt) was "
-                     f"resolved less than {resend_window:g}s ago: a late resend, ignored (a new firing has a new "
+                     f"resolved less than {dedup_window:g}s ago: a late resend, ignored (a new firing has a new "
                      "startsAt)", **_brief(alert))
             return "stale_firing"
         # the group labels to keep with the incident: the backend's, or, for a backend this worker has not

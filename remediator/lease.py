@@ -57,7 +57,7 @@ class AuthorityLease:
         #: unrecorded, so recovery must look (set by the authority)
         self.on_new_term: Callable[[], None] = _nothing
 
-    def _time_base(self, tx: Transaction) -> tuple[float, bool]:
+    def _time_base(self, tx: Reads) -> tuple[float, bool]:
         """(now on the lease's clock, shared): the store's own clock when it has one every holder shares
         (PostgreSQL: the database's), else this host's monotonic clock (SQLite: one host)."""
         shared = tx.lease_clock()
@@ -106,13 +106,13 @@ class AuthorityLease:
         """The term the calling thread acts for: its look's (pinned by look()), else the newest we took."""
         return getattr(self._look, "term", self.epoch)
 
-    def holds(self, tx: Transaction) -> bool:
-        """Inside the caller's transaction: the lease is ours, in the caller's term (term()), on this boot,
-        and not expired. False also clears `holding`: the other workers stop too, until the lease thread
-        takes the lease again (a new term)."""
+    def holds(self, tx: Reads) -> bool:
+        """In the caller's transaction (or a read of the store): the lease is ours, in the caller's term
+        (term()), on this boot, and not expired. False also clears `holding`: the other workers stop too,
+        until the lease thread takes the lease again (a new term)."""
         return self.left(tx) >= 0.0
 
-    def left(self, tx: Transaction) -> float:
+    def left(self, tx: Reads) -> float:
         """Inside the caller's transaction: seconds the lease we hold has left in the caller's term (-inf:
         not ours, another term, another boot's clock, or expired: then `holding` is cleared too; or ours, but
         in a newer term than the caller's look)."""

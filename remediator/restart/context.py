@@ -18,7 +18,7 @@ from llm_health.config import Config, RemediatorSettings
 from llm_health.remediator import policy
 from llm_health.remediator.backend_io import BackendIO
 from llm_health.remediator.clock import Clocks
-from llm_health.remediator.store import StateStore, Transaction
+from llm_health.remediator.store import Reads, StateStore, Transaction
 
 
 class RunningActions:
@@ -60,7 +60,7 @@ class Context:
     io: BackendIO
     clocks: Clocks
     holder: str
-    holds_lease: Callable[[Transaction], bool]     # inside the caller's transaction, in the look's term
+    holds_lease: Callable[[Reads], bool]           # in the caller's transaction (or a read), in the look's term
     spare_to_act: Callable[[Transaction], float]   # ... seconds until too little of it is left to start a process
     epoch: Callable[[], int]                       # the lease's term the look acts for (LLM_HEALTH_EPOCH)
     action_dir: Path | None = None                 # where the default runner's files go
@@ -75,10 +75,15 @@ class Context:
         the look began in), so a holder deposed meanwhile (frozen, cut off, its renewals failing, or holding
         a newer term than the look's) writes nothing: NotLeading, and the transaction is rolled back."""
         with self.store.tx() as tx:
-            if not self.holds_lease(tx):
-                raise NotLeading(f"{self.holder} does not hold the authority's lease in term {self.epoch()}: "
-                                 "nothing recorded")
+            self.check_leading(tx)
             yield tx
+
+    def check_leading(self, rd: Reads) -> None:
+        """NotLeading unless the lease, read from `rd` (a transaction, or the store itself for a side effect
+        outside any transaction), is ours in the term the look began in."""
+        if not self.holds_lease(rd):
+            raise NotLeading(f"{self.holder} does not hold the authority's lease in term {self.epoch()}: "
+                             "nothing recorded")
 
     @property
     def r(self) -> RemediatorSettings:

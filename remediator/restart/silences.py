@@ -86,8 +86,8 @@ def unsilence_safely(ctx: Context, backend: str) -> None:
 
 
 def unsilence_fenced(ctx: Context, backend: str) -> None:
-    """unsilence_safely, once a transaction found the lease ours in the look's term (else NotLeading): a
-    deposed holder expires no silence (the new holder's may be among them)."""
-    with ctx.fenced():
-        pass
+    """unsilence_safely, once a read of the store found the lease ours in the look's term (else NotLeading):
+    a deposed holder expires no silence (the new holder's may be among them). A read is enough: no write
+    follows in its transaction for the write lock to keep a takeover out of."""
+    ctx.check_leading(ctx.store)
     unsilence_safely(ctx, backend)

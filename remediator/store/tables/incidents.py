@@ -103,8 +103,8 @@ class IncidentWrites(Connected):
 
     def remember_resolved(self, fingerprint: str, starts_at: str, at: float) -> None:
         self._db().execute("INSERT INTO resolved_alerts (fingerprint, starts_at, resolved_at) "
-                           "VALUES (?,?,?) ON CONFLICT (fingerprint, starts_at) DO UPDATE SET resolved_at = excluded.resolved_at",
-                           (fingerprint, starts_at, at))
+                           "VALUES (?,?,?) ON CONFLICT (fingerprint, starts_at) "
+                           "DO UPDATE SET resolved_at = excluded.resolved_at", (fingerprint, starts_at, at))
 
     def open_incident(self, backend: str, at: float, labels: Labels = ()) -> int:
         return inserted_id(self._db(), "INSERT INTO incidents (backend, state, opened_at, updated_at, labels) "
