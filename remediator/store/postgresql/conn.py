@@ -46,11 +46,31 @@ class PgRow:
         return f"PgRow({dict(zip(self._index, self._values, strict=True))!r})"
 
 
+#: the results that carry rows (psycopg's own test in `Cursor.description`)
+_ROWS = frozenset(getattr(psycopg.pq.ExecStatus, s) for s in ("TUPLES_OK", "SINGLE_TUPLE", "TUPLES_CHUNK")
+                  if hasattr(psycopg.pq.ExecStatus, s))
+
+
+@functools.lru_cache(maxsize=256)
+def _index(names: tuple[bytes, ...]) -> dict[str, int]:
+    return {name.decode(): i for i, name in enumerate(names)}
+
+
+def column_index(cursor: Any) -> dict[str, int] | None:
+    """The current result's columns by name, or None when it has no rows (a write's result). Read from
+    the result itself: `cursor.description` builds a Column object per column at every call, which cost
+    a third of the client's CPU per statement (about 40 of 120 us on a 12-column row)."""
+    res = cursor.pgresult
+    if res is None or not (res.nfields or res.status in _ROWS):
+        return None
+    return _index(tuple(res.fname(i) or b"" for i in range(res.nfields)))
+
+
 def pg_row(cursor: Any) -> Any:
     """psycopg row factory for PgRow."""
-    if cursor.description is None:
+    index = column_index(cursor)
+    if index is None:
         return tuple
-    index = {col.name: i for i, col in enumerate(cursor.description)}
     return lambda values: PgRow(values, index)
 
 
@@ -207,7 +227,7 @@ class PooledReads:
     def execute(self, sql: str, parameters: Sequence[Any] = ()) -> Result:
         with connection(self._pool, self._where) as c:
             cur = PgDb(c, self._where).execute(sql, parameters)
-            rows = cur.fetchall() if cur.description is not None else []
+            rows = cur.fetchall() if column_index(cur) is not None else []
             return Result(rows, cur.rowcount)
 
 

@@ -15,7 +15,13 @@ import pytest
 
 from llm_health.remediator.store import Heard, StateError
 from llm_health.remediator.store.postgresql import PostgresStore
-from llm_health.remediator.store.postgresql.conn import blind_write, literal_safe
+from llm_health.remediator.store.postgresql.conn import (
+    PooledReads,
+    blind_write,
+    column_index,
+    literal_safe,
+    pg_row,
+)
 from llm_health.remediator.store.postgresql.store import WRITE_LOCK
 
 
@@ -151,3 +157,29 @@ def test_only_text_integers_and_null_ride_as_literals() -> None:
     assert not literal_safe((1.5,))
     assert not literal_safe((True,))
     assert not literal_safe((b"x",))
+
+
+def test_rows_are_read_by_column_name_and_position_without_building_psycopg_columns(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pg_row reads the column names from the result itself: `cursor.description` built a Column object per
+    column for every statement (a third of the client's CPU per read). A write has no rows; `SELECT ;` has
+    rows of no column, as psycopg says."""
+    def no_description(self: Any) -> Any:
+        raise AssertionError("cursor.description was built")
+
+    monkeypatch.setattr(psycopg.Cursor, "description", property(no_description))
+    with psycopg.connect(pg_url, autocommit=True, row_factory=pg_row) as c:
+        c.execute("CREATE TABLE t (id int, name text)")
+        assert column_index(c.execute("INSERT INTO t VALUES (1, 'a'), (2, 'b')")) is None
+        rows = c.execute("SELECT name, id FROM t ORDER BY id").fetchall()
+        assert [(r["id"], r["name"], r[0], r[1]) for r in rows] == [(1, "a", "a", 1), (2, "b", "b", 2)]
+        assert rows[0].keys() == ["name", "id"]
+        assert column_index(c.execute("SELECT ;")) == {}
+        assert column_index(c.execute("SELECT 1 AS \"Ünïcode\"")) == {"Ünïcode": 0}
+
+
+def test_a_pooled_read_of_a_write_returns_no_rows(store: PostgresStore) -> None:
+    with store.tx() as tx:
+        tx.heard(Heard.WEBHOOK, 5.0)
+    assert store.last_heard().webhook_at == 5.0
+    assert PooledReads(store._pool(), "here").execute("DELETE FROM heard WHERE at < 0").fetchall() == []
