@@ -19,7 +19,8 @@ operator state (AdminState) of the backend:
   its host's mutex) unless forced: the restart then finishes and the backend stays out. Retiring closes an
   incident that waits (open, observed, needs_ack): a retired backend is out of every decision.
 * restart asks the authority for a restart (an incident `requested_by` the operator: remediator/restart/
-  requested.py): refused while one is under way or when no restart action is configured; the authority
+  requested.py): refused while one is under way, while a rollout's restart with another command is asked
+  for and has not begun, or when no restart action is configured; the authority
   then drains, restarts and warms it up under the per-host mutex, the concurrency bound and, unless
   forced, the breaker, the budget, busy markers and the floor (deferrals are audited and retried).
 * Nothing here changes the lifecycle: a drained or retired backend keeps its state, and the HAProxy agent
@@ -63,6 +64,9 @@ class CommandFacts:
     min_ready: int
     force: bool = False
     restart_configured: bool = True
+    #: the active incident is a restart that changes the backend's command (a rollout's, or its rollback's):
+    #: the rollout's id ("" for a rollback's), else None
+    command_change: str | None = None
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,12 @@ def plan(command: Command, f: CommandFacts) -> Plan:
             return Plan(None, "no restart action is configured for this backend", Refusal.NOT_CONFIGURED)
         if f.incident in RESTART_UNDER_WAY:
             return Plan(None, f"a restart is already under way (incident {f.incident})", Refusal.RESTARTING)
+        if f.command_change is not None:
+            # asked for by a rollout and not begun yet: a restart by hand would take its incident over and
+            # run the old command, and the rollout would count it as its own (a canary soaked on the old one)
+            which = f"rollout {f.command_change}" if f.command_change else "a rollout's rollback"
+            return Plan(None, f"{which} asked for this backend's restart with another command; it has not begun: "
+                        "wait for it, or abort the rollout first", Refusal.CONFLICT)
         forced = " (forced: past the breaker, budget, busy markers and min_ready floor)" if f.force else ""
         return Plan(None, f"restart asked for{forced}: the authority drains, restarts and warms it up under its "
                     "rules (see ctl status and the audit log)", request_restart=True, forced=f.force)

@@ -16,7 +16,14 @@ from llm_health.remediator.commands import Command, CommandFacts, Plan, plan
 from llm_health.remediator.lifecycle import LifecycleState
 from llm_health.remediator.restart.notes import HELD
 from llm_health.remediator.sequence import has_restart
-from llm_health.remediator.store import RESTART_UNDER_WAY, AdminState, IncidentState, StateStore, Transaction
+from llm_health.remediator.store import (
+    RESTART_UNDER_WAY,
+    AdminState,
+    Incident,
+    IncidentState,
+    StateStore,
+    Transaction,
+)
 
 S = LifecycleState
 
@@ -44,7 +51,14 @@ def facts(tx: Transaction, config: Config, req: Request) -> CommandFacts:
                         lifecycle=own.state if own is not None else lifecycle.UNSEEN,
                         incident=inc.state if inc is not None else None, ready_others=ready_others,
                         min_ready=config.remediator.min_ready, force=req.force,
-                        restart_configured=backend is not None and has_restart(backend))
+                        restart_configured=backend is not None and has_restart(backend),
+                        command_change=_command_change(inc))
+
+
+def _command_change(inc: Incident | None) -> str | None:
+    if inc is None or inc.command is None:
+        return None
+    return "" if inc.command.rollout_id is None else str(inc.command.rollout_id)
 
 
 @dataclass(frozen=True)

@@ -86,3 +86,12 @@ def test_restart_is_asked_for_unless_it_cannot_be_carried_out() -> None:
     assert plan(C.RESTART, facts(incident=IncidentState.WARMING)).refused == Refusal.RESTARTING
     assert plan(C.RESTART, facts(incident=IncidentState.NEEDS_ACK)).request_restart   # a person decides: go
     assert plan(C.RESTART, facts(force=True)).forced
+
+
+@pytest.mark.parametrize(("change", "says"), [("7", "rollout 7"), ("", "a rollout's rollback")])
+def test_a_restart_by_hand_is_refused_while_a_rollouts_restart_with_another_command_waits(change: str,
+                                                                                         says: str) -> None:
+    f = CommandFacts(A.IN_SERVICE, S.READY, IncidentState.OPEN, 2, 1, force=True, command_change=change)
+    p = plan(C.RESTART, f)
+    assert p.refused == Refusal.CONFLICT and says in p.reason and not p.request_restart
+    assert plan(C.RESTART, CommandFacts(A.IN_SERVICE, S.READY, IncidentState.OPEN, 2, 1)).request_restart
