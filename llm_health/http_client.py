@@ -225,6 +225,9 @@ def _read_body(resp: http.client.HTTPResponse, max_bytes: int) -> bytes:
     while True:
         chunk = resp.read1(262144)
         if not chunk:
+            if resp.length:   # http.client answers b"" when the server closes before its Content-Length
+                raise HttpFailure(FailureKind.ERROR, f"answer cut short: {size} bytes, {resp.length} more "
+                                  "announced by Content-Length")
             resp.read()   # marks the response complete, so the kept-alive connection can be reused
             return b"".join(chunks)
         size += len(chunk)

@@ -79,6 +79,12 @@ class _Handler(QuietHandler):
         self.seen.append(("GET", self.path, self.headers.get("Authorization"), self.client_address[1].__str__()))
         if self.path == "/big":
             self._answer(200, b"x" * 4096)
+        elif self.path == "/cut":             # the connection drops before the announced Content-Length
+            self.send_response(200)
+            self.send_header("Content-Length", "4096")
+            self.end_headers()
+            self.wfile.write(b"vllm:generation_tokens_total 12")
+            self.close_connection = True
         else:
             self._answer(200, json.dumps({"path": self.path}).encode())
 
@@ -113,6 +119,17 @@ def test_an_answer_over_the_size_cap_is_an_error(server: Loopback) -> None:
     with pytest.raises(HttpFailure) as err:
         target.get("/big")
     assert err.value.kind == FailureKind.ERROR and "larger than 1024" in err.value.detail
+
+
+def test_an_answer_cut_short_of_its_content_length_is_an_error_not_a_page(server: Loopback) -> None:
+    """http.client hands back b"" when the server closes early: the first 31 bytes were taken for the whole
+    page, with a counter cut mid-value (123458 -> 12), and the exporter judged the engine restarted."""
+    target = Target(server.url, 5.0)
+    with pytest.raises(HttpFailure) as err:
+        target.get("/cut")
+    assert err.value.kind == FailureKind.ERROR and "cut short" in err.value.detail, err.value.detail
+    assert target.get("/metrics").json() == {"path": "/metrics"}      # and the next exchange works
+    target.close()
 
 
 def test_fetch_sends_json_and_query(server: Loopback) -> None:
