@@ -201,6 +201,11 @@ def _judge_seen(url: str, seen: list[tuple[Observation, float]], read_timeout: f
     if last.work <= 0:
         if not probe:
             return Verification(VerifyOutcome.UNKNOWN, f"{_work(last)}; not probed", 0.0), Verdict.IDLE
+        latest = seen[-1][0]
+        if not _usable(latest) or latest.reading is not last:
+            # idle was an older page: a look that timed out since may be a server slow under new work
+            return (Verification(VerifyOutcome.UNKNOWN, f"{_work(last)} on an older page, then /metrics "
+                                 f"{latest.outcome}: not probed", 0.0), Verdict.UNKNOWN)
         if not may_probe_engine(last):
             return (Verification(VerifyOutcome.UNKNOWN, f"{_work(last)}; not probed: llama.cpp's /props did not say whether it "
                                  "sleeps", 0.0), Verdict.IDLE)
@@ -342,10 +347,14 @@ def _probe_idle(
             if result.rejected:
                 return Verification(VerifyOutcome.UNKNOWN, f"{_work(last)}; {rejection_text(result)}", 0.0), Verdict.UNKNOWN
             failures.append(f"{result.outcome}" + (f": {result.detail}" if result.detail else ""))
-            again = observe(Target(url, read_timeout))
+            target = Target(url, read_timeout)
+            try:
+                again = observe(target)
+            finally:
+                target.close()
             if again.outcome != ReadResult.OK or again.reading is None or not again.reading.has_engine_metrics:
                 break
-            if again.reading.work > 0 or other_process(last, again.reading):
+            if again.reading.work > 0 or other_process(last, again.reading) or not may_probe_engine(again.reading):
                 return (Verification(VerifyOutcome.UNKNOWN, f"probe {failures[-1]}; then the server changed "
                                      f"({_work(again.reading)})", again.reading.work), Verdict.UNKNOWN)
             if result.unanswered and not _any_progress(last, again.reading):

@@ -147,3 +147,62 @@ def test_a_llamacpp_whose_models_hang_too_is_stalled_only_with_the_exporters_evi
     assert run(None).outcome == VerifyOutcome.NO_PROGRESS
     owner[0] = HttpFailure("error", "/v1/models: HTTP 500", 500)    # an error is no timeout: not the lock
     assert run(loop).outcome == VerifyOutcome.UNKNOWN
+
+
+IDLE_PAGE = ('vllm:num_requests_running{engine="0",model_name="m"} 0\n'
+             'vllm:num_requests_waiting{engine="0",model_name="m"} 0\n'
+             'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5\n'
+             'vllm:generation_tokens_total{engine="0",model_name="m"} 500\n'
+             "process_start_time_seconds 1000\n")
+ASLEEP_PAGE = IDLE_PAGE + ('vllm:engine_sleep_state{engine="0",sleep_state="awake"} 0\n'
+                           'vllm:engine_sleep_state{engine="0",sleep_state="weights_offloaded"} 1\n')
+
+
+class _Probes:
+    """Stands in for check.Prober: counts what went out, answers `answer`."""
+
+    sent = 0
+    answer: Any = None
+
+    def __init__(self, *_a: Any, **_k: Any) -> None:
+        pass
+
+    def probe(self) -> Any:
+        _Probes.sent += 1
+        return _Probes.answer
+
+    def close(self) -> None:
+        pass
+
+
+def _verify_with(monkeypatch, looks: Any, answer: Any) -> Any:
+    from llm_health.exporter import check
+
+    monkeypatch.setattr(check, "observe", lambda _target: next(looks))
+    monkeypatch.setattr(check, "Prober", _Probes)
+    _Probes.sent, _Probes.answer = 0, answer
+    return check.verify("http://127.0.0.1:9", readings=2, interval=0.0, sleep=lambda _s: None)
+
+
+def test_no_probe_on_an_older_idle_page_when_the_latest_look_failed(monkeypatch) -> None:
+    """Readings [idle, /metrics timeout]: a vLLM slow under new work. The probe went out on the older page."""
+    from llm_health.exporter.observation import Observation, ProbeOutcome, ProbeResult, ReadResult
+    from llm_health.exporter.reading import read_text
+
+    looks = iter([Observation(ReadResult.OK, read_text(IDLE_PAGE)),
+                  Observation(ReadResult.TIMEOUT, detail="no answer within 5 s")])
+    v = _verify_with(monkeypatch, looks, ProbeResult(ProbeOutcome.OK, "", 0.01))
+    assert _Probes.sent == 0 and v.outcome == "unknown" and "older page" in v.reason, v
+
+
+def test_the_retry_probe_never_goes_to_an_engine_gone_to_sleep(monkeypatch) -> None:
+    """The first probe fails (the server was going to sleep); the fresh reading says asleep: no second one."""
+    import itertools
+
+    from llm_health.exporter.observation import Observation, ProbeOutcome, ProbeResult, ReadResult
+    from llm_health.exporter.reading import read_text
+
+    looks = itertools.chain([Observation(ReadResult.OK, read_text(IDLE_PAGE))] * 2,
+                            itertools.repeat(Observation(ReadResult.OK, read_text(ASLEEP_PAGE))))
+    v = _verify_with(monkeypatch, looks, ProbeResult(ProbeOutcome.ERROR, "HTTP 500", 0.01, 500))
+    assert _Probes.sent == 1 and v.outcome == "unknown", v
