@@ -42,6 +42,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from enum import StrEnum
+from math import isfinite
 from typing import Any
 
 from llm_health.exporter.fastparse import Names, parse_fast
@@ -306,6 +307,7 @@ def from_page(page: Page, start_header: float | None = None) -> Reading:
     reading = Reading(flavour=flavour, engines={}, start_header=start_header)
     engines = reading.engines
     has_running = False
+    unknowable = False                                  # a running or waiting gauge that is not a count
     buckets: dict[str, list[tuple[float, float]]] = {}   # histogram series -> (le, cumulative count)
     sleep: dict[str, dict[str, float]] = {}             # engine -> sleep_state -> value
     prompt_seconds: float | None = None
@@ -346,6 +348,13 @@ def from_page(page: Page, start_header: float | None = None) -> Reading:
         key = _engine_of(flavour, s.labels)
         if key is None:
             continue
+        if not isfinite(s.value):
+            # NaN never equals itself (a frozen counter or KV gauge would always look like progress) and a
+            # NaN work gauge is no count at all: a page whose running or waiting is not a count says nothing
+            # of its work, as a page without them
+            if name == running or name in waiting:
+                unknowable = True
+            continue
         short = counters.get(name)
         if flavour == "sglang" and name == SGLANG_DECODE_TOKENS:
             short = "decode_tokens" if s.labels.get("mode") == "decode" else None
@@ -361,14 +370,16 @@ def from_page(page: Page, start_header: float | None = None) -> Reading:
             eng.counters[short] = eng.counters.get(short, 0.0) + s.value
         elif name == running:
             has_running = True
+            unknowable = unknowable or s.value < 0
             eng = engines.get(key) or engines.setdefault(key, EngineReading())
             eng.running += s.value
         elif name in waiting:
+            unknowable = unknowable or s.value < 0
             eng = engines.get(key) or engines.setdefault(key, EngineReading())
             eng.waiting += s.value
         elif name in kvs:
             eng = engines.get(key) or engines.setdefault(key, EngineReading())
-            if eng.kv_usage is None:
+            if eng.kv_usage is None and s.value >= 0:
                 eng.kv_usage = s.value
     engines.pop(SERVER, None)  # server-wide gauges (none known) do not make an engine
     if reading.server:
@@ -379,8 +390,9 @@ def from_page(page: Page, start_header: float | None = None) -> Reading:
             elif len(engines) == 1:  # one rank: the server-wide counters are its own too
                 for name, value in reading.server.items():
                     eng.counters.setdefault(name, value)
-    if not has_running:
-        # without a running-requests gauge we cannot tell idle from busy: treat as no engine metrics
+    if not has_running or unknowable:
+        # without a running-requests gauge (or with one that is no count) we cannot tell idle from busy:
+        # treat as no engine metrics
         reading.engines = {}
     reading.step_buckets = _bucket_counts(buckets)
     # the upper bound of the highest bucket that holds an observation, over every step histogram (inf when

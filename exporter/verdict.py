@@ -394,6 +394,7 @@ def _judge_reading(
     any_progress = False
     worst: tuple[str, EngineReading, EngineTrack] | None = None   # the engine closest to stalled
     busy_engines = 0
+    blind: list[str] = []                          # engines with work and no progress series at all
     learned = prev.longest_quiet
     for key, eng in reading.engines.items():
         old = last.engines.get(key)
@@ -404,6 +405,12 @@ def _judge_reading(
             learned = max(learned, seen - track.stuck_since)  # a pause with work that ended in progress
         if eng.work <= 0:
             tracks[key] = EngineTrack()
+            continue
+        if not eng.counters and eng.kv_usage is None:
+            # work, and nothing on the page that could ever show progress (a page cut after its gauges,
+            # counters renamed, another exporter's gauges): not judged, never stalled for it
+            tracks[key] = EngineTrack()
+            blind.append(key)
             continue
         if moved:
             tracks[key] = EngineTrack()
@@ -438,6 +445,11 @@ def _judge_reading(
         if busy_engines == 0:
             return _become(prev, Verdict.UNKNOWN, f"{text} (stalled after {bound.seconds:.0f} s: {bound.why})",
                            now, probe_failures=0, **base)
+    if blind and busy_engines == 0:
+        which = f"engine {', '.join(blind)}: " if multi else ""
+        return _become(prev, Verdict.UNKNOWN, f"{which}{_work_text(reading)}, and no progress series on the page "
+                       "(no token or request counter, no KV gauge): progress cannot be told", now, probe_failures=0,
+                       **base)
     if busy_engines > 0:
         return _become(prev, Verdict.BUSY,
                        f"{_work_text(reading)}, engine progressing ({rate_text(reading, tps, sps)})",

@@ -400,3 +400,44 @@ def test_a_timeout_after_an_idle_reading_counts_only_when_health_fails_too() -> 
     busy = Observation(ReadResult.OK, read_text(vllm_page({"0": {"running": 3, "waiting": 0, "gen": 100}})))
     state = judge(judge(None, busy, 0.0, t), slow, 15.0, t)
     assert state.verdict == Verdict.UNKNOWN and "last reading 3 running" in state.reason
+
+
+HEAD = "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+
+
+def _page(running: str = "0", waiting: str = "0", kv: str | None = "0.5", gen: str | None = "500") -> str:
+    e = '{engine="0",model_name="m"}'
+    return (HEAD + f"vllm:num_requests_running{e} {running}\nvllm:num_requests_waiting{e} {waiting}\n"
+            + (f"vllm:kv_cache_usage_perc{e} {kv}\n" if kv is not None else "")
+            + (f"vllm:generation_tokens_total{e} {gen}\n" if gen is not None else "")
+            + "process_start_time_seconds 1000\n")
+
+
+def _judged(text: str, readings: int) -> BackendState:
+    return run([(i * 15.0, ok(read_text(text))) for i in range(readings)])[-1]
+
+
+def test_a_nan_kv_gauge_does_not_hide_frozen_counters() -> None:
+    """NaN != NaN: the frozen engine looked like progress at every reading, busy forever, never stalled."""
+    assert _judged(_page("2", kv="NaN"), 41).verdict == Verdict.STALLED
+
+
+@pytest.mark.parametrize(("running", "waiting"), [("NaN", "0"), ("NaN", "3"), ("-1", "0"), ("2", "+Inf")])
+def test_a_work_gauge_that_is_no_count_says_nothing_of_the_work(running: str, waiting: str) -> None:
+    """A NaN running gauge counted as work (stalled with no real data), and NaN running with 3 waiting read
+    as idle (probed): such a page is one without engine gauges."""
+    r = read_text(_page(running, waiting))
+    assert not r.has_engine_metrics and r.work == 0
+    assert _judged(_page(running, waiting), 41).verdict != Verdict.STALLED
+
+
+def test_a_nan_counter_is_no_series() -> None:
+    assert _judged(_page("2", kv=None, gen="NaN"), 41).verdict == Verdict.UNKNOWN
+
+
+def test_an_engine_without_any_progress_series_is_never_stalled() -> None:
+    """Running and waiting gauges, no counter and no KV gauge (a page cut after its gauges, counters
+    renamed): nothing could ever show progress, so nothing shows a stall."""
+    state = _judged(_page("2", kv=None, gen=None), 12)
+    assert state.verdict == Verdict.UNKNOWN and "no progress series" in state.reason, state.reason
+    assert _judged(_page("2", kv=None), 12).verdict == Verdict.STALLED     # one counter is enough
