@@ -187,12 +187,12 @@ class Procedure:
                 continue
             key = (r.id, m.backend)
             t = ctx.clocks.mono()
+            elapsed = ctx.clocks.wall() - m.soak_started_at
             with self._lock:
                 last = self._measured.get(key)
-                if last is not None and t - last < bounds.interval:
-                    continue
+                if last is not None and t - last < bounds.interval and elapsed < r.soak:
+                    continue          # measured at its interval, and at the soak's end whatever the interval
                 self._measured[key] = t
-            elapsed = ctx.clocks.wall() - m.soak_started_at
             check = watch(bounds, self.gate.measure(m.backend), m.query_errors, m.inconclusive)
             verdict, reason, passed = check.verdict, check.reason, ""
             if verdict != GateVerdict.FAIL and elapsed >= r.soak:

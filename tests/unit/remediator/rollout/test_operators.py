@@ -3,10 +3,12 @@ a member's restart with the new command is asked for and has not begun (held by 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from tests.support import stores
 from tests.support.remediator import AUTH
 from tests.unit.remediator.rollout.test_procedure import NEW, Gate, rollout, start, steps, world
 
@@ -29,3 +31,19 @@ def test_a_restart_by_hand_never_takes_over_a_members_restart_with_the_new_comma
     w.run_until(lambda: steps(w, rid)["a1"] != "restarting", "a1's restart ended", timeout=60)
     assert w.calls[0] == tuple(NEW[:3]) + ("a1", "node-1"), (w.calls, steps(w, rid))
     assert rollout(w, rid)["state"] == "running"
+
+
+def test_the_canary_is_measured_at_the_end_of_its_soak_whatever_the_gate_interval(tmp_path: Path) -> None:
+    """A gate interval longer than what was left of the soak: the canary was measured once, and soaked on
+    (running) until someone aborted the rollout."""
+    gate = Gate()
+    w = world(tmp_path, gate)
+    rid = start(w, soak=5, gate={"interval": 5}).get_json()["id"]
+    with w.store.tx() as tx:                  # as stored before such a request was refused (rollout/start.py)
+        bounds = {**tx.rollout(rid).gate, "interval": 1e9}
+    stores.sql(w.store).execute("UPDATE rollouts SET gate = ? WHERE id = ?", (json.dumps(bounds), rid))
+    w.run_until(lambda: steps(w, rid)["a1"] == "soaking", "soaking")
+    for _ in range(8):                        # 8 s of the fake clock: the soak ends at 5 s
+        w.run(1)
+        w.pass_time(1)
+    assert steps(w, rid)["a1"] == "done" and gate.summaries, (len(gate.measured), rollout(w, rid)["members"][0])
