@@ -29,6 +29,7 @@ NOT_CONFIGURED = "not_configured"
 DEFERRED_HOST = "deferred_host"                  # the per-host mutex: another backend on the host restarts
 DEFERRED_MIN_READY = "deferred_min_ready"        # the min_ready floor
 DEFERRED_CONCURRENCY = "deferred_concurrency"    # max_concurrent_restarts restarts already take capacity
+DEFERRED_PAUSED = "deferred_paused"              # a rollout's restart (its new command): the rollout is paused
 
 HEALTHY_OUTCOMES = (VerifyOutcome.PROGRESS, VerifyOutcome.IDLE_OK)
 RESTART_OUTCOMES = (VerifyOutcome.NO_PROGRESS, VerifyOutcome.DOWN)

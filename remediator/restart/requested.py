@@ -39,6 +39,9 @@ ASKED = Verification(VerifyOutcome.UNKNOWN, "asked for by an operator")
 
 
 def decision(ctx: Context, rd: Reads, inc: Incident, backend: Backend, now: float) -> policy.Decision:
+    paused = paused_rollout(rd, inc)
+    if paused is not None:
+        return paused
     d = policy.decide_requested(facts(ctx, rd, backend, now), ctx.settings, inc.requested_by, inc.requested_force)
     if d.kind != policy.RESTART:
         return d
@@ -58,6 +61,20 @@ def stale_rollout(rd: Reads, inc: Incident) -> str:
         return ""
     return (f"{CALLED_OFF}: rollout {change.rollout_id} is {r.state.value if r is not None else 'gone'}, its "
             "restart with the new command does not begin")
+
+
+def paused_rollout(rd: Reads, inc: Incident) -> policy.Decision | None:
+    """A restart a rollout asked for (with its new command) waits while its rollout is paused: "paused, no
+    member starts" holds for a member whose restart was asked for and has not begun (a drain under way
+    ends, the backend serves again); what already runs finishes."""
+    change = inc.command
+    if change is None or change.rollout_id is None:
+        return None
+    r = rd.rollout(change.rollout_id)
+    if r is None or r.state != RolloutState.PAUSED:
+        return None
+    return policy.Decision(policy.DEFERRED_PAUSED, f"rollout {r.id} is paused: its restart with the new command "
+                           "waits until the rollout is resumed")
 
 
 def call_off(tx: Transaction, inc: Incident, backend: str, why: str, now: float, kind: str = "restart_called_off",
@@ -124,9 +141,9 @@ def watch_requested_drain(ctx: Context, inc: Incident, backend: Backend) -> Step
         if drain_progress("", seen.drained, t, r.drain_deadline, now - r.since, ctx.r.drain_min) == Drain.WAIT:
             tx.look_again_at(inc.id, t + ctx.r.poll_interval)
             return LookAgain(t + ctx.r.poll_interval)
-        d = policy.decide_requested(facts(ctx, tx, backend, now), ctx.settings, current.requested_by,
-                                    current.requested_force)
-        if d.kind != policy.RESTART:                       # a gate closed during the drain (a busy marker)
+        d = paused_rollout(tx, current) or policy.decide_requested(
+            facts(ctx, tx, backend, now), ctx.settings, current.requested_by, current.requested_force)
+        if d.kind != policy.RESTART:              # a gate closed during the drain (a busy marker), or a pause
             tx.move_lifecycle(backend.name, S.READY, now, f"restart called off: {d.reason}")
             tx.move_incident(inc.id, now, IS.OPEN, last_note="")
             return note(ctx, tx, inc.id, backend.name, d, now)

@@ -29,6 +29,7 @@ from llm_health.remediator.restart.warmup import WARMUP_TIMEOUT
 from llm_health.remediator.rollout import plan
 from llm_health.remediator.rollout.gate import Bounds, GateVerdict, Measurement, Summary, final, watch
 from llm_health.remediator.rollout.kinds import Kind
+from llm_health.remediator.rollout.pause import hold
 from llm_health.remediator.rollout.queries import Prometheus, prometheus_url
 from llm_health.remediator.store import (
     CHANGED_STEPS,
@@ -101,6 +102,7 @@ class Procedure:
             if r.state == RS.ROLLING_BACK:
                 self._roll_back(tx, r, members, now)
             else:
+                self._unsilence.update(hold(tx, r, members, now))     # paused: what has not begun waits
                 self._go_on(tx, r, members, now)
             members = tx.rollout_members(rollout_id)
             end = plan.finished(r, members)

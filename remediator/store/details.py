@@ -15,7 +15,7 @@ DECISION_KINDS = frozenset({
     "verified_healthy", "restarted_by_other", "restarting", "restarted", "would_restart", "not_configured",
     "failed", "recovered", "warmup_timeout", "interrupted", "aborted", "resolved", "acknowledged", "breaker_open",
     "draining", "deferred_host", "deferred_min_ready", "restart_called_off", "escalated", "lifecycle_refused",
-    "stale_firing", "deferred_concurrency",
+    "stale_firing", "deferred_concurrency", "deferred_paused",
 })
 
 #: an event's detail is at most this long once encoded; values are shortened BEFORE encoding

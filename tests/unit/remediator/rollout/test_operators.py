@@ -47,3 +47,37 @@ def test_the_canary_is_measured_at_the_end_of_its_soak_whatever_the_gate_interva
         w.run(1)
         w.pass_time(1)
     assert steps(w, rid)["a1"] == "done" and gate.summaries, (len(gate.measured), rollout(w, rid)["members"][0])
+
+
+def test_pause_holds_a_member_whose_restart_was_asked_for_but_has_not_begun(tmp_path: Path) -> None:
+    """It did not: a member's restart held back by the breaker when the rollout was paused ran the new
+    command once the breaker was reset, the rollout still 'paused'. Now it goes back to pending and starts
+    when the rollout is resumed."""
+    w = world(tmp_path, Gate())
+    rid = start(w).get_json()["id"]
+    w.authority.rollouts.look(rid)                       # canary a1's restart asked for ...
+    with w.store.tx() as tx:
+        tx.open_breaker(w.clock(), "other failures")    # ... and held back: nothing has begun
+    w.run(3)
+    assert w.calls == [] and w.incident("a1").state.value == "open"
+    body = {"by": "ops@host1", "reason": "stop everything, the new image is suspect"}
+    assert w.client.post(f"/api/rollouts/{rid}/pause", json=body, headers=AUTH).get_json()["state"] == "paused"
+    with w.store.tx() as tx:
+        tx.reset_breaker(w.clock())
+    w.run(10)
+    assert rollout(w, rid)["state"] == "paused" and steps(w, rid)["a1"] == "pending"
+    assert w.calls == [], "a paused rollout started a member's restart with the new command"
+    assert w.client.post(f"/api/rollouts/{rid}/resume", json=body, headers=AUTH).get_json()["state"] == "running"
+    w.run_until(lambda: steps(w, rid)["a1"] in ("soaking", "done"), "the canary restarts after the resume", timeout=60)
+    assert w.calls[0] == tuple(NEW[:3]) + ("a1", "node-1")
+
+
+def test_a_claim_between_the_pause_and_the_rollouts_next_look_waits(tmp_path: Path) -> None:
+    w = world(tmp_path, Gate())
+    rid = start(w).get_json()["id"]
+    w.authority.rollouts.look(rid)                       # canary a1's restart asked for, not begun
+    body = {"by": "ops@host1", "reason": "hold on"}
+    assert w.client.post(f"/api/rollouts/{rid}/pause", json=body, headers=AUTH).get_json()["state"] == "paused"
+    w.authority.work("a1")                               # the claim, before the rollout's look
+    assert w.calls == [] and w.incident("a1").last_decision == "deferred_paused", w.incident("a1")
+    assert "deferred_paused" in w.kinds("a1")
