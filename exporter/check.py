@@ -377,7 +377,7 @@ def verify(
     read_timeout: float = 5.0,
     probe_timeout: float = 10.0,
     sleep: Callable[[float], None] = time.sleep,
-    clock: Callable[[], float] = time.time,
+    clock: Callable[[], float] = time.monotonic,     # spans and waits: never the wall clock (a step would cut them)
     model: str = "",
     api_key: str = "",
     stall_ceiling: float = DEFAULT_CEILING,
@@ -420,7 +420,7 @@ def run(args: argparse.Namespace) -> int:
     url = _check_url(args.url, "url")
     api_key = load_api_key(args.api_key_file, "--api-key-file")
     result, verdict = _examine(url, args.readings, args.interval, args.timeout, args.probe_timeout,
-                               time.sleep, time.time, not args.no_probe, args.model, api_key, args.stall_ceiling)
+                               time.sleep, time.monotonic, not args.no_probe, args.model, api_key, args.stall_ceiling)
     span = (args.readings - 1) * args.interval
     if verdict is Verdict.STALLED and span < args.stall_after:
         # principle 4: frozen counters over a few seconds prove nothing (a long prefill step, a JIT)

@@ -109,7 +109,7 @@ def exporter_url(config: Config) -> str:
     return url or local_url(config.exporter.listen)
 
 
-def frozen_evidence(base: str, backend: Backend, clock: Callable[[], float] = time.time,
+def frozen_evidence(base: str, backend: Backend, clock: Callable[[], float] = time.monotonic,
                     timeout: float = EVIDENCE_TIMEOUT) -> FrozenEvidence | None:
     """What the exporter saw of `backend` if it judges it stalled (its frozen counters' signature and for how
     long they stood still); None on anything else: no answer within `timeout`, not stalled, a malformed
@@ -180,7 +180,7 @@ def default_verifier(config: Config, on_probe: OnProbe | None = None,
             return verify(
                 backend.url, readings=max(2, r.verify_readings), interval=r.verify_interval,
                 read_timeout=config.exporter.read_timeout, probe_timeout=config.exporter.probe_timeout,
-                sleep=time.sleep, clock=time.time, model=backend.model,
+                sleep=time.sleep, clock=time.monotonic, model=backend.model,   # the evidence's clock too
                 stall_ceiling=config.exporter.stall_ceiling, **extra,
             )
         except Exception as exc:  # noqa: BLE001 - a broken verifier must never mean "restart"

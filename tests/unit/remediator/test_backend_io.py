@@ -217,3 +217,35 @@ def test_the_verifier_hands_the_evidence_to_verify(monkeypatch: pytest.MonkeyPat
         raise RuntimeError("boom")
     assert backend_io.default_verifier(config, evidence=broken)(config.backends[0]).outcome == "idle_ok"
     assert seen == [ev, None]
+
+
+def test_the_verifier_times_its_readings_on_the_monotonic_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Frozen counters of an engine whose steps take up to 100 s prove a stall only over 200 s. With the wall
+    clock, an NTP step of +600 s during the verification made 10 real seconds look like 610: no_progress,
+    and a restart of a server that may only be in a long step."""
+    import types
+
+    real = [1000.0]
+    wall = [1.7e9]
+    frozen = Observation(ReadResult.OK, Reading("v1", {"0": EngineReading(2, 0, 0.5, {"generation_tokens": 500.0})},
+                                                process_start=1000.0, step_seconds=100.0))
+    looks: list[float] = []
+
+    def observe(_target: Any) -> Observation:
+        looks.append(real[0])
+        if len(looks) == 2:
+            wall[0] += 600.0                 # NTP steps the wall clock forward 10 minutes
+        return frozen
+
+    def sleep(s: float) -> None:
+        real[0] += s
+        wall[0] += s
+
+    fake_time = types.SimpleNamespace(sleep=sleep, monotonic=lambda: real[0], time=lambda: wall[0])
+    monkeypatch.setattr(check, "observe", observe)
+    monkeypatch.setattr(backend_io, "time", fake_time)
+    config = parse_config({"backends": [{"name": "a", "url": "http://127.0.0.1:9"}],
+                           "exporter": {"stall_ceiling": 900}})
+    v = backend_io.default_verifier(config)(config.backends[0])
+    assert v.outcome == "no_progress", v
+    assert looks[-1] - looks[0] >= 200 - 1e-6, (looks[-1] - looks[0], v.reason)
