@@ -1,14 +1,13 @@
 """One look at one rollout: settle its members' restarts, judge soaking canaries, roll back or go on.
 
 Level-based like the restart reconciler: a look re-reads the rollout, its members and the fleet from the
-store and does what they call for; nothing is remembered between looks but the store's rows (and, per
-process, when a canary was last measured: after a restart of ours the gate measures again at once). Every
-decision is audited with its reason and who started the rollout.
+store and does what they call for; only the store's rows outlive a look (and, per process, when a canary was
+first and last measured: a soak is counted on our monotonic clock, plan.soaked). Every decision is audited.
 
     1. settle (one transaction): a member whose restart ended moves on (a canary starts its soak, anyone
        else is done), failed or overdue -> the rollout rolls back;
-    2. gate (I/O outside any transaction): each soaking canary measured every `interval`; a failed check
-       rolls back; at the soak's end the summary passes it (DONE) or fails it;
+    2. gate (I/O outside any transaction): each soaking canary measured every `interval` and at the soak's
+       end; a failed check rolls back; at the soak's end the summary passes it (DONE) or fails it;
     3. act (one transaction): rolling back, every changed member gets its restart with its previous
        command (one not begun yet is called off); running, the next members get theirs (plan.choose);
        the end state once there is one.
@@ -72,6 +71,7 @@ class Procedure:
         self.ctx = ctx
         self._gate = gate
         self._measured: dict[tuple[int, str], float] = {}      # (rollout, canary) -> monotonic
+        self._soak_from: dict[tuple[int, str], tuple[float, float]] = {}   # -> first measured: mono, wall elapsed
         self._lock = threading.Lock()
         self._unsilence: set[str] = set()                        # called off in this look: silences to end
 
@@ -115,8 +115,9 @@ class Procedure:
         if end is None:
             return max(ctx.r.poll_interval, 0.1)
         with self._lock:                                # the gate's timings of a rollout that is over
-            for key in [k for k in self._measured if k[0] == rollout_id]:
-                del self._measured[key]
+            for key in [k for k in (*self._measured, *self._soak_from) if k[0] == rollout_id]:
+                self._measured.pop(key, None)
+                self._soak_from.pop(key, None)
         return None
 
     def _end_silences(self) -> None:
@@ -189,8 +190,10 @@ class Procedure:
                 continue
             key = (r.id, m.backend)
             t = ctx.clocks.mono()
-            elapsed = ctx.clocks.wall() - m.soak_started_at
+            wall_elapsed = ctx.clocks.wall() - m.soak_started_at
             with self._lock:
+                t0, then = self._soak_from.setdefault(key, (t, wall_elapsed))    # this process' first look
+                elapsed = plan.soaked(wall_elapsed, t - t0, then, bounds.interval + ctx.r.poll_interval)
                 last = self._measured.get(key)
                 if last is not None and t - last < bounds.interval and elapsed < r.soak:
                     continue          # measured at its interval, and at the soak's end whatever the interval

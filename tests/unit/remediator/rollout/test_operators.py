@@ -81,3 +81,46 @@ def test_a_claim_between_the_pause_and_the_rollouts_next_look_waits(tmp_path: Pa
     w.authority.work("a1")                               # the claim, before the rollout's look
     assert w.calls == [] and w.incident("a1").last_decision == "deferred_paused", w.incident("a1")
     assert "deferred_paused" in w.kinds("a1")
+
+
+def test_the_soak_is_not_cut_short_by_a_wall_clock_step(tmp_path: Path) -> None:
+    """The soak was timed on the wall clock: a step (NTP), or a takeover by a leader whose clock runs ahead,
+    ended it at once, and the canary passed after 2 s of real time."""
+    from llm_health.remediator.rollout.procedure import Procedure
+    from tests.support.fakes import FakeClock
+    from tests.support.remediator import build
+    from tests.unit.remediator.rollout.test_procedure import HOSTS
+
+    names = tuple(HOSTS)
+    doc = {"backends": [{"name": n, "url": f"http://127.0.0.1:{18100 + i}", "host": HOSTS[n],
+                         "restart": [f"restart-{n}"]} for i, n in enumerate(names)],
+           "remediator": {"state": "state.db", "token_file": "token", "verify_interval": 0.2, "poll_interval": 0.1,
+                          "warmup_timeout": 100, "warmup_poll": 5, "action_timeout": 30, "drain_timeout": 60,
+                          "stalled_drain_timeout": 5, "min_ready": 2,
+                          "rollout": {"prometheus_url": "http://127.0.0.1:9", "gate_interval": 1}}}
+    mono = FakeClock(5000.0)
+    w = build(tmp_path, doc, outcomes=dict.fromkeys(names, "no_progress"), ready=dict.fromkeys(names, True),
+              scripted_serving=True, holder="test", first_look=True, mono=mono)
+    for n in names:
+        w.work[n] = 0.0
+    gate = Gate()
+    w.authority.rollouts = Procedure(w.authority.ctx, gate)
+    rid = w.client.post("/api/rollouts", json={"command": NEW, "by": "ops", "reason": "v2", "soak": 600},
+                        headers=AUTH).get_json()["id"]
+    for _ in range(40):
+        if steps(w, rid)["a1"] == "soaking":
+            break
+        w.run(1)
+        w.clock.advance(0.5)
+        mono.advance(0.5)
+    assert steps(w, rid)["a1"] == "soaking"
+    w.clock.advance(600)          # the wall clock steps; 2 s of real (monotonic) time pass below
+    for _ in range(4):
+        w.run(1)
+        mono.advance(0.5)
+    assert gate.summaries == [] and steps(w, rid)["a1"] == "soaking", (gate.summaries, steps(w, rid))
+    for _ in range(32):           # the rest of the soak, on the monotonic clock (and the wall clock with it)
+        w.run(1)
+        mono.advance(20)
+        w.clock.advance(20)
+    assert steps(w, rid)["a1"] == "done" and gate.summaries[0][2] == 600
