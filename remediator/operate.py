@@ -21,6 +21,7 @@ from llm_health.remediator.store import (
     AdminState,
     Incident,
     IncidentState,
+    MemberStep,
     StateStore,
     Transaction,
 )
@@ -52,7 +53,19 @@ def facts(tx: Transaction, config: Config, req: Request) -> CommandFacts:
                         incident=inc.state if inc is not None else None, ready_others=ready_others,
                         min_ready=config.remediator.min_ready, force=req.force,
                         restart_configured=backend is not None and has_restart(backend),
-                        command_change=_command_change(inc))
+                        command_change=_command_change(inc), rollout_member=_rollout_member(tx, req.backend))
+
+
+#: a member in these steps is not done with its rollout (retiring it fails the rollout)
+UNFINISHED = frozenset({MemberStep.PENDING, MemberStep.RESTARTING, MemberStep.SOAKING, MemberStep.ROLLING_BACK})
+
+
+def _rollout_member(tx: Transaction, backend: str) -> str:
+    for r in tx.active_rollouts():
+        for m in tx.rollout_members(r.id):
+            if m.backend == backend and m.step in UNFINISHED:
+                return f"rollout {r.id} ({r.state.value}; {backend} {m.step.value})"
+    return ""
 
 
 def _command_change(inc: Incident | None) -> str | None:

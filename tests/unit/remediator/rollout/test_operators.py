@@ -124,3 +124,17 @@ def test_the_soak_is_not_cut_short_by_a_wall_clock_step(tmp_path: Path) -> None:
         mono.advance(20)
         w.clock.advance(20)
     assert steps(w, rid)["a1"] == "done" and gate.summaries[0][2] == 600
+
+
+def test_retiring_a_member_that_is_not_done_is_refused_and_the_rollout_goes_on(tmp_path: Path) -> None:
+    """It was taken: the rollout then asked for the retired b2's restart, which was refused, and rolled back
+    every changed member (each restarted once more)."""
+    w = world(tmp_path, Gate())
+    rid = start(w).get_json()["id"]
+    w.run_until(lambda: steps(w, rid)["a1"] == "done", "the canary passed", timeout=60)
+    retire = {"by": "ops", "reason": "bad DIMM, out for good"}
+    r = w.client.post("/api/backends/b2/retire", json=retire, headers=AUTH)
+    assert r.status_code == 409 and f"rollout {rid}" in r.get_json()["error"], r.get_json()
+    w.run_until(lambda: rollout(w, rid)["state"] not in ("running", "paused"), "the rollout ended", timeout=60)
+    assert rollout(w, rid)["state"] == "succeeded", (rollout(w, rid)["note"], steps(w, rid))
+    assert w.client.post("/api/backends/b2/retire", json=retire, headers=AUTH).status_code == 200   # done now
