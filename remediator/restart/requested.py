@@ -28,7 +28,7 @@ from llm_health.remediator.restart.draining import drain_lost, in_flight_now
 from llm_health.remediator.restart.gates import concurrency_gate, facts, floor_gate, host_gate
 from llm_health.remediator.restart.notes import note
 from llm_health.remediator.restart.result import DONE, LookAgain, StepResult
-from llm_health.remediator.restart.silences import silence_safely, unsilence_safely
+from llm_health.remediator.restart.silences import silence_safely, unsilence_fenced
 from llm_health.remediator.rollout.plan import CALLED_OFF
 from llm_health.remediator.store import Incident, IncidentState, Reads, RolloutState, Transaction
 
@@ -98,7 +98,7 @@ def called_off(ctx: Context, inc: Incident, backend: Backend, state: IncidentSta
         if current is not None and why:
             call_off(tx, current, backend.name, why, ctx.clocks.wall())
     if why:
-        unsilence_safely(ctx, backend.name)        # the drain's silence: its alerts page people again
+        unsilence_fenced(ctx, backend.name)        # the drain's silence: its alerts page people again
     return True
 
 

@@ -23,7 +23,7 @@ from llm_health.remediator.lifecycle import LifecycleState
 from llm_health.remediator.restart.context import Context
 from llm_health.remediator.restart.gates import gate_states
 from llm_health.remediator.restart.requested import call_off
-from llm_health.remediator.restart.silences import unsilence_safely
+from llm_health.remediator.restart.silences import unsilence_fenced
 from llm_health.remediator.restart.warmup import WARMUP_TIMEOUT
 from llm_health.remediator.rollout import plan
 from llm_health.remediator.rollout.gate import Bounds, GateVerdict, Measurement, Summary, final, watch
@@ -124,7 +124,7 @@ class Procedure:
         with self._lock:
             names, self._unsilence = self._unsilence, set()
         for name in sorted(names):
-            unsilence_safely(self.ctx, name)
+            unsilence_fenced(self.ctx, name)     # a holder deposed since expires none (the new one's among them)
 
     # -- 1. settle ---------------------------------------------------------------------------------------
     def _settle(self, tx: Transaction, r: Rollout, members: list[RolloutMember], now: float) -> None:

@@ -263,3 +263,24 @@ def test_a_deposed_lifecycle_look_does_not_delay_that_backend_in_the_next_term(w
     w.pass_time(a.lease.ttl + 10)
     assert a.lease.renew()
     assert "gpu-a" in a.lifecycles.due()
+
+
+def test_a_deposed_authority_expires_no_silence_after_calling_a_rollouts_restart_off(
+        tmp_path: Path, am: Alertmanager) -> None:
+    """A rollout's call-off (a pause, a rollback) and the claim's own call-off end the drain's silence after
+    their transaction: a holder deposed in between expired them all, the new holder's silence among them."""
+    from llm_health.remediator.rollout.procedure import Procedure
+
+    w = four_backends(tmp_path, alertmanager_url=am.url)
+    try:
+        successor(w)
+        theirs = str(uuid.uuid4())
+        with w.store.tx() as tx:                        # the new holder's silence for its work on gpu-a
+            tx.add_silence(Silence(theirs, "gpu-a", None, w.clock(), w.clock() + 3600))
+        proc = Procedure(w.authority.ctx)
+        proc._unsilence.add("gpu-a")                    # called off in the look's transaction, before the lapse
+        with pytest.raises(NotLeading):
+            proc._end_silences()
+        assert am.deletes == [] and [s.id for s in w.store.active_silences("gpu-a")] == [theirs]
+    finally:
+        w.close()
