@@ -26,6 +26,9 @@ __all__ = ["HttpFailure", "Response", "Target", "observe", "answers",
            "first_model", "first_model_entry", "load_api_key"]
 
 USER_AGENT = "llm-health-exporter"
+#: the most of one answer a backend may send: a /metrics page of a real server is well under 1 MiB (a few
+#: engines' histograms); parsing a 28 MiB one held the GIL for 3.5 s
+PAGE_MAX_BYTES = 8 * 1024 * 1024
 START_HEADER = "Process-Start-Time-Unix"  # llama-server: changes on every restart (no identity series)
 
 
@@ -34,7 +37,7 @@ class Target(_Target):
     of the context size of the process that answers (asked again after a restart)."""
 
     def __init__(self, url: str, timeout: float, api_key: str = "") -> None:
-        super().__init__(url, timeout, api_key, user_agent=USER_AGENT)
+        super().__init__(url, timeout, api_key, user_agent=USER_AGENT, max_bytes=PAGE_MAX_BYTES)
         self.context: tuple[float | None, float] | None = None    # (start header, context tokens)
 
 

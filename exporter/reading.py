@@ -62,6 +62,10 @@ VLLM_COUNTERS = {
     "vllm:prefix_cache_queries_total": "prefix_cache_queries",
     "vllm:gpu_prefix_cache_queries_total": "gpu_prefix_cache_queries",
 }
+#: a page with more engines than this is refused (an error, not a reading): real servers have a few (data
+#: parallel ranks); a page inventing 300 000 engine labels took judge() 1.7 s on the scheduler's thread
+MAX_ENGINES = 512
+
 VLLM_RUNNING = "vllm:num_requests_running"
 VLLM_WAITING = "vllm:num_requests_waiting"
 VLLM_KV = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
@@ -382,6 +386,8 @@ def from_page(page: Page, start_header: float | None = None) -> Reading:
             if eng.kv_usage is None and s.value >= 0:
                 eng.kv_usage = s.value
     engines.pop(SERVER, None)  # server-wide gauges (none known) do not make an engine
+    if len(engines) > MAX_ENGINES:
+        raise ValueError(f"{len(engines)} engines on one page (more than {MAX_ENGINES}): not judged")
     if reading.server:
         for eng in engines.values():
             if not eng.counters:

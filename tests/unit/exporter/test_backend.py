@@ -140,3 +140,46 @@ def test_first_model_entry_and_first_model(server, route: tuple[int, bytes], ent
     else:
         assert first_model(target) == model
     target.close()
+
+
+def _page_server(body: bytes) -> Loopback:
+    class Page(QuietHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    return Loopback(Page)
+
+
+def test_a_page_inventing_engines_by_the_thousand_is_an_error_never_judged() -> None:
+    """300 000 `engine` label values under the size cap made 300 000 engine readings: judge() took 1.7 s on
+    the scheduler's only thread, under its lock, and the state kept half a GB. One hostile backend."""
+    from llm_health.exporter.reading import MAX_ENGINES
+
+    rows = "".join(f'vllm:num_requests_running{{engine="{i}"}} 1\nvllm:generation_tokens_total{{engine="{i}"}} 5\n'
+                   for i in range(MAX_ENGINES + 1))
+    srv = _page_server(("# HELP vllm:num_requests_running x\n" + rows).encode())
+    target = Target(srv.url, 5.0)
+    try:
+        obs = observe(target)
+        assert obs.outcome == ReadResult.ERROR and "engines on one page" in obs.detail, obs
+    finally:
+        target.close()
+        srv.stop()
+
+
+def test_a_page_over_the_exporters_cap_is_an_error() -> None:
+    from llm_health.exporter.backend import PAGE_MAX_BYTES
+
+    srv = _page_server(b"# " + b"x" * PAGE_MAX_BYTES + b"\n")
+    target = Target(srv.url, 5.0)
+    try:
+        obs = observe(target)
+        assert obs.outcome == ReadResult.ERROR and f"larger than {PAGE_MAX_BYTES}" in obs.detail, obs
+    finally:
+        target.close()
+        srv.stop()
