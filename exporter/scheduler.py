@@ -16,8 +16,12 @@
 * **Probes.** Right after a fresh reading that shows no work, at most one probe in flight per backend
   and at most one per `max(interval, probe_every)` (measured between the scheduled times of the
   readings that sent them). A finished probe's result is judged with the backend's next reading.
-  Probes are counted when sent (`probes_sent`) and by result when they finish.
-* **Threads.** The scheduler thread owns all backend state; workers only do I/O and then post the
+  Probes are counted when sent (`probes_sent`) and by result when they finish. The fleet's probes share
+  one pool: a probe goes out only while the idle page it was decided on is still the backend's latest
+  and fresh (else it is not sent: `probes["not_sent"]`), so one that waited behind hung servers' probes
+  never reaches a server that took work meanwhile.
+* **Threads.** The scheduler thread owns all backend state (a probe worker reads it and counts its own
+  probe); workers only do I/O and then post the
   backend to the scheduler's queue. Every exchange has a total deadline (llm_health/http_client.py),
   so a worker is held for at most its timeout, even by a server that drips its answer.
 * **Lanes: no group of backends can take the readers over.** Reads and /health checks run in two
@@ -55,6 +59,7 @@ from llm_health.exporter.backend import MODELS, Target, answers, observe
 from llm_health.exporter.observation import Observation, ProbeOutcome, ProbeResult, ReadResult
 from llm_health.exporter.pool import Lane
 from llm_health.exporter.probe import Prober
+from llm_health.exporter.reading import Reading
 from llm_health.exporter.verdict import (
     BackendState,
     Thresholds,
@@ -68,6 +73,8 @@ from llm_health.exporter.verdict import (
 
 READ_WORKERS = 256       # reads, /health checks and proxy checks in flight at once, per lane
 PROBE_WORKERS = 64       # probes in flight at once, whole fleet
+#: probes.get(NOT_SENT): probes that waited in the pool past their idle page and were never sent
+NOT_SENT = "not_sent"
 SLACK = 0.05             # a read's deadline: read_timeout after it started, plus this
 # verdict changes between these two are routine (every burst of requests): logged at DEBUG only
 ROUTINE = frozenset({Verdict.IDLE, Verdict.BUSY})
@@ -471,8 +478,11 @@ class ReadScheduler:
                 result = probe.result()
             except Exception as exc:  # noqa: BLE001
                 result = ProbeResult("error", f"{type(exc).__name__}: {exc}")
-            slot.probes[result.outcome] = slot.probes.get(result.outcome, 0) + 1
-            obs = replace(obs, probe=result)
+            if result is None:                  # it waited in the pool past its page: not sent
+                slot.probes[NOT_SENT] = slot.probes.get(NOT_SENT, 0) + 1
+            else:
+                slot.probes[result.outcome] = slot.probes.get(result.outcome, 0) + 1
+                obs = replace(obs, probe=result)
         slot.readings[obs.outcome] = slot.readings.get(obs.outcome, 0) + 1
         slot.last_outcome = obs.outcome
         started = read.started if read.started is not None else read.submitted
@@ -490,9 +500,19 @@ class ReadScheduler:
         fresh = read.finished is not None and now - read.finished <= self.settings.read_timeout
         if fresh and self._may_probe(slot, obs, read.due):
             slot.last_probe_due = read.due
-            slot.probes_sent += 1
-            slot.probe = self._probes.submit(slot.prober.probe)
+            slot.probe = self._probes.submit(self._probe_if_still_idle, slot, slot.state.last,
+                                             now + self.settings.read_timeout)
         self._publish(slot)
+
+    def _probe_if_still_idle(self, slot: BackendSlot, idle: Reading | None, admit_by: float) -> ProbeResult | None:
+        """In a probe worker: the probe goes out (and is counted) only while the idle page it was decided on
+        is still the backend's latest judged reading and no older than a read timeout. Probes of the whole
+        fleet share one pool: one that waited there behind others (hung servers' probes at probe_timeout)
+        must not reach a server that has taken work since. None: not sent."""
+        if idle is None or slot.state.last is not idle or self.monotonic() > admit_by:
+            return None
+        slot.probes_sent += 1          # this worker is its one writer; counted before it goes out
+        return slot.prober.probe()
 
     @staticmethod
     def _taken(read: Job, started: float, obs: Observation, now: float) -> float:

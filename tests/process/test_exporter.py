@@ -519,7 +519,7 @@ def test_probes_are_spaced_by_probe_every_and_one_at_a_time(sim) -> None:
         slot.probe.set_result(None)
         slot.probe = None
         fleet.read_all(due=101.0)
-        assert slot.probes_sent == 5
+        wait_until(lambda: slot.probes_sent == 5, timeout=5, what="the fifth probe sent (counted by its worker)")
     finally:
         fleet.close()
 

@@ -100,3 +100,34 @@ def test_a_stalled_llamacpp_is_published_as_read_from_its_loop(fake) -> None:
         assert "page_is_work_queue" not in row
     finally:
         fleet.close()
+
+
+def test_a_probe_that_waited_in_the_pool_never_reaches_a_server_that_took_work(fake) -> None:
+    """The fleet's probes share one pool of PROBE_WORKERS: with that many idle servers' probes hanging until
+    probe_timeout, a healthy backend's probe waited behind them and went out after its server had taken
+    work, though the exporter's next reading already showed 2 running."""
+    import threading
+
+    from llm_health.exporter import scheduler as sched
+
+    good_srv = fake()
+    fleet = ReadScheduler([Backend(name="good", url=good_srv.url)], [],
+                          ExporterSettings(interval=0.5, read_timeout=1.0, probe_timeout=3.0))
+    release = threading.Event()
+    try:
+        hanging = [fleet._probes.submit(release.wait, 10.0) for _ in range(sched.PROBE_WORKERS)]  # hung probes
+        good = fleet.backends[0]
+        fleet.read_all(due=0.0)                 # good reads idle: its probe is queued behind them
+        assert good.probe is not None and not good.probe.done() and good.probes_sent == 0
+        good_srv.set("0", running=2, gen=150)
+        fleet.read_all(due=0.5)
+        assert good.state.in_flight == 2        # the exporter knows it is busy now
+        release.set()
+        wait_until(lambda: all(h.done() for h in hanging) and good.probe is not None and good.probe.done(),
+                   timeout=10, what="the queued probe's turn")
+        assert good_srv.probes == 0 and good.probes_sent == 0, "a probe reached a server with 2 running"
+        fleet.read_all(due=1.0)
+        assert good.probes.get("not_sent") == 1
+    finally:
+        release.set()
+        fleet.close()
