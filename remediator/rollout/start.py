@@ -127,9 +127,6 @@ def parse_request(data: Any, config: Config) -> RolloutRequest:
         bounds = Bounds.from_dict({**base, **gate, **({"pass_without_traffic": True} if pass_without else {})})
     except BoundsError as exc:
         raise RequestError(str(exc)) from exc
-    if bounds.interval > soak:
-        raise RequestError(f"gate.interval ({bounds.interval:g}s) must not be longer than the soak ({soak:g}s): "
-                           "the canary would be measured once and its soak would never end")
     return RolloutRequest(argv=tuple(argv), by=_text(data, "by"), reason=_text(data, "reason"),
                           canary=_whole(data, "canary", ro.canary, 1), per_host=per_host, soak=float(soak),
                           bounds=bounds, backends=tuple(backends))
