@@ -126,6 +126,8 @@ class Sleep(StrEnum):
     WEIGHTS_OFFLOADED = "weights_offloaded"   # vLLM sleep level 1
     DISCARD_ALL = "discard_all"               # vLLM sleep level 2
     ASLEEP = "asleep"                         # llama.cpp /props is_sleeping (--sleep-idle-seconds)
+    PARTLY = "partly"                         # vLLM, several engines: some asleep, some awake (going to
+                                              # sleep or waking): not asleep, never probed
 
     @property
     def asleep(self) -> bool:
@@ -429,19 +431,23 @@ def _bucket_counts(buckets: dict[str, list[tuple[float, float]]]) -> tuple[tuple
 
 
 def _sleep_state(states: dict[str, dict[str, float]]) -> Sleep:
-    """Asleep only when every engine that reports the gauge says so (awake = 0); the deepest level wins."""
+    """Asleep only when every engine that reports the gauge says so (awake = 0); the deepest level wins.
+    Some engines awake and others asleep is PARTLY (a probe could be routed to a sleeping one)."""
     if not states:
         return Sleep.UNKNOWN
     levels: list[Sleep] = []
+    awake = 0
     for per_engine in states.values():
         if per_engine.get("awake", 1.0) != 0.0:
-            return Sleep.AWAKE
-        if per_engine.get("discard_all", 0.0) == 1.0:
+            awake += 1
+        elif per_engine.get("discard_all", 0.0) == 1.0:
             levels.append(Sleep.DISCARD_ALL)
         elif per_engine.get("weights_offloaded", 0.0) == 1.0:
             levels.append(Sleep.WEIGHTS_OFFLOADED)
         else:
             return Sleep.UNKNOWN                  # awake = 0 and no level: not a state vLLM writes
+    if awake:
+        return Sleep.PARTLY if levels else Sleep.AWAKE
     return Sleep.DISCARD_ALL if Sleep.DISCARD_ALL in levels else Sleep.WEIGHTS_OFFLOADED
 
 

@@ -297,7 +297,7 @@ def may_probe_engine(reading: Reading) -> bool:
     """Whether the engine's own state allows a generation request (the caller checks there is no work):
     never while it sleeps (a completion can crash a sleeping vLLM and wakes a sleeping llama.cpp, a
     model load), and on llama.cpp only once /props said it is awake (its page cannot say)."""
-    if reading.asleep:
+    if reading.asleep or reading.sleep is Sleep.PARTLY:
         return False
     return reading.flavour != "llamacpp" or reading.sleep is Sleep.AWAKE
 

@@ -441,3 +441,27 @@ def test_an_engine_without_any_progress_series_is_never_stalled() -> None:
     state = _judged(_page("2", kv=None, gen=None), 12)
     assert state.verdict == Verdict.UNKNOWN and "no progress series" in state.reason, state.reason
     assert _judged(_page("2", kv=None), 12).verdict == Verdict.STALLED     # one counter is enough
+
+
+def _sleep_rows(*states: str) -> str:
+    out = ""
+    for i, state in enumerate(states):
+        for level in ("awake", "weights_offloaded", "discard_all"):
+            out += f'vllm:engine_sleep_state{{engine="{i}",sleep_state="{level}"}} {1 if level == state else 0}\n'
+    return out
+
+
+def test_a_server_with_some_engines_asleep_is_never_probed() -> None:
+    """Data parallel, one engine asleep and one awake (going to sleep, or waking): it read as awake, and a
+    probe could be routed to the sleeping engine (a completion can crash a sleeping vLLM)."""
+    from llm_health.exporter.reading import Sleep
+    from llm_health.exporter.verdict import may_probe_engine
+
+    gauges = "".join(f'vllm:num_requests_running{{engine="{i}"}} 0\nvllm:num_requests_waiting{{engine="{i}"}} 0\n'
+                     f'vllm:generation_tokens_total{{engine="{i}"}} 5\n' for i in range(2))
+    mixed = read_text(HEAD + gauges + _sleep_rows("awake", "weights_offloaded"))
+    assert mixed.sleep is Sleep.PARTLY and not mixed.asleep and not may_probe_engine(mixed)
+    awake = read_text(HEAD + gauges + _sleep_rows("awake", "awake"))
+    assert awake.sleep is Sleep.AWAKE and may_probe_engine(awake)
+    asleep = read_text(HEAD + gauges + _sleep_rows("discard_all", "weights_offloaded"))
+    assert asleep.sleep is Sleep.DISCARD_ALL and asleep.asleep
