@@ -13,6 +13,7 @@ on `/v1/*` requests; `/metrics` and `/health` stay unauthenticated, as in vLLM.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,17 +50,26 @@ MODELS = ("/v1/models",)
 CHEAP = ("/health", "/v1/models")
 
 
-def answers(target: Target, paths: tuple[str, ...] = HEALTH) -> bool:
-    """Does the server's HTTP side live? True when one of `paths` answers 200 within the target's
-    deadline (no generation involved): `/health` after a timeout, `/health` or `/v1/models` when the page
-    has no engine metrics, `/v1/models` through a proxy."""
+def answers(target: Target, paths: tuple[str, ...] = HEALTH, timeout: float | None = None) -> bool:
+    """Does the server's HTTP side live? True when one of `paths` answers 200 (no generation involved):
+    `/health` after a timeout, `/health` or `/v1/models` when the page has no engine metrics, `/v1/models`
+    through a proxy. All of them within `timeout` (default: the target's), one deadline for the lot."""
+    deadline = time.monotonic() + (target.timeout if timeout is None else timeout)
     for path in paths:
+        left = deadline - time.monotonic()
+        if left <= 0.05:
+            break
         try:
-            if target.get(path).status == 200:
+            if target.get(path, timeout=left).status == 200:
                 return True
         except HttpFailure:
             continue
     return False
+
+
+def _cheap(target: Target, left: float) -> bool | None:
+    """The cheap endpoints within what is left of the reading's deadline; None: no time left to ask."""
+    return answers(target, CHEAP, left) if left > 0.05 else None
 
 
 def load_api_key(path: str | Path, where: str = "api_key_file") -> str:
@@ -81,8 +91,9 @@ def observe(target: Target) -> Observation:
         resp = target.get("/metrics")
     except HttpFailure as exc:
         return Observation(outcome=_KIND_TO_READ[exc.kind], detail=exc.detail)
+    left = target.timeout - resp.seconds      # the reading's one deadline covers the cheap endpoints too
     if resp.status == 404:
-        return Observation(outcome=ReadResult.NOT_FOUND, detail="404", cheap_ok=answers(target, CHEAP))
+        return Observation(outcome=ReadResult.NOT_FOUND, detail="404", cheap_ok=_cheap(target, left))
     if resp.status != 200:
         return Observation(outcome=ReadResult.ERROR, detail=f"HTTP {resp.status}")
     try:
@@ -90,9 +101,8 @@ def observe(target: Target) -> Observation:
     except Exception as exc:  # noqa: BLE001 - a parser bug must not kill the cycle
         return Observation(outcome=ReadResult.ERROR, detail=f"unreadable page: {exc}")
     if not reading.has_engine_metrics:
-        return Observation(outcome=ReadResult.OK, reading=reading, cheap_ok=answers(target, CHEAP))
+        return Observation(outcome=ReadResult.OK, reading=reading, cheap_ok=_cheap(target, left))
     if reading.flavour == "llamacpp":
-        left = target.timeout - resp.seconds
         reading = reading.with_props(llamacpp_props(target, reading, left))
     return Observation(outcome=ReadResult.OK, reading=reading)
 

@@ -183,3 +183,37 @@ def test_a_page_over_the_exporters_cap_is_an_error() -> None:
     finally:
         target.close()
         srv.stop()
+
+
+def test_a_page_without_engine_metrics_and_hung_cheap_endpoints_costs_one_read_timeout() -> None:
+    """/metrics answered without engine series, then /health and /v1/models each held the connection to the
+    target's timeout: one reading took up to three read timeouts, and the scheduler judged it a timeout."""
+    import threading
+
+    release = threading.Event()
+
+    class NoEngine(QuietHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:  # noqa: N802
+            if self.path != "/metrics":
+                release.wait(10)                 # hangs: the client's deadline ends it
+                return
+            body = b"# HELP up x\nup 1\n"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    srv = Loopback(NoEngine)
+    target = Target(srv.url, 2.0)
+    try:
+        started = time.monotonic()
+        obs = observe(target)
+        took = time.monotonic() - started
+        assert obs.outcome == ReadResult.OK and obs.cheap_ok is False, obs
+        assert took < 3.0, f"one reading took {took:.1f} s with a 2 s read timeout (a deadline, not a speed)"
+    finally:
+        release.set()
+        target.close()
+        srv.stop()
