@@ -166,11 +166,9 @@ def overdue(member: RolloutMember, now: float, limit: float) -> bool:
     return member.changed_at is not None and now - member.changed_at > limit
 
 
-def soaked(elapsed: float, counted: float, elapsed_then: float, slack: float) -> float:
-    """How long a canary has soaked, as far as this process can vouch: `elapsed` by the wall clock since the
-    stored start (any holder's clock), but never more than `counted` on this process' monotonic clock since it
-    first measured this soak, plus the wall time elapsed by then (`elapsed_then`) only when that was within
-    `slack` (this process saw the soak begin). A wall clock stepped forward, or a new leader whose clock runs
-    ahead, cannot end a soak early; after a takeover the new leader soaks the canary for the whole soak."""
-    start = elapsed_then if 0 <= elapsed_then <= slack else 0.0
-    return max(0.0, min(elapsed, counted + start))
+def soaked(elapsed: float, counted: float, elapsed_then: float) -> float:
+    """How long a canary has soaked: `elapsed` by the wall clock since its stored start, but in this process
+    never more than what the wall clock said when it first measured the soak (`elapsed_then`: a new worker
+    or a new leader goes on from the stored start) plus what its own monotonic clock counted since
+    (`counted`). A wall clock stepped forward during the soak cannot end it early."""
+    return max(0.0, min(elapsed, counted + max(0.0, elapsed_then)))

@@ -193,7 +193,7 @@ class Procedure:
             wall_elapsed = ctx.clocks.wall() - m.soak_started_at
             with self._lock:
                 t0, then = self._soak_from.setdefault(key, (t, wall_elapsed))    # this process' first look
-                elapsed = plan.soaked(wall_elapsed, t - t0, then, bounds.interval + ctx.r.poll_interval)
+                elapsed = plan.soaked(wall_elapsed, t - t0, then)
                 last = self._measured.get(key)
                 if last is not None and t - last < bounds.interval and elapsed < r.soak:
                     continue          # measured at its interval, and at the soak's end whatever the interval

@@ -4,6 +4,7 @@ a member's restart with the new command is asked for and has not begun (held by 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -78,9 +79,8 @@ def test_a_claim_between_the_pause_and_the_rollouts_next_look_waits(tmp_path: Pa
     assert "deferred_paused" in w.kinds("a1")
 
 
-def test_the_soak_is_not_cut_short_by_a_wall_clock_step(tmp_path: Path) -> None:
-    """The soak was timed on the wall clock: a step (NTP), or a takeover by a leader whose clock runs ahead,
-    ended it at once, and the canary passed after 2 s of real time."""
+def _soaking(tmp_path: Path, gate: Gate) -> tuple[Any, int, Any]:
+    """A rollout with a 600 s soak, its canary a1 soaking; the wall and monotonic clocks apart."""
     from llm_health.remediator.rollout.procedure import Procedure
     from tests.support.fakes import FakeClock
     from tests.support.remediator import build
@@ -98,7 +98,6 @@ def test_the_soak_is_not_cut_short_by_a_wall_clock_step(tmp_path: Path) -> None:
               scripted_serving=True, holder="test", first_look=True, mono=mono)
     for n in names:
         w.work[n] = 0.0
-    gate = Gate()
     w.authority.rollouts = Procedure(w.authority.ctx, gate)
     rid = w.client.post("/api/rollouts", json={"command": NEW, "by": "ops", "reason": "v2", "soak": 600},
                         headers=AUTH).get_json()["id"]
@@ -109,16 +108,42 @@ def test_the_soak_is_not_cut_short_by_a_wall_clock_step(tmp_path: Path) -> None:
         w.clock.advance(0.5)
         mono.advance(0.5)
     assert steps(w, rid)["a1"] == "soaking"
+    return w, rid, mono
+
+
+def _soak_for(w: Any, mono: Any, looks: int, seconds: float) -> None:
+    for _ in range(looks):
+        w.run(1)
+        mono.advance(seconds)
+        w.clock.advance(seconds)
+
+
+def test_the_soak_is_not_cut_short_by_a_wall_clock_step(tmp_path: Path) -> None:
+    """The soak was timed on the wall clock: a step (NTP) ended it at once, and the canary passed after 2 s of
+    real time."""
+    gate = Gate()
+    w, rid, mono = _soaking(tmp_path, gate)
     w.clock.advance(600)          # the wall clock steps; 2 s of real (monotonic) time pass below
     for _ in range(4):
         w.run(1)
         mono.advance(0.5)
     assert gate.summaries == [] and steps(w, rid)["a1"] == "soaking", (gate.summaries, steps(w, rid))
-    for _ in range(32):           # the rest of the soak, on the monotonic clock (and the wall clock with it)
-        w.run(1)
-        mono.advance(20)
-        w.clock.advance(20)
+    _soak_for(w, mono, 32, 20)    # the rest of the soak, on the monotonic clock (and the wall clock with it)
     assert steps(w, rid)["a1"] == "done" and gate.summaries[0][2] == 600
+
+
+def test_a_new_worker_goes_on_with_the_soak_from_its_stored_start(tmp_path: Path) -> None:
+    """A reload (gunicorn's new workers) or the lease moving between workers: the soak goes on from its
+    stored start, it does not begin again."""
+    from llm_health.remediator.rollout.procedure import Procedure
+
+    gate = Gate()
+    w, rid, mono = _soaking(tmp_path, gate)
+    _soak_for(w, mono, 29, 20)    # 580 s soaked
+    assert steps(w, rid)["a1"] == "soaking"
+    w.authority.rollouts = Procedure(w.authority.ctx, gate)
+    _soak_for(w, mono, 3, 20)
+    assert steps(w, rid)["a1"] == "done", "the soak started over in the new worker"
 
 
 def test_retiring_a_member_that_is_not_done_is_refused_and_the_rollout_goes_on(tmp_path: Path) -> None:
