@@ -15,8 +15,8 @@ operator state (AdminState) of the backend:
   OTHER backends READY and in service, the same rule an automatic restart follows (lifecycle.may_drain);
   `--force` overrides it and the event says so. A backend that serves nothing (not READY, or drained)
   costs no capacity.
-* Retire of a member of an active rollout that is not done yet is refused unless forced (the rollout would
-  ask for the retired backend's restart and roll back). Retire while a restart of ours is under way is
+* Retire of a member its active rollout may still restart (the next ones, and the changed ones should it
+  roll back) is refused unless forced: the rollout would ask for the retired backend's restart and fail. Retire while a restart of ours is under way is
   refused (the restart holds the backend's lifecycle and its host's mutex) unless forced: the restart then finishes and the backend stays out. Retiring closes an
   incident that waits (open, observed, needs_ack): a retired backend is out of every decision.
 * restart asks the authority for a restart (an incident `requested_by` the operator: remediator/restart/
@@ -68,7 +68,7 @@ class CommandFacts:
     #: the active incident is a restart that changes the backend's command (a rollout's, or its rollback's):
     #: the rollout's id ("" for a rollback's), else None
     command_change: str | None = None
-    #: an active rollout this backend is a member of, not done yet ("rollout 4 (running; b2 pending)"), or ""
+    #: an active rollout that may still restart this member ("rollout 4 (running; b2 pending)"), or ""
     rollout_member: str = ""
 
 
@@ -125,9 +125,9 @@ def plan(command: Command, f: CommandFacts) -> Plan:
             return Plan(None, "already retired")
         if f.rollout_member and not f.force:
             # a rollout asks for a retired member's restart, which is refused, and the rollout rolls back
-            return Plan(None, f"a member of {f.rollout_member} that is not done: abort the rollout first (its "
-                        "changed members go back), or wait for it, or --force (the rollout then rolls back)",
-                        Refusal.CONFLICT)
+            return Plan(None, f"a member of {f.rollout_member} that its rollout may still restart: wait for the "
+                        "rollout to end (or abort it and wait for its rollback), or --force (the rollout then "
+                        "fails)", Refusal.CONFLICT)
         restarting = f.incident in RESTART_UNDER_WAY
         if restarting and not f.force:
             return Plan(None, f"a restart of ours is under way (incident {f.incident}); retire it when it is "

@@ -22,6 +22,7 @@ from llm_health.remediator.store import (
     Incident,
     IncidentState,
     MemberStep,
+    RolloutState,
     StateStore,
     Transaction,
 )
@@ -53,25 +54,39 @@ def facts(tx: Transaction, config: Config, req: Request) -> CommandFacts:
                         incident=inc.state if inc is not None else None, ready_others=ready_others,
                         min_ready=config.remediator.min_ready, force=req.force,
                         restart_configured=backend is not None and has_restart(backend),
-                        command_change=_command_change(inc), rollout_member=_rollout_member(tx, req.backend))
+                        command_change=_command_change(tx, inc), rollout_member=_rollout_member(tx, req.backend))
 
 
-#: a member in these steps is not done with its rollout (retiring it fails the rollout)
-UNFINISHED = frozenset({MemberStep.PENDING, MemberStep.RESTARTING, MemberStep.SOAKING, MemberStep.ROLLING_BACK})
+#: a member in these steps may still be restarted by its rollout: the next ones while it runs (or is
+#: paused), and the changed ones if it rolls back; a retired backend's restart is refused, and the rollout
+#: then fails (rolls back, or ends `failed` when its rollback cannot be done)
+STILL_RESTARTED = {
+    RolloutState.RUNNING: frozenset({MemberStep.PENDING, MemberStep.RESTARTING, MemberStep.SOAKING, MemberStep.DONE}),
+    RolloutState.PAUSED: frozenset({MemberStep.PENDING, MemberStep.RESTARTING, MemberStep.SOAKING, MemberStep.DONE}),
+    RolloutState.ROLLING_BACK: frozenset({MemberStep.RESTARTING, MemberStep.SOAKING, MemberStep.DONE,
+                                          MemberStep.ROLLING_BACK}),
+}
 
 
 def _rollout_member(tx: Transaction, backend: str) -> str:
     for r in tx.active_rollouts():
         for m in tx.rollout_members(r.id):
-            if m.backend == backend and m.step in UNFINISHED:
+            if m.backend == backend and m.step in STILL_RESTARTED.get(r.state, frozenset()):
                 return f"rollout {r.id} ({r.state.value}; {backend} {m.step.value})"
     return ""
 
 
-def _command_change(inc: Incident | None) -> str | None:
-    if inc is None or inc.command is None:
+def _command_change(tx: Transaction, inc: Incident | None) -> str | None:
+    """A restart with another command that waits to begin (open): a rollout's while its rollout runs or is
+    paused, or a rollback's. Not one that began, nor one a rollout left behind (it is called off)."""
+    if inc is None or inc.command is None or inc.state != IncidentState.OPEN:
         return None
-    return "" if inc.command.rollout_id is None else str(inc.command.rollout_id)
+    if inc.command.rollout_id is None:
+        return ""
+    r = tx.rollout(inc.command.rollout_id)
+    if r is None or r.state not in (RolloutState.RUNNING, RolloutState.PAUSED):
+        return None
+    return str(inc.command.rollout_id)
 
 
 @dataclass(frozen=True)

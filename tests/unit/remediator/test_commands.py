@@ -100,7 +100,7 @@ def test_a_restart_by_hand_is_refused_while_a_rollouts_restart_with_another_comm
 def test_retiring_a_member_of_an_active_rollout_that_is_not_done_is_refused_unless_forced() -> None:
     member = "rollout 3 (running; b2 pending)"
     p = plan(C.RETIRE, CommandFacts(A.IN_SERVICE, S.READY, None, 2, 1, rollout_member=member))
-    assert p.refused == Refusal.CONFLICT and member in p.reason and "abort the rollout" in p.reason
+    assert p.refused == Refusal.CONFLICT and member in p.reason and "wait for the rollout" in p.reason
     forced = plan(C.RETIRE, CommandFacts(A.IN_SERVICE, S.READY, None, 2, 1, force=True, rollout_member=member))
     assert forced.refused is None and forced.target == A.RETIRED
     assert plan(C.DRAIN, CommandFacts(A.IN_SERVICE, S.READY, None, 2, 1, rollout_member=member)).target == A.DRAINED

@@ -158,3 +158,41 @@ def test_retiring_a_member_that_is_not_done_is_refused_and_the_rollout_goes_on(t
     w.run_until(lambda: rollout(w, rid)["state"] not in ("running", "paused"), "the rollout ended", timeout=60)
     assert rollout(w, rid)["state"] == "succeeded", (rollout(w, rid)["note"], steps(w, rid))
     assert w.client.post("/api/backends/b2/retire", json=retire, headers=AUTH).status_code == 200   # done now
+
+
+def test_a_restart_by_hand_after_a_failed_rollout_is_taken(tmp_path: Path) -> None:
+    """The backend a failed rollout left needing a person still carries the rollback's command: the
+    refusal above took it for a restart waiting to begin, and `ctl restart` (even forced) was refused for
+    good, though the rollout was over."""
+    w = world(tmp_path, Gate())
+    rid = start(w).get_json()["id"]
+    w.ready["a1"] = False
+    w.run_until(lambda: w.calls, "a1 restarted with the new command")
+    w.clock.advance(200)
+    w.run(3)
+    w.run_until(lambda: len(w.calls) >= 2, "the rollback restart ran", timeout=60)
+    w.clock.advance(200)
+    w.run_until(lambda: rollout(w, rid)["state"] == "failed", "the rollout failed", timeout=60)
+    assert w.incident("a1").state.value == "needs_ack"
+    w.ready["a1"] = True
+    r = w.client.post("/api/backends/a1/restart", json={"by": "ops", "reason": "host repaired"}, headers=AUTH)
+    assert r.status_code == 200, r.get_json()
+
+
+def test_retiring_a_done_member_of_a_running_rollout_is_refused_so_its_rollback_can_be_done(
+        tmp_path: Path) -> None:
+    """A done member retired while the rollout ran: when the rollout then rolled back, its rollback restart
+    was refused (retired), the member ended rollback_failed and the rollout `failed` (paged, and new
+    rollouts blocked until acknowledged)."""
+    from llm_health.remediator import action
+
+    w = world(tmp_path, Gate())
+    rid = start(w).get_json()["id"]
+    w.run_until(lambda: steps(w, rid)["a1"] == "done", "the canary passed", timeout=60)
+    r = w.client.post("/api/backends/a1/retire", json={"by": "ops", "reason": "bad DIMM"}, headers=AUTH)
+    assert r.status_code == 409 and f"rollout {rid}" in r.get_json()["error"], r.get_json()
+    w.result = action.ActionResult(action.FAILED, 3, "no such version")
+    w.run_until(lambda: rollout(w, rid)["state"] == "rolling_back", "rolling back", timeout=60)
+    w.result = action.ActionResult(action.OK, 0, "ok")
+    w.run_until(lambda: rollout(w, rid)["state"] not in ("running", "paused", "rolling_back"), "ended", timeout=60)
+    assert rollout(w, rid)["state"] == "rolled_back", (rollout(w, rid)["note"], steps(w, rid))
