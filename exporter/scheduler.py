@@ -59,7 +59,6 @@ from llm_health.exporter.backend import MODELS, Target, answers, observe
 from llm_health.exporter.observation import Observation, ProbeOutcome, ProbeResult, ReadResult
 from llm_health.exporter.pool import Lane
 from llm_health.exporter.probe import Prober
-from llm_health.exporter.reading import Reading
 from llm_health.exporter.verdict import (
     BackendState,
     Thresholds,
@@ -158,6 +157,7 @@ class BackendSlot:
     read_seconds: float = 0.0
     lag_seconds: float = 0.0
     judged_at: float = float("-inf")           # the verdict's `now` at its last judgement (monotonic)
+    judgements: int = 0                        # judged readings so far (a probe goes out only if none since)
     view: BackendView | None = None
 
 
@@ -370,6 +370,8 @@ class ReadScheduler:
     def _tick(self, slot: BackendSlot, now: float) -> None:
         """Whatever is due for this backend now: settle its read, start the next one if it is time."""
         self._settle(slot)
+        if slot.view is not None and slot.view.probes_sent != slot.probes_sent:
+            self._publish(slot)                 # a probe went out since the last judgement
         if self._started is not None and slot.next_due <= now:
             self._start_read(slot, slot.next_due)
             slot.next_due += self.interval
@@ -470,6 +472,7 @@ class ReadScheduler:
 
     def _judge(self, slot: BackendSlot, obs: Observation, read: Job) -> None:
         slot.judged = True
+        slot.judgements += 1
         now = self.monotonic()
         probe = slot.probe
         if probe is not None and probe.done():
@@ -500,18 +503,19 @@ class ReadScheduler:
         fresh = read.finished is not None and now - read.finished <= self.settings.read_timeout
         if fresh and self._may_probe(slot, obs, read.due):
             slot.last_probe_due = read.due
-            slot.probe = self._probes.submit(self._probe_if_still_idle, slot, slot.state.last,
+            slot.probe = self._probes.submit(self._probe_if_still_idle, slot, slot.judgements,
                                              now + self.settings.read_timeout)
         self._publish(slot)
 
-    def _probe_if_still_idle(self, slot: BackendSlot, idle: Reading | None, admit_by: float) -> ProbeResult | None:
-        """In a probe worker: the probe goes out (and is counted) only while the idle page it was decided on
-        is still the backend's latest judged reading and no older than a read timeout. Probes of the whole
-        fleet share one pool: one that waited there behind others (hung servers' probes at probe_timeout)
-        must not reach a server that has taken work since. None: not sent."""
-        if idle is None or slot.state.last is not idle or self.monotonic() > admit_by:
+    def _probe_if_still_idle(self, slot: BackendSlot, decided_at: int, admit_by: float) -> ProbeResult | None:
+        """In a probe worker: the probe goes out (and is counted) only while the idle reading it was decided
+        on is still the backend's latest judged one (no reading since, good or failed) and no older than a
+        read timeout. Probes of the whole fleet share one pool: one that waited there behind others (hung
+        servers' probes at probe_timeout) must not reach a server that has taken work since. None: not sent."""
+        if slot.judgements != decided_at or self.monotonic() > admit_by:
             return None
         slot.probes_sent += 1          # this worker is its one writer; counted before it goes out
+        self._events.put(slot)         # the scheduler publishes the count (_tick)
         return slot.prober.probe()
 
     @staticmethod

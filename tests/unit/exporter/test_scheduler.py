@@ -131,3 +131,73 @@ def test_a_probe_that_waited_in_the_pool_never_reaches_a_server_that_took_work(f
     finally:
         release.set()
         fleet.close()
+
+
+def test_a_probe_that_goes_out_is_counted_in_the_published_view_at_once(fake) -> None:
+    """Counted by the probe's worker when it goes out, the probe did not show in /metrics and /verdicts until
+    the backend's next judgement, an interval later: a probe that hangs the server was not in the count."""
+    import threading
+
+    from llm_health.exporter import scheduler as sched
+    from llm_health.exporter.observation import ProbeResult
+
+    srv = fake()
+    fleet = ReadScheduler([Backend(name="a", url=srv.url)], [],
+                          ExporterSettings(interval=0.5, read_timeout=1.0, probe_timeout=3.0))
+    entered, release, others = threading.Event(), threading.Event(), threading.Event()
+    slot = fleet.backends[0]
+
+    def hung_probe() -> ProbeResult:      # the probe went out and the server hangs on it
+        entered.set()
+        release.wait(10)
+        return ProbeResult("timeout", "no answer")
+
+    slot.prober.probe = hung_probe
+    try:
+        busy = [fleet._probes.submit(others.wait, 10.0) for _ in range(sched.PROBE_WORKERS)]  # other probes
+        fleet.read_all(due=0.0)            # idle page: the probe is queued behind the others
+        others.set()                       # theirs end at once: ours goes out, the page still fresh
+        wait_until(entered.is_set, timeout=5, what="the probe goes out")
+        assert all(b.done() for b in busy) and slot.probes_sent == 1
+
+        def published() -> int:
+            fleet._pump(0.05)              # the scheduler thread's loop (run_forever), one turn
+            return next(b for b in fleet.snapshot().backends if b.name == "a").probes_sent
+
+        wait_until(lambda: published() == 1, timeout=5, what="the probe in llm_health_probes_sent_total")
+    finally:
+        others.set()
+        release.set()
+        fleet.close()
+
+
+def test_no_probe_once_a_newer_look_failed(fake) -> None:
+    """The idle page was no longer the latest look once a newer read failed (check.py's verify refuses the
+    same); the queued probe still went out, to a server that had taken work."""
+    import threading
+
+    from llm_health.exporter import scheduler as sched
+
+    srv = fake()
+    fleet = ReadScheduler([Backend(name="a", url=srv.url)], [],
+                          ExporterSettings(interval=0.5, read_timeout=1.0, probe_timeout=3.0))
+    others = threading.Event()
+    slot = fleet.backends[0]
+    try:
+        busy = [fleet._probes.submit(others.wait, 10.0) for _ in range(sched.PROBE_WORKERS)]
+        fleet.read_all(due=0.0)                     # idle page: the probe is queued behind the others
+        assert slot.probe is not None and not slot.probe.done()
+        srv.set("0", running=2, gen=150)            # the server takes work ...
+
+        def broken() -> str:
+            raise RuntimeError("page failed")       # ... and its /metrics answer fails at once
+        srv.page = broken
+        fleet.read_all(due=0.5)
+        assert slot.last_outcome == "error", slot.last_outcome
+        others.set()
+        wait_until(lambda: slot.probe is not None and slot.probe.done(), timeout=5, what="the queued probe's turn")
+        assert srv.probes_while_busy == 0 and slot.probes_sent == 0, "probed after the latest look failed"
+        assert all(b.done() for b in busy)
+    finally:
+        others.set()
+        fleet.close()
