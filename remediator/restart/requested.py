@@ -79,11 +79,19 @@ def paused_rollout(rd: Reads, inc: Incident) -> policy.Decision | None:
 
 def call_off(tx: Transaction, inc: Incident, backend: str, why: str, now: float, kind: str = "restart_called_off",
              **detail: Any) -> None:
-    """Close a restart that has not begun (open, or draining: the drain ends, the backend is READY again)."""
+    """Close a restart that has not begun (open, or draining: the drain ends, the backend is READY again).
+    Alerts that fired about the backend meanwhile (absorbed into it) go on in a new incident, looked at as any
+    alert is: closed with it, they were lost until Alertmanager's next repeat, hours later."""
     if inc.state == IS.DRAINING and tx.lifecycle_state(backend) == S.DRAINING:
         tx.move_lifecycle(backend, S.READY, now, f"restart {why}")
+    firing = tx.firing_alerts(inc.id)
     tx.move_incident(inc.id, now, IS.CLOSED, close_reason=why)
     tx.event(now, kind, backend, inc.id, reason=f"incident {inc.id} ({inc.state.value}): {why}", **detail)
+    if firing:
+        carried = tx.open_incident(backend, now, inc.labels)
+        tx.carry_firing_alerts(inc.id, carried)
+        tx.event(now, "incident_opened", backend, carried, reason=f"{firing} alert(s) of incident {inc.id} still "
+                 "firing when its restart was called off: looked at as alerts")
 
 
 def called_off(ctx: Context, inc: Incident, backend: Backend, state: IncidentState) -> bool:

@@ -164,6 +164,8 @@ class Transaction(Reads, Protocol):
     def request_restart(self, backend: str, at: float, by: str, force: bool, command: CommandChange | None = None) -> int:
         """The backend's active incident (a new one if none) becomes a restart `by` asked for, OPEN now;
         with `command`, its claim changes the backend's stored command to it."""
+    def carry_firing_alerts(self, from_incident: int, to_incident: int) -> None:
+        """The alerts still firing of one incident are (also) the other's."""
     def alert_firing(self, incident_id: int, fingerprint: str, starts_at: str, alertname: str) -> None: ...
     def alert_resolves(self, incident_id: int, fingerprint: str, starts_at: str) -> None:
         """Mark the incident's alert resolved (every firing of it when `starts_at` is '')."""

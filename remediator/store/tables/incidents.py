@@ -124,6 +124,11 @@ class IncidentWrites(Connected):
                            (IS.OPEN.value, at, by, int(force), encode_command_change(command), incident_id))
         return incident_id
 
+    def carry_firing_alerts(self, from_incident: int, to_incident: int) -> None:
+        self._db().execute("INSERT INTO incident_alerts (incident_id, fingerprint, starts_at, alertname, status) "
+                           "SELECT ?, fingerprint, starts_at, alertname, 'firing' FROM incident_alerts "
+                           "WHERE incident_id = ? AND status = 'firing'", (to_incident, from_incident))
+
     def alert_firing(self, incident_id: int, fingerprint: str, starts_at: str, alertname: str) -> None:
         self._db().execute(
             "INSERT INTO incident_alerts (incident_id, fingerprint, starts_at, alertname, status) "

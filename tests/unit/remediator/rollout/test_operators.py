@@ -196,3 +196,26 @@ def test_retiring_a_done_member_of_a_running_rollout_is_refused_so_its_rollback_
     w.result = action.ActionResult(action.OK, 0, "ok")
     w.run_until(lambda: rollout(w, rid)["state"] not in ("running", "paused", "rolling_back"), "ended", timeout=60)
     assert rollout(w, rid)["state"] == "rolled_back", (rollout(w, rid)["note"], steps(w, rid))
+
+
+def test_an_alert_absorbed_into_a_restart_called_off_goes_on_in_an_incident_of_its_own(tmp_path: Path) -> None:
+    """An alert that fired about a1 while its rollout's restart waited was absorbed into that incident; the
+    pause (or a rollback) closed it, and the alert was lost until Alertmanager's next repeat, hours later."""
+    from tests.support.alerts import alert, payload
+
+    w = world(tmp_path, Gate())
+    rid = start(w).get_json()["id"]
+    w.authority.rollouts.look(rid)                       # canary a1's restart asked for ...
+    with w.store.tx() as tx:
+        tx.open_breaker(w.clock(), "other failures")    # ... and held back
+    w.run(2)
+    asked = w.incident("a1")
+    w.deliver(payload(alert("a1")))                      # a1 stalls: its alert joins the waiting incident
+    assert w.store.firing_alerts(asked.id) == 1
+    body = {"by": "ops@host1", "reason": "hold on"}
+    assert w.client.post(f"/api/rollouts/{rid}/pause", json=body, headers=AUTH).get_json()["state"] == "paused"
+    w.authority.rollouts.look(rid)
+    now = w.incident("a1")
+    assert now is not None and now.id != asked.id and now.command is None and not now.requested_by, now
+    assert w.store.firing_alerts(now.id) == 1
+    assert steps(w, rid)["a1"] == "pending"
