@@ -370,8 +370,6 @@ class ReadScheduler:
     def _tick(self, slot: BackendSlot, now: float) -> None:
         """Whatever is due for this backend now: settle its read, start the next one if it is time."""
         self._settle(slot)
-        if slot.view is not None and slot.view.probes_sent != slot.probes_sent:
-            self._publish(slot)                 # a probe went out since the last judgement
         if self._started is not None and slot.next_due <= now:
             self._start_read(slot, slot.next_due)
             slot.next_due += self.interval
@@ -514,8 +512,7 @@ class ReadScheduler:
         servers' probes at probe_timeout) must not reach a server that has taken work since. None: not sent."""
         if slot.judgements != decided_at or self.monotonic() > admit_by:
             return None
-        slot.probes_sent += 1          # this worker is its one writer; counted before it goes out
-        self._events.put(slot)         # the scheduler publishes the count (_tick)
+        slot.probes_sent += 1          # this worker is its one writer; counted before it goes out (snapshot)
         return slot.prober.probe()
 
     @staticmethod
@@ -634,7 +631,9 @@ class ReadScheduler:
     def snapshot(self) -> Snapshot:
         with self._lock:
             now = self.monotonic()
-            backends = tuple(s.view for s in self._slots.values() if s.view is not None)
+            # a probe's worker counts it when it goes out, after the view was published: the count is live
+            backends = tuple(s.view if s.view.probes_sent == s.probes_sent else replace(s.view, probes_sent=s.probes_sent)
+                             for s in self._slots.values() if s.view is not None)
             proxies = tuple(ProxyView(p.proxy.name, p.proxy.url, p.up) for p in self._proxies.values())
             started = self._started
             # a read still waiting for a worker is late by now - its scheduled time: lag it already has
