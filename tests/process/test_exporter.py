@@ -363,6 +363,11 @@ def test_long_single_prefill_on_v1_is_never_stalled(sim, exporter) -> None:
     e = exporter({"a": s.url})
     e.wait_verdict("a", "idle")
     probes_before = s.stats()["probes"]
+    # the load begins right after a probe arrived: the next probe follows the next reading, which shows the
+    # request (a request that arrives between an idle reading and its probe is a race no exporter can see,
+    # and it failed this test on a loaded machine: probes_while_busy 1)
+    wait_until(lambda: s.stats()["probes"] > probes_before, timeout=10, interval=0.01, what="a probe of the idle server")
+    probes_before = s.stats()["probes"]
     Load(s.url, 1, max_tokens=1)
 
     def in_prefill(moved_from: float | None = None):  # noqa: ANN202
