@@ -30,6 +30,8 @@ USER_AGENT = "llm-health-exporter"
 #: the most of one answer a backend may send: a /metrics page of a real server is well under 1 MiB (a few
 #: engines' histograms); parsing a 28 MiB one held the GIL for 3.5 s
 PAGE_MAX_BYTES = 8 * 1024 * 1024
+#: less time than this left of a reading's deadline: no more exchange is begun in it
+TOO_LITTLE_LEFT = 0.05
 START_HEADER = "Process-Start-Time-Unix"  # llama-server: changes on every restart (no identity series)
 
 
@@ -57,7 +59,7 @@ def answers(target: Target, paths: tuple[str, ...] = HEALTH, timeout: float | No
     deadline = time.monotonic() + (target.timeout if timeout is None else timeout)
     for path in paths:
         left = deadline - time.monotonic()
-        if left <= 0.05:
+        if left <= TOO_LITTLE_LEFT:
             break
         try:
             if target.get(path, timeout=left).status == 200:
@@ -69,7 +71,7 @@ def answers(target: Target, paths: tuple[str, ...] = HEALTH, timeout: float | No
 
 def _cheap(target: Target, left: float) -> bool | None:
     """The cheap endpoints within what is left of the reading's deadline; None: no time left to ask."""
-    return answers(target, CHEAP, left) if left > 0.05 else None
+    return answers(target, CHEAP, left) if left > TOO_LITTLE_LEFT else None
 
 
 def load_api_key(path: str | Path, where: str = "api_key_file") -> str:
@@ -117,7 +119,7 @@ def llamacpp_props(target: Target, reading: Reading, timeout: float) -> EnginePr
     context = cached[1] if cached is not None and cached[0] == reading.start_header else None
     if reading.work > 0 and context is not None:
         return EngineProps(sleeping=False, context_tokens=context)   # it never sleeps with work
-    if timeout <= 0.05:
+    if timeout <= TOO_LITTLE_LEFT:
         return EngineProps(context_tokens=context) if context is not None else None
     try:
         resp = target.get("/props", timeout=timeout)

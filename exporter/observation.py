@@ -95,7 +95,8 @@ class VerifyOutcome(StrEnum):
 class FrozenEvidence:
     """What the exporter saw of a stalled backend (its /verdicts): the signature of the frozen counters
     (`verdict.progress_signature`) and for how long they had stood still when it answered; `at` is the
-    verifier's own clock at that answer (the monotonic one verify() times its readings with). Reused only when a fresh reading shows the same signature."""
+    verifier's own clock at that answer (the monotonic one verify() times its readings with). Reused only
+    when a fresh reading shows the same signature."""
     signature: str
     frozen_for: float
     at: float

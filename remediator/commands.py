@@ -16,8 +16,9 @@ operator state (AdminState) of the backend:
   `--force` overrides it and the event says so. A backend that serves nothing (not READY, or drained)
   costs no capacity.
 * Retire of a member its active rollout may still restart (the next ones, and the changed ones should it
-  roll back) is refused unless forced: the rollout would ask for the retired backend's restart and fail. Retire while a restart of ours is under way is
-  refused (the restart holds the backend's lifecycle and its host's mutex) unless forced: the restart then finishes and the backend stays out. Retiring closes an
+  roll back) is refused unless forced: the rollout would ask for the retired backend's restart and fail.
+  Retire while a restart of ours is under way is refused (the restart holds the backend's lifecycle and its
+  host's mutex) unless forced: the restart then finishes and the backend stays out. Retiring closes an
   incident that waits (open, observed, needs_ack): a retired backend is out of every decision.
 * restart asks the authority for a restart (an incident `requested_by` the operator: remediator/restart/
   requested.py): refused while one is under way, while a rollout's restart with another command is asked

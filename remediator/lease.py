@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from llm_health.remediator.clock import Clocks, boot_id
-from llm_health.remediator.store import Lease, Reads, StateStore, Transaction
+from llm_health.remediator.store import Lease, Reads, StateStore
 
 log = logging.getLogger("llm_health.remediator")
 
@@ -125,12 +125,7 @@ class AuthorityLease:
             return float("-inf")
         return left if self.term() == self.epoch else float("-inf")
 
-    def fit_to_act(self, tx: Transaction) -> bool:
-        """Right before an action's process starts: ours, in the caller's term, with ACTION_MARGIN of its time
-        left."""
-        return self.spare(tx) >= 0.0
-
-    def spare(self, tx: Transaction) -> float:
+    def spare(self, tx: Reads) -> float:
         """Seconds until the lease (ours, in the caller's term) has less than ACTION_MARGIN of its time left
         (negative or -inf: an action's process must not start now)."""
         return self.left(tx) - ACTION_MARGIN * self.ttl

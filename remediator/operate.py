@@ -15,6 +15,7 @@ from llm_health.remediator import lifecycle
 from llm_health.remediator.commands import Command, CommandFacts, Plan, plan
 from llm_health.remediator.lifecycle import LifecycleState
 from llm_health.remediator.restart.notes import HELD
+from llm_health.remediator.restart.requested import stale_rollout
 from llm_health.remediator.sequence import has_restart
 from llm_health.remediator.store import (
     RESTART_UNDER_WAY,
@@ -83,10 +84,7 @@ def _command_change(tx: Transaction, inc: Incident | None) -> str | None:
         return None
     if inc.command.rollout_id is None:
         return ""
-    r = tx.rollout(inc.command.rollout_id)
-    if r is None or r.state not in (RolloutState.RUNNING, RolloutState.PAUSED):
-        return None
-    return str(inc.command.rollout_id)
+    return None if stale_rollout(tx, inc) else str(inc.command.rollout_id)
 
 
 @dataclass(frozen=True)

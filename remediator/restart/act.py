@@ -90,8 +90,8 @@ def carry_out(ctx: Context, incident_id: int, action_id: int, backend: Backend, 
     restart is aborted into needs_ack (outcome unknown, never repeated blindly)."""
     ctx.running.add(action_id, backend.name)
     try:
-        with ctx.store.tx() as tx:                   # before any side effect: a silence, a capture
-            spare_to_start(ctx, tx, incident_id, action_id)
+        with ctx.store.reader() as rd:               # before any side effect: a silence, a capture
+            spare_to_start(ctx, rd, incident_id, action_id)
         if with_silence:
             silence(ctx, incident_id, backend)
         before_kill(ctx, incident_id, backend)       # bounded; never stops the restart
@@ -123,15 +123,15 @@ def fit_to_start(ctx: Context, incident_id: int, action_id: int, backend: Backen
         return stored_argv(tx, backend, ctx), checked + spare
 
 
-def spare_to_start(ctx: Context, tx: Transaction, incident_id: int, action_id: int) -> float:
-    """In `tx`: seconds of the lease's spare time (ours, in the look's term), the intent still open; else
-    LeaseLost."""
-    spare = ctx.spare_to_act(tx)
+def spare_to_start(ctx: Context, rd: Reads, incident_id: int, action_id: int) -> float:
+    """In `rd` (the transaction that starts it, or a read before its side effects): seconds of the lease's
+    spare time (ours, in the look's term), the intent still open; else LeaseLost."""
+    spare = ctx.spare_to_act(rd)
     if spare < 0.0:
         raise LeaseLost(f"the lease of {ctx.holder} (epoch {ctx.epoch()}) is lost or about to expire: the "
                         "action was not started")
-    open_intent = tx.unfinished_action(incident_id)
-    if open_intent is None or open_intent.id != action_id or tx.incident_in(incident_id, IS.RESTARTING) is None:
+    open_intent = rd.unfinished_action(incident_id)
+    if open_intent is None or open_intent.id != action_id or rd.incident_in(incident_id, IS.RESTARTING) is None:
         raise LeaseLost(f"action {action_id} of incident {incident_id} was settled meanwhile (another term's "
                         "recovery): the action was not started")
     return spare

@@ -61,7 +61,7 @@ class Context:
     clocks: Clocks
     holder: str
     holds_lease: Callable[[Reads], bool]           # in the caller's transaction (or a read), in the look's term
-    spare_to_act: Callable[[Transaction], float]   # ... seconds until too little of it is left to start a process
+    spare_to_act: Callable[[Reads], float]         # ... seconds until too little of it is left to start a process
     epoch: Callable[[], int]                       # the lease's term the look acts for (LLM_HEALTH_EPOCH)
     action_dir: Path | None = None                 # where the default runner's files go
     diagnostics_dir: Path | None = None            # where diagnostics captures may keep files (one folder each)

@@ -67,16 +67,16 @@ def test_an_older_term_holds_nothing_though_its_name_and_clock_match(w: World) -
     with w.store.tx() as tx:
         tx.put_lease(Lease(NAME, row.holder, row.expires_at, row.boot, row.epoch + 1))
     with w.store.tx() as tx:
-        assert not lease.holds(tx) and not lease.fit_to_act(tx)
+        assert not lease.holds(tx) and lease.spare(tx) < 0
 
 
-def test_fit_to_act_wants_half_the_lease_left(w: World) -> None:
+def test_the_spare_time_to_act_wants_half_the_lease_left(w: World) -> None:
     lease = w.authority.lease
     with w.store.tx() as tx:
-        assert lease.fit_to_act(tx)
+        assert lease.spare(tx) >= 0
     w.pass_time(lease.ttl * (1 - ACTION_MARGIN) + 0.5)
     with w.store.tx() as tx:
-        assert lease.holds(tx) and not lease.fit_to_act(tx)
+        assert lease.holds(tx) and lease.spare(tx) < 0
 
 
 # -- on PostgreSQL: one clock for the cluster (the database's), holders on different hosts --------------
@@ -108,7 +108,7 @@ def test_on_postgresql_another_hosts_lease_holds_until_it_expires_on_the_databas
         assert 0 < left <= a.ttl
         _age(a, a.ttl + 0.5)                        # a froze (SIGSTOP) and did not renew in time
         with a.store.tx() as tx:
-            assert not a.holds(tx) and not a.fit_to_act(tx)
+            assert not a.holds(tx) and a.spare(tx) < 0
         assert b.renew() and b.epoch == 2
         assert not a.renew()                        # resumed: b's lease is alive, a acts on nothing
         with a.store.tx() as tx:
