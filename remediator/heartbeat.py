@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from llm_health.remediator.alert import Alert, Notification
-from llm_health.remediator.store import Commuting, Heard, Transaction
+from llm_health.remediator.store import Heard, Transaction
 
 WATCHDOG_ALERTS = frozenset({"Watchdog", "LLMHealthWatchdog"})
 
@@ -31,7 +31,7 @@ def only_watchdogs(n: Notification) -> bool:
     return bool(n.alerts) and all(is_watchdog(a) for a in n.alerts)
 
 
-def stamp(tx: Commuting, n: Notification, now: float) -> None:
+def stamp(tx: Transaction, n: Notification, now: float) -> None:
     """When Alertmanager reached us, inside the transaction that records the notification
     (incident.record, watchdogs_only)."""
     tx.heard(Heard.WEBHOOK, now)

@@ -23,7 +23,7 @@ from llm_health import groups
 from llm_health.config import NAME_RE, Backend, Config
 from llm_health.remediator import heartbeat
 from llm_health.remediator.alert import Alert, Notification
-from llm_health.remediator.store import NO_RESTART_UNDER_WAY, Commuting, Incident, IncidentState, Transaction
+from llm_health.remediator.store import NO_RESTART_UNDER_WAY, Incident, IncidentState, Transaction
 
 
 def route(alert: Alert, config: Config) -> Backend | None:
@@ -59,33 +59,20 @@ def record(tx: Transaction, config: Config, n: Notification, now: float, dedup_w
     """Record one notification, and when it arrived (heartbeat.stamp), in the one write transaction `tx` (a
     second one per notification doubled the writers queueing for the state's write lock in a storm); returns
     a summary for the HTTP answer."""
-    copy = duplicate(tx, n, now, dedup_window)
-    if copy is not None:
-        return copy
     heartbeat.stamp(tx, n, now)
     for a in n.alerts:
         tx.bump("alerts_received", a.status)
-    tx.remember_delivery(n.dedup_key(), now, forget_before=now - max(dedup_window, 3600.0) * 2)
+    key = n.dedup_key()
+    seen = tx.delivery_seen_at(key)
+    if seen is not None and now - seen < dedup_window:
+        tx.event(now, "deduplicated", reason="same notification seen "
+                 f"{now - seen:.1f}s ago (HA copy or resend)", group_key=n.group_key[:200], sender=n.sender)
+        return {"deduplicated": True, "alerts": len(n.alerts)}
+    tx.remember_delivery(key, now, forget_before=now - max(dedup_window, 3600.0) * 2)
     tx.event(now, "received", reason=f"{n.status} notification with {len(n.alerts)} alert(s)",
              group_key=n.group_key[:200], receiver=n.receiver, sender=n.sender)
     outcomes = [_apply(tx, config, a, now, dedup_window) for a in n.alerts]
     return {"deduplicated": False, "alerts": len(n.alerts), "outcomes": outcomes}
-
-
-def duplicate(tx: Commuting, n: Notification, now: float, dedup_window: float) -> dict[str, Any] | None:
-    """The summary of a notification seen less than `dedup_window` ago (an HA copy or a resend): counted,
-    stamped and recorded as `deduplicated`; else None, and nothing written. It reads and writes nothing a
-    copy could change, and its answer stays true whatever commits meanwhile (a delivery's stamp only moves
-    forward), so it may run outside the write order too (store/base.py Commuting: the webhook on PostgreSQL)."""
-    seen = tx.delivery_seen_at(n.dedup_key())
-    if seen is None or now - seen >= dedup_window:
-        return None
-    heartbeat.stamp(tx, n, now)
-    for a in n.alerts:
-        tx.bump("alerts_received", a.status)
-    tx.event(now, "deduplicated", reason=f"same notification seen {now - seen:.1f}s ago (HA copy or resend)",
-             group_key=n.group_key[:200], sender=n.sender)
-    return {"deduplicated": True, "alerts": len(n.alerts)}
 
 
 def maybe_discovered(alert: Alert, config: Config) -> str | None:

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from llm_health.config import Config, is_database_url
-from llm_health.remediator.store.base import Commuting, Reads, StateError, StateStore, Transaction
+from llm_health.remediator.store.base import Reads, StateError, StateStore, Transaction
 from llm_health.remediator.store.rollout_rows import (
     ACTIVE_ROLLOUT_STATES,
     CHANGED_STEPS,
@@ -53,7 +53,7 @@ __all__ = [
     "ACKNOWLEDGEABLE", "ACTIVE_ROLLOUT_STATES", "ACTIVE_STATES", "CHANGED_STEPS", "CommandChange", "CommandRow",
     "MemberStep", "Rollout", "RolloutMember", "RolloutState", "NO_RESTART_UNDER_WAY", "RESTART_UNDER_WAY", "Action", "ActionResultKind",
     "AdminRow", "AdminState", "CaptureResult", "CaptureRow",
-    "BreakerState", "Commuting", "Event", "Heard", "Incident", "IncidentState", "LastHeard", "Lease", "LifecycleRow", "Reads",
+    "BreakerState", "Event", "Heard", "Incident", "IncidentState", "LastHeard", "Lease", "LifecycleRow", "Reads",
     "Silence", "SqliteStore", "StateError", "StateStore", "Transaction", "local_base", "state_path", "state_where",
     "store_for",
 ]

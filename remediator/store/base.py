@@ -11,10 +11,6 @@ Three views of one state:
   max_concurrent_restarts and the lease check are decided from reads of the same `tx` that records the
   intent, so they hold across threads, gunicorn workers and (with a shared database) processes.
 * `Reads`: what both offer.
-* `Commuting` (`store.commuting()`, PostgreSQL only): a short write transaction OUTSIDE that order, for
-  writes that commute with every other transaction's (an audit event appended, a count added, a
-  forward-only stamp) decided on reads whose answer no later write can undo (a delivery already seen):
-  an HA copy of a notification is recorded so without queueing behind the cluster's writers.
 
 remediator/store/sqlite/ implements it on SQLite (the embedded default), remediator/store/postgresql/ on
 PostgreSQL (several remediators, one state: docs/ha.md); both run the same SQL (remediator/store/tables/),
@@ -268,24 +264,6 @@ class Transaction(Reads, Protocol):
         seconds are kept; pruned actions still count in `restarts_pruned`. Returns how many went, by table."""
 
 
-class Commuting(Protocol):
-    """A transaction outside the write order (StateStore.commuting): what an HA copy of a notification
-    needs, and nothing that could break a guarantee the write order keeps."""
-
-    def delivery_seen_at(self, key: str) -> float | None: ...
-
-    def event(self, at: float, kind: str, backend: str = "", incident_id: int | None = None, reason: str = "",
-              **detail: Any) -> None:
-        """Append to the audit log (a decision kind is counted too)."""
-
-    def bump(self, metric: str, label: str, by: int = 1) -> None:
-        """Add to a counter (a row of this process' own, folded into the counter by retention)."""
-
-    def heard(self, what: Heard, at: float) -> None:
-        """Alertmanager was heard from at `at`; a stamp already within a second of it is left as it is
-        (so the transactions of a storm never wait on one another for that row)."""
-
-
 class StateStore(Reads, Protocol):
     def init(self) -> None:
         """Create or migrate the state, check it, and pin it (the server's master, before forking)."""
@@ -295,10 +273,6 @@ class StateStore(Reads, Protocol):
 
     def tx(self) -> AbstractContextManager[Transaction]: ...
     def reader(self) -> AbstractContextManager[Reads]: ...
-
-    def commuting(self) -> AbstractContextManager[Commuting] | None:
-        """A transaction outside the write order, or None where writers take turns anyway (SQLite: one
-        writer at a time, so a copy gains nothing by not queueing with the rest)."""
 
     def check_identity(self) -> str:
         """'' while the state is the one we opened; else why not (sticky: the store stays stopped)."""

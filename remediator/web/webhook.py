@@ -1,7 +1,5 @@
 """POST /webhook: Alertmanager's notifications. Validated, recorded in one short transaction (shared with the
-worker's other notifications of the moment: store/group.py), answered 2xx once committed; on a store with a
-transaction outside the write order (PostgreSQL: store/base.py Commuting), an HA copy of a notification
-already recorded is recorded there, without queueing behind the cluster's writers (incident.duplicate);
+worker's other notifications of the moment: store/group.py), answered 2xx once committed;
 the authority does the work (often in another gunicorn worker), from the store. When it arrived is stamped
 in that same transaction (remediator/heartbeat.py: the remediator's own dead man's switch)."""
 
@@ -13,7 +11,7 @@ from flask import Blueprint, jsonify
 
 from llm_health.remediator import heartbeat
 from llm_health.remediator.alert import PayloadError, parse_notification
-from llm_health.remediator.incident import duplicate, record
+from llm_health.remediator.incident import record
 from llm_health.remediator.web.context import ctx
 from llm_health.remediator.web.guard import BodyError, error, guard_mutation, json_body
 
@@ -40,11 +38,5 @@ def receive() -> Any:
     # never a Prometheus query here: an alert about a backend this worker's discovery has not seen yet
     # opens its incident, and the authority looks it up after a (rate-limited) refresh (incident.py)
     window = c.config.remediator.dedup_window
-    summary = None
-    commuting = c.store.commuting()
-    if commuting is not None:
-        with commuting as tx:
-            summary = duplicate(tx, notification, now, window)
-    if summary is None:         # record() checks for a copy again, in the write order
-        summary = c.writes.run(lambda tx: record(tx, c.config, notification, now, window))   # stamps it too
+    summary = c.writes.run(lambda tx: record(tx, c.config, notification, now, window))   # stamps it too
     return jsonify({"accepted": True, **summary}), 202

@@ -14,12 +14,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from llm_health.remediator.store.sqlite.schema import (
-    COUNTER_DELTAS,
-    DELIVERIES_BY_AGE,
-    SCHEMA_VERSION,
-    refuse_newer,
-)
+from llm_health.remediator.store.sqlite.schema import DELIVERIES_BY_AGE, SCHEMA_VERSION, refuse_newer
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "migrate", "version_of"]
 
@@ -179,16 +174,10 @@ def _deliveries_by_age(c: Any) -> None:
     c.execute(DELIVERIES_BY_AGE)
 
 
-def _counter_deltas(c: Any) -> None:
-    """Version 8: counts added outside the write order (sqlite/schema.py says why)."""
-    c.execute(COUNTER_DELTAS)
-
-
 #: (version, step): the step brings a database of version - 1 (0: empty) to `version`
 MIGRATIONS: tuple[tuple[int, Callable[[Any], None]], ...] = (
     (6, _create_6),
     (7, _deliveries_by_age),
-    (8, _counter_deltas),
 )
 
 

@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -41,7 +39,7 @@ from llm_health.remediator.store.postgresql.conn import (
     connection,
     pg_row,
 )
-from llm_health.remediator.store.tables import CommutingVerbs, ReadVerbs, WriteVerbs
+from llm_health.remediator.store.tables import ReadVerbs, WriteVerbs
 from llm_health.remediator.store.tables.connected import Db
 
 #: the key of the advisory lock every write transaction takes (any constant; ours: "llmh" in ASCII)
@@ -77,14 +75,6 @@ class PgTx(PgReads, WriteVerbs):
     """Every verb (store/base.py Transaction) inside one write transaction under WRITE_LOCK."""
 
 
-class PgCommutingTx(PgReads, CommutingVerbs):
-    """The verbs of store/base.py Commuting, outside the write order (PostgresStore.commuting)."""
-
-    def __init__(self, db: Db, writer: str) -> None:
-        super().__init__(db)
-        self._writer = writer
-
-
 def redacted(url: str) -> str:
     """host:port/dbname of a postgresql:// URL, for messages (never its user info)."""
     try:
@@ -115,7 +105,6 @@ class PostgresStore(DatabaseClock):
         self._pool_obj: psycopg_pool.ConnectionPool[Any] | None = None
         self._pool_pid = 0
         self.state_id = ""                # the random id the schema recorded at creation (pinned at init/open)
-        self._writer_name, self._writer_pid = "", 0
         self.broken = ""
 
     # -- connections ------------------------------------------------------------------------------------
@@ -201,27 +190,6 @@ class PostgresStore(DatabaseClock):
                     if problem:
                         raise StateError(problem) from exc
                 raise
-
-    @contextmanager
-    def commuting(self) -> Iterator[PgCommutingTx]:
-        """A transaction outside the write order (store/base.py Commuting), without WRITE_LOCK: the state id's
-        check and the first read are one round trip (autocommit), and the writes go in one more, as one
-        simple-Query message, which PostgreSQL runs as one transaction (all or nothing); no write, no second
-        round trip. Nothing waits in between holding a lock or a row."""
-        self._guard()
-        with connection(self._pool(), self.where) as c:
-            pinning = bool(self.state_id)
-            pinned = (lambda cur: self._check_pin(cur.fetchone())) if pinning else None
-            db = BatchedDb(c, self.where, [STATE_ID] if pinning else [], pinned)
-            yield PgCommutingTx(db, self._writer())
-            db.flush()
-
-    def _writer(self) -> str:
-        """This process' name on its counter_deltas rows (a forked worker is another writer)."""
-        pid = os.getpid()
-        if self._writer_pid != pid:
-            self._writer_name, self._writer_pid = f"{socket.gethostname()[:60]}:{pid}:{uuid.uuid4().hex[:8]}", pid
-        return self._writer_name
 
     @contextmanager
     def reader(self) -> Iterator[PgReads]:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from llm_health.remediator.store.base import StateError
 
 #: the schema this remediator writes; bump it with a new step in MIGRATIONS
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 7
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS deliveries (key TEXT PRIMARY KEY, first_seen REAL NOT NULL);
@@ -204,17 +204,6 @@ def _deliveries_by_age(c: sqlite3.Connection) -> None:
 
 DELIVERIES_BY_AGE = "CREATE INDEX IF NOT EXISTS deliveries_first_seen ON deliveries(first_seen)"
 
-
-def _counter_deltas(c: sqlite3.Connection) -> None:
-    """Version 8: counts added outside the write order (tables/events.py CommutingWrites: on PostgreSQL, an
-    HA copy of a notification is recorded without the cluster's write lock), one row per counter and writing
-    process, folded into `counters` by retention. SQLite has one writer at a time and never fills it."""
-    c.execute(COUNTER_DELTAS)
-
-
-COUNTER_DELTAS = ("CREATE TABLE IF NOT EXISTS counter_deltas (metric TEXT NOT NULL, label TEXT NOT NULL, "
-                  "writer TEXT NOT NULL, value BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (metric, label, writer))")
-
 #: (version, step): the step brings a state file of version - 1 to `version`
 MIGRATIONS: tuple[tuple[int, Callable[[sqlite3.Connection], None]], ...] = (
     (1, _baseline),
@@ -224,7 +213,6 @@ MIGRATIONS: tuple[tuple[int, Callable[[sqlite3.Connection], None]], ...] = (
     (5, _rollouts),
     (6, _epoch),
     (7, _deliveries_by_age),
-    (8, _counter_deltas),
 )
 
 

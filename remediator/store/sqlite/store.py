@@ -144,10 +144,6 @@ class SqliteStore(HostClock):
         with self._transaction() as c:
             yield SqliteTx(c)
 
-    def commuting(self) -> None:
-        """None: one writer at a time, so a notification's HA copy takes its turn like any write."""
-        return None
-
     @contextmanager
     def _short_connection(self) -> Iterator[sqlite3.Connection]:
         self._guard()

@@ -7,8 +7,8 @@ from llm_health.remediator.store.tables.actions import ActionReads, ActionWrites
 from llm_health.remediator.store.tables.admin import AdminReads, AdminWrites
 from llm_health.remediator.store.tables.breaker import BreakerReads, BreakerWrites
 from llm_health.remediator.store.tables.captures import CaptureReads, CaptureWrites
-from llm_health.remediator.store.tables.events import CountDeltas, EventReads, EventWrites
-from llm_health.remediator.store.tables.heard import HeardLazily, HeardReads, HeardWrites
+from llm_health.remediator.store.tables.events import EventReads, EventWrites
+from llm_health.remediator.store.tables.heard import HeardReads, HeardWrites
 from llm_health.remediator.store.tables.incidents import IncidentReads, IncidentWrites
 from llm_health.remediator.store.tables.lease import LeaseReads, LeaseWrites
 from llm_health.remediator.store.tables.lifecycle import LifecycleReads, LifecycleWrites
@@ -29,9 +29,4 @@ class WriteVerbs(IncidentWrites, ActionWrites, LifecycleWrites, MarkerWrites, Br
     """Every write verb (store/base.py Transaction); mixed with ReadVerbs into a store's transaction."""
 
 
-class CommutingVerbs(CountDeltas, HeardLazily, EventWrites, SharedVerbs):
-    """The write verbs of a transaction outside the write order (store/base.py Commuting): an event, a count
-    (CountDeltas: this process' own row), a lazy stamp; mixed with ReadVerbs, and a `_writer`, by the store."""
-
-
-__all__ = ["CommutingVerbs", "ReadVerbs", "WriteVerbs"]
+__all__ = ["ReadVerbs", "WriteVerbs"]

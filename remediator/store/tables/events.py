@@ -1,6 +1,4 @@
-"""The audit log and the counters: `events`, `counters` (what /metrics counts survives retention), and
-`counter_deltas`: counts added outside the write order (store/base.py Commuting), one row per counter and
-writing process, until retention folds them into `counters`. A counter's value is the sum of both."""
+"""The audit log and the counters: `events`, `counters` (what /metrics counts survives retention)."""
 
 from __future__ import annotations
 
@@ -40,9 +38,7 @@ class EventReads(Connected):
         return None if r is None else event_of(r)
 
     def counters(self, metric: str) -> dict[str, int]:
-        rows = self._db().execute("SELECT label, sum(value) AS value FROM (SELECT label, value FROM counters WHERE "
-                                  "metric = ? UNION ALL SELECT label, value FROM counter_deltas WHERE metric = ?) "
-                                  "AS c GROUP BY label", (metric, metric)).fetchall()
+        rows = self._db().execute("SELECT label, value FROM counters WHERE metric = ?", (metric,)).fetchall()
         return {r["label"]: int(r["value"]) for r in rows}
 
 
@@ -60,29 +56,3 @@ class EventWrites(Connected):
         self._db().execute("INSERT INTO counters (metric, label, value) VALUES (?,?,?) "
                            "ON CONFLICT(metric, label) DO UPDATE SET value = counters.value + excluded.value",
                            (metric, label, by))
-
-    def fold_counter_deltas(self) -> int:
-        """Move the counts added outside the write order into `counters` (in a write transaction: the rows
-        deleted are the rows added; a count committed meanwhile stays for the next fold); returns how many
-        rows were folded."""
-        totals: dict[tuple[str, str], int] = {}
-        for r in self._db().execute("DELETE FROM counter_deltas RETURNING metric, label, value").fetchall():
-            key = (r["metric"], r["label"])
-            totals[key] = totals.get(key, 0) + int(r["value"])
-        for (metric, label), value in totals.items():
-            self.bump(metric, label, value)
-        return len(totals)
-
-
-class CountDeltas(Connected):
-    """`bump` outside the write order: into this process' own row of the counter (`_writer`), which no other
-    process writes, so concurrent transactions of other remediators and workers never wait for one
-    another on a counter row, and this process' own wait only the server's moment of the statement (a
-    Commuting transaction sends its writes with its COMMIT)."""
-
-    _writer: str
-
-    def bump(self, metric: str, label: str, by: int = 1) -> None:
-        self._db().execute("INSERT INTO counter_deltas (metric, label, writer, value) VALUES (?,?,?,?) "
-                           "ON CONFLICT(metric, label, writer) DO UPDATE SET value = counter_deltas.value + "
-                           "excluded.value", (metric, label, self._writer, by))

@@ -6,12 +6,12 @@ from llm_health.remediator.store.tables.connected import Connected
 
 
 class RetentionWrites(Connected):
-    """Needs `bump` and `fold_counter_deltas` (EventWrites) in the same transaction class."""
+    """Needs `bump` (EventWrites) in the same transaction class."""
 
     def prune(self, now: float, *, max_age: float, max_events: int, max_actions: int,
               protect: float) -> dict[str, int]:
         c = self._db()
-        out = {"counter_deltas": self.fold_counter_deltas()}
+        out = {}
         out["events"] = c.execute("DELETE FROM events WHERE at < ? OR id <= (SELECT id FROM events ORDER BY id DESC "
                                   "LIMIT 1 OFFSET ?)", (now - max_age, max_events)).rowcount
         doomed = ("FROM actions WHERE finished_at IS NOT NULL AND started_at < ? AND (finished_at < ? OR id <= "

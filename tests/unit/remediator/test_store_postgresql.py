@@ -16,11 +16,10 @@ import pytest
 
 from llm_health.config import ConfigError, parse_config
 from llm_health.drill.postgres import PostgresServer
-from llm_health.remediator.store import Heard, Lease, SqliteStore, StateError, store_for
+from llm_health.remediator.store import Lease, SqliteStore, StateError, store_for
 from llm_health.remediator.store.postgresql import PostgresStore
 from llm_health.remediator.store.postgresql.conn import translate
 from llm_health.remediator.store.sqlite.schema import SCHEMA_VERSION
-from tests.support import stores
 
 
 def columns_sqlite(path: Path) -> dict[str, set[tuple[str, bool]]]:
@@ -241,59 +240,3 @@ def test_an_unreachable_database_is_a_state_error_within_its_deadline() -> None:
 
 def test_placeholders_are_translated_and_percent_kept() -> None:
     assert translate("SELECT 1 WHERE a = ? AND b LIKE '5%'") == "SELECT 1 WHERE a = %s AND b LIKE '5%%'"
-
-
-def test_a_commuting_transaction_waits_on_no_lock_and_no_row_a_writer_holds(pg_url: str) -> None:
-    """store.commuting() (an HA copy's transaction) inside a write transaction of the same thread that holds
-    WRITE_LOCK and the rows it counted and stamped: any wait would be this thread waiting on itself, a lock
-    timeout. Its counts go to this process' own rows (counter_deltas), its stamp is left when fresh, and
-    what it wrote is counted and read like the rest; retention folds the deltas into the counters."""
-    store = PostgresStore(pg_url, timeout=1.0)
-    store.init()
-    with store.tx() as tx:
-        tx.heard(Heard.WEBHOOK, 100.0)
-        tx.bump("alerts_received", "firing")
-        tx.remember_delivery("k", 100.0, forget_before=0.0)
-    with store.tx() as tx:
-        tx.heard(Heard.WEBHOOK, 100.5)
-        tx.bump("alerts_received", "firing")
-        tx.event(100.5, "deduplicated", reason="a copy, in the write order")
-        assert tx.delivery_seen_at("k") == 100.0       # a read: what was held went with it, rows now held
-        commuting = store.commuting()
-        assert commuting is not None
-        with commuting as other:
-            assert other.delivery_seen_at("k") == 100.0
-            other.heard(Heard.WEBHOOK, 100.8)            # within HEARD_SLACK of the stamp: left as it is
-            other.bump("alerts_received", "firing")
-            other.event(100.8, "deduplicated", reason="a copy, outside the write order")
-    assert store.counters("alerts_received") == {"firing": 3}
-    assert store.counters("decisions") == {"deduplicated": 2}
-    assert store.last_heard().webhook_at == 100.5
-    assert len(store.events(kind="deduplicated")) == 2
-    with store.commuting() as other:                   # type: ignore[union-attr]
-        other.heard(Heard.WEBHOOK, 200.0)                # a stale stamp moves
-    assert store.last_heard().webhook_at == 200.0
-    raw = stores.sql(store)
-    assert raw.execute("SELECT count(*) FROM counter_deltas").fetchone()[0] == 2
-    with store.tx() as tx:
-        done = tx.prune(1000.0, max_age=1e9, max_events=1000, max_actions=1000, protect=0.0)
-    assert done["counter_deltas"] == 2
-    assert raw.execute("SELECT count(*) FROM counter_deltas").fetchone()[0] == 0
-    assert store.counters("alerts_received") == {"firing": 3}
-    assert store.counters("decisions") == {"deduplicated": 2}
-    store.close()
-
-
-def test_a_commuting_transaction_writes_all_or_nothing(pg_url: str) -> None:
-    """Its writes travel with one message, which PostgreSQL runs as one transaction: one failing on the server
-    (here a count past BIGINT) leaves none of the others behind."""
-    store = PostgresStore(pg_url, timeout=1.0)
-    store.init()
-    with pytest.raises(psycopg.errors.NumericValueOutOfRange), store.commuting() as other:  # type: ignore[union-attr]
-        other.event(1.0, "deduplicated", reason="a copy")
-        other.bump("alerts_received", "firing")
-        other.bump("huge", "x", 2**62)
-        other.bump("huge", "x", 2**62)
-    assert store.counters("alerts_received") == {} and store.counters("huge") == {}
-    assert store.events(kind="deduplicated") == []
-    store.close()

@@ -127,32 +127,3 @@ def test_f6_f10_fuzzed_webhook_never_breaks_a_view(w: World) -> None:
         assert r.status_code == 200, path
     for e in w.client.get("/api/events?limit=500").get_json()["events"]:
         assert isinstance(e["detail"], dict)
-
-
-def test_an_ha_copy_is_recorded_while_the_clusters_write_lock_is_held(tmp_path: Path) -> None:
-    """PostgreSQL: an HA copy of a notification already recorded does not queue for the cluster's write
-    lock (store/base.py Commuting, incident.duplicate): another remediator holding it (a claim, a leader
-    frozen in its transaction) delays the first copy of a notification, never the second. Before, the copy
-    waited for the lock like any write, up to lock_timeout, then was answered 503."""
-    import psycopg
-
-    from llm_health.remediator.store.postgresql import PostgresStore
-    from llm_health.remediator.store.postgresql.store import WRITE_LOCK
-
-    world = four_backends(tmp_path, state_timeout=1.0)
-    try:
-        if not isinstance(world.store, PostgresStore):
-            pytest.skip("PostgreSQL only: on SQLite, one writer at a time, a copy takes its turn")
-        body = payload(alert())
-        world.deliver(body)
-        with psycopg.connect(world.store.url, autocommit=False) as holder:
-            holder.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
-            copy = world.post(body)
-            assert copy.status_code == 202 and copy.get_json()["deduplicated"] is True
-            # the lock was held: a notification not seen before waits for it, and gets 503 at lock_timeout
-            assert world.post(payload(alert(backend="gpu-b"))).status_code == 503
-        assert world.store.counters("decisions")["deduplicated"] == 1
-        assert world.store.counters("alerts_received") == {"firing": 2}
-        assert [e.kind for e in world.store.events(kind="deduplicated")] == ["deduplicated"]
-    finally:
-        world.close()

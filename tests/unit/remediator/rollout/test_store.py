@@ -85,4 +85,4 @@ def test_a_version_4_state_is_migrated_forward(tmp_path: Path) -> None:
     assert inc.command is None and store.active_rollouts() == [] and store.commands() == {}
     store.close()
     with sqlite3.connect(path) as c:
-        assert c.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION == 8
+        assert c.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION == 7
