@@ -39,6 +39,12 @@ NO_RESTART_CLOSES = (VERIFIED_HEALTHY, VERIFIED_ASLEEP, RESTARTED_BY_OTHER)
 OUT_OF_SERVICE_OUTCOMES = (*RESTART_OUTCOMES, VerifyOutcome.UNRESPONSIVE)
 
 
+def may_restart(outcome: VerifyOutcome) -> bool:
+    """Whether decide() can answer RESTART (or WOULD_RESTART) after this verified outcome, whatever the facts
+    (restart/consider.py reads the facts of any other outcome before its transaction, not under the lock)."""
+    return outcome in OUT_OF_SERVICE_OUTCOMES
+
+
 @dataclass(frozen=True)
 class Marker:
     id: str

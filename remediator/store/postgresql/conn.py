@@ -17,6 +17,7 @@ from typing import Any
 
 import psycopg
 import psycopg_pool
+from psycopg.types.numeric import FloatDumper
 
 from llm_health.remediator.store.base import StateError
 
@@ -140,10 +141,19 @@ def blind_write(sql: str) -> bool:
 
 
 def literal_safe(parameters: Sequence[Any]) -> bool:
-    """Parameters a read may carry as literals with the same result types: text, integers, NULL. (A float
-    as a literal is `numeric`: a read that selects it would hand back a Decimal.)"""
-    return all(p is None or isinstance(p, str) or (isinstance(p, int) and not isinstance(p, bool))
+    """Parameters a read may carry as literals with the same result types: text, integers, floats (bound as
+    float8: Float8Literal), NULL."""
+    return all(p is None or isinstance(p, (str, float)) or (isinstance(p, int) and not isinstance(p, bool))
                for p in parameters)
+
+
+class Float8Literal(FloatDumper):
+    """A float bound client-side as `'<repr>'::float8`, the type it is bound as by the server: a bare literal
+    is `numeric`, and a read that selected it would hand back a Decimal. repr() round-trips every double
+    (inf and nan as 'inf', 'nan', which float8 reads)."""
+
+    def quote(self, obj: float) -> bytes:
+        return b"'" + repr(obj).encode() + b"'::float8"
 
 
 class BatchedDb(PgDb):
@@ -171,6 +181,7 @@ class BatchedDb(PgDb):
         self._opened = opened               # called with the cursor at the last opening statement's result
         self._held: list[tuple[str, Deferred]] = []
         self._binder = psycopg.ClientCursor(conn)
+        self._binder.adapters.register_dumper(float, Float8Literal)
 
     def _literal(self, sql: str, parameters: Sequence[Any]) -> str:
         return self._binder.mogrify(translate(sql), tuple(parameters))

@@ -33,6 +33,30 @@ def test_backend_that_recovered_is_not_restarted(w: World) -> None:
     assert "verified_healthy" in w.kinds("gpu-a")
 
 
+@pytest.mark.parametrize(("outcome", "in_transaction"), [("progress", False), ("restarted", False),
+                                                        ("unknown", False), ("down", True)])
+def test_the_facts_are_read_under_the_write_lock_only_when_a_restart_may_follow(
+        w: World, monkeypatch: pytest.MonkeyPatch, outcome: str, in_transaction: bool) -> None:
+    """After an outcome that cannot lead to a restart, the policy's facts (breaker, markers, restart history:
+    4 round trips on PostgreSQL) are read before the transaction, not under the cluster's write lock."""
+    from llm_health.remediator.restart import consider
+    from llm_health.remediator.store import Transaction
+
+    where: list[bool] = []
+    real = consider.facts
+
+    def spy(ctx, rd, *args, **kw):  # type: ignore[no-untyped-def]
+        where.append(callable(getattr(rd, "move_incident", None)))     # a write transaction's view
+        return real(ctx, rd, *args, **kw)
+
+    assert callable(getattr(Transaction, "move_incident", None))
+    monkeypatch.setattr(consider, "facts", spy)
+    w.outcomes["gpu-a"] = outcome
+    w.post(payload(alert()))
+    w.run()
+    assert where[0] is False and where[-1] is in_transaction, where
+
+
 def test_restarted_by_someone_else_is_not_restarted(w: World) -> None:
     w.outcomes["gpu-a"] = "restarted"
     w.post(payload(alert()))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from llm_health.config import Backoff, Breaker, Budget
-from llm_health.exporter.observation import Verification
+from llm_health.exporter.observation import Verification, VerifyOutcome
 from llm_health.remediator import policy
 from llm_health.remediator.policy import (
     Decision,
@@ -145,3 +145,14 @@ def test_policy_unresponsive_is_unknown_until_it_persisted() -> None:
         policy.DEFERRED_UNKNOWN
     with pytest.raises(ValueError):     # an outcome outside VerifyOutcome never reaches the policy
         Verification("weird", "")
+
+
+@pytest.mark.parametrize("outcome", list(VerifyOutcome))
+def test_only_an_outcome_that_may_restart_ever_decides_a_restart(outcome: VerifyOutcome) -> None:
+    """restart/consider.py reads the facts of an outcome that cannot restart before its transaction, outside
+    the write lock: whatever the facts (gates open or closed, dry run, unresponsive for long), decide() never
+    answers a restart for it."""
+    variants = [facts(5000.0), facts(5000.0, dry_run=True), facts(5000.0, unresponsive_since=0.0),
+                facts(5000.0, dry_run=True, unresponsive_since=0.0)]
+    kinds = {decide(f, V(outcome), S).kind for f in variants}
+    assert bool(kinds & {policy.RESTART, policy.WOULD_RESTART}) == policy.may_restart(outcome), kinds
