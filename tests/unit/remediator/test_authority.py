@@ -241,7 +241,7 @@ def test_a_hundred_refused_backends_all_get_their_first_restart_within_a_few_ver
 def test_a_warm_up_that_does_not_come_back_frees_its_slot_after_restart_slot_warmup(tmp_path: Path) -> None:
     """20 serving backends stall at once and none comes back after its restart: 8 at a time take capacity,
     and each frees its slot restart_slot_warmup after its action, not at warmup_timeout."""
-    slot = 1.0          # restart_slot_warmup
+    slot = 0.5          # restart_slot_warmup
     with running_fleet(tmp_path, 20, verify_seconds=0.2, action_seconds=0.1, outcome="no_progress",
                        restart_fixes=False, max_concurrent_restarts=8, restart_slot_warmup=slot,
                        warmup_timeout=120) as f:
@@ -259,7 +259,7 @@ def test_healthz_fails_naming_the_backend_while_a_worker_is_stuck(tmp_path: Path
     from llm_health.remediator import authority as authority_mod
 
     monkeypatch.setattr(authority_mod, "LOOK_SLACK", 0.0)
-    fast = {"read_timeout": 0.1, "probe_timeout": 0.1, "stall_after": 1, "stall_ceiling": 1}
+    fast = {"read_timeout": 0.1, "probe_timeout": 0.1, "stall_after": 0.3, "stall_ceiling": 0.3, "stall_floor": 0.3}
     with running_fleet(tmp_path, 2, verify_seconds=30.0, action_seconds=0.1, outcome="down", exporter=fast,
                        verify_readings=2, verify_interval=0.3, action_timeout=1) as f:
         health = f.client.application.extensions["remediator"].health
