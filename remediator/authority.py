@@ -52,6 +52,7 @@ from llm_health.remediator.restart.silences import SILENCE_TIMEOUT
 from llm_health.remediator.rollout.procedure import GateQueries, Procedure
 from llm_health.remediator.scheduler import Scheduler
 from llm_health.remediator.store import StateStore
+from llm_health.remediator.store.single_writer import single_writer
 
 log = logging.getLogger("llm_health.remediator")
 
@@ -86,6 +87,7 @@ class Authority:
         gate: GateQueries | None = None,
     ) -> None:
         r = config.remediator
+        store = single_writer(store)     # its write transactions queue here, one in the store's queue at a time
         self.store = store
         self.clock = clock
         self.clocks = clocks_mod.injected(clock, mono)

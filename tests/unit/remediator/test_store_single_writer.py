@@ -1,0 +1,111 @@
+"""The authority's write transactions one at a time in the process (remediator/store/single_writer.py):
+never two open at once, reentrant on one thread, everything else the store's; on PostgreSQL, a second
+authority transaction waits in the process, not in the database's queue for WRITE_LOCK, where a webhook
+would wait behind it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from llm_health.drill.procs import wait_until
+from llm_health.remediator.store.postgresql import PostgresStore
+from llm_health.remediator.store.single_writer import SingleWriter, single_writer
+from tests.support.remediator import four_backends
+
+
+class Counting:
+    def __init__(self) -> None:
+        self.open = 0
+        self.most = 0
+        self.lock = threading.Lock()
+        self.path = "counting"
+
+    @contextmanager
+    def tx(self) -> Iterator[str]:
+        with self.lock:
+            self.open += 1
+            self.most = max(self.most, self.open)
+        try:
+            time.sleep(0.005)          # widen the window two transactions would need to overlap
+            yield "tx"
+        finally:
+            with self.lock:
+                self.open -= 1
+
+
+def test_never_two_transactions_at_once_and_everything_else_is_the_stores() -> None:
+    inner = Counting()
+    store: Any = single_writer(inner)   # type: ignore[arg-type]
+
+    def work() -> None:
+        for _ in range(10):
+            with store.tx():
+                pass
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert inner.most == 1
+    assert store.path == "counting" and single_writer(store) is store
+
+
+def test_a_transaction_inside_another_on_one_thread_goes_on_to_the_store() -> None:
+    inner = Counting()
+    store: Any = SingleWriter(inner)    # type: ignore[arg-type]
+    with store.tx(), store.tx() as tx:
+        assert tx == "tx" and inner.open == 2
+
+
+def test_a_second_authority_transaction_waits_in_the_process_not_in_the_database(tmp_path: Path, pg_url: str) -> None:
+    """Without the turn, the second one waited in PostgreSQL's queue for WRITE_LOCK (pg_locks: not granted),
+    and a webhook arriving then waited for both."""
+    from tests.support import stores
+
+    with stores.using_postgres(lambda: pg_url):
+        w = four_backends(tmp_path)
+    try:
+        assert isinstance(w.store, PostgresStore)
+        authority_store = w.authority.ctx.store
+        holding, release, second_done = threading.Event(), threading.Event(), threading.Event()
+
+        def first() -> None:
+            with authority_store.tx() as tx:
+                tx.active_incidents()          # a read: the first round trip, the lock is held from here
+                holding.set()
+                release.wait(30)
+
+        def second() -> None:
+            with authority_store.tx() as tx:
+                tx.active_incidents()
+            second_done.set()
+
+        a = threading.Thread(target=first)
+        a.start()
+        assert holding.wait(30)
+        b = threading.Thread(target=second)
+        b.start()
+        with psycopg.connect(pg_url, autocommit=True) as c:
+            def waiting_in_the_database() -> int:
+                return int(c.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+                                     "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                                     ).fetchone()[0])
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline:           # watched for a second: nothing queues in the database
+                assert waiting_in_the_database() == 0
+                assert not second_done.is_set()
+                time.sleep(0.05)
+            release.set()
+            wait_until(second_done.is_set, timeout=30, what="the second transaction, after the first")
+        a.join(30)
+        b.join(30)
+    finally:
+        w.close()
