@@ -480,9 +480,14 @@ def _report(senders: list[dict[str, Any]], storm_wall: float, settle_wall: float
            "transaction: the storm's first seconds, when every due backend's first alert arrives together and "
            "the authority verifies and claims 20 restarts at once. A claim's transaction re-reads the incident "
            "and every gate under the lock, 16 to 18 round trips, and held it 20 to 40 ms; the lock was busy "
-           "91-98 % then and the webhooks' p50 rose to 40-116 ms. After that the p99 was 43-46 ms. Reading a "
-           "batch's keys ahead in one round trip (2.5 round trips per transaction instead of 3.0) and a lower "
-           "GIL switch interval were tried and changed nothing measurable.)", ""] if postgresql else [
+           "91-98 % then and the webhooks' p50 rose to 40-116 ms. After that the p99 was 43-46 ms. The lock is "
+           "first come, first served, and those claims queued together in front of every webhook: now the "
+           "authority's write transactions take turns in their process first (remediator/store/single_writer.py), "
+           "so at most one of them is in the lock's queue and a webhook waits for at most one (measured on "
+           "2026-12-08, alternating runs: p99 44 and 51 ms with the turn, 68 and 53 ms without; first 3 s: 68-76 "
+           "against 93-112 ms). Tried and dropped, measured the same way: recording an HA copy outside the lock "
+           "(its p50 fell to 4 ms, but the copies took the CPU the lock's holders needed: p99 84-86 ms against "
+           "59-70); reading a batch's keys ahead in one round trip; a lower GIL switch interval.)", ""] if postgresql else [
             "(Every notification is written under SQLite's write lock (`BEGIN IMMEDIATE`), so the workers' "
             "threads queue for it: they take turns in a queue in front of it (first come, first served in a "
             "process, then a `flock()` on `<state>-writer` across processes: remediator/store/sqlite/turn.py) "
