@@ -50,9 +50,11 @@ def consider(ctx: Context, inc: Incident, backend: Backend) -> StepResult:
     if verification.outcome in (VerifyOutcome.NO_PROGRESS, VerifyOutcome.UNRESPONSIVE):
         baseline = in_flight_now(ctx, backend)   # read outside the transaction: what the drain starts from
     now, t = ctx.clocks.wall(), ctx.clocks.mono()
-    # after an outcome that cannot lead to a restart, the facts only choose what is noted: read now, not under
-    # the cluster's write lock (4 round trips less there on PostgreSQL); a restart's are read in the transaction
-    noted_only = None if policy.may_restart(verification.outcome) else facts(ctx, ctx.store, backend, now)
+    # after an outcome that cannot lead to a restart, facts that hold nothing back only choose what is noted:
+    # read now, not under the cluster's write lock (4 round trips less there on PostgreSQL)
+    noted_only = None
+    if not policy.may_restart(verification.outcome):
+        noted_only = facts_before(facts(ctx, ctx.store, backend, now), verification, ctx.settings)
     claimed: int | None = None
     with ctx.fenced() as tx:
         current = tx.incident_in(incident_id, IS.OPEN)
@@ -72,6 +74,16 @@ def consider(ctx: Context, inc: Incident, backend: Backend) -> StepResult:
     if draining:
         silence_safely(ctx, incident_id, backend)
     return DONE
+
+
+def facts_before(read: policy.Facts, verification: Verification, settings: policy.Settings) -> policy.Facts | None:
+    """Facts read before the transaction, when they may stand in for a read inside it: the verified outcome
+    cannot lead to a restart and no gate holds the incident back. A held incident's note may write more than a
+    note (a breaker opened on a count an operator has just reset), so then the gates are read again under
+    the lock, as a restart's facts always are."""
+    if policy.may_restart(verification.outcome) or not read.has_action or policy.gates(read, settings) is not None:
+        return None
+    return read
 
 
 def begin(ctx: Context, tx: Transaction, incident_id: int, backend: Backend, d: policy.Decision,

@@ -9,9 +9,10 @@ turns here first, the authority has at most one transaction in that queue, so a 
 one of them (44 and 51 ms; 68-76 ms in the first seconds), and the authority loses nothing: the store's lock
 let one of them write at a time anyway.
 
-The turn is held for one transaction, whose deadlines are the store's (statement and lock timeouts, the
-lease's renew deadline), which bounds every wait for it. It is reentrant: a transaction opened inside
-another on the same thread goes on to the store as before.
+The turn goes to the thread that has waited longest (fifo.Queue: the lease's renewal is never passed by
+workers writing again and again), a wait for it ends after the store's own timeout (`timeout`, as a wait
+for the store's lock would: StateError), and it is reentrant: a transaction opened inside another on the
+same thread goes on to the store as before.
 """
 
 from __future__ import annotations
@@ -21,7 +22,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, cast
 
-from llm_health.remediator.store.base import StateStore, Transaction
+from llm_health.remediator.store.base import StateError, StateStore, Transaction
+from llm_health.remediator.store.fifo import Queue
+
+#: how long a transaction waits for its turn when the store names no timeout of its own
+DEFAULT_TIMEOUT = 30.0
 
 
 class SingleWriter:
@@ -29,12 +34,27 @@ class SingleWriter:
 
     def __init__(self, store: StateStore) -> None:
         self.store = store
-        self._turn = threading.RLock()
+        self._turn = Queue()
+        self._owner: int | None = None
 
     @contextmanager
     def tx(self) -> Iterator[Transaction]:
-        with self._turn, self.store.tx() as tx:
-            yield tx
+        me = threading.get_ident()
+        if self._owner == me:              # inside one of this thread's own: no second turn
+            with self.store.tx() as tx:
+                yield tx
+            return
+        timeout = float(getattr(self.store, "timeout", DEFAULT_TIMEOUT))
+        if not self._turn.acquire(timeout=timeout):
+            raise StateError(f"no turn to write within {timeout:g} s: another transaction of the authority held "
+                             "it (remediator.state_timeout)")
+        self._owner = me
+        try:
+            with self.store.tx() as tx:
+                yield tx
+        finally:
+            self._owner = None
+            self._turn.release()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)

@@ -142,8 +142,8 @@ def blind_write(sql: str) -> bool:
 
 def literal_safe(parameters: Sequence[Any]) -> bool:
     """Parameters a read may carry as literals with the same result types: text, integers, floats (bound as
-    float8: Float8Literal), NULL."""
-    return all(p is None or isinstance(p, (str, float)) or (isinstance(p, int) and not isinstance(p, bool))
+    float8: Float8Literal; a float's subclass, such as numpy's, has dumpers of its own), NULL."""
+    return all(p is None or isinstance(p, str) or type(p) is float or (isinstance(p, int) and not isinstance(p, bool))
                for p in parameters)
 
 
@@ -153,7 +153,7 @@ class Float8Literal(FloatDumper):
     (inf and nan as 'inf', 'nan', which float8 reads)."""
 
     def quote(self, obj: float) -> bytes:
-        return b"'" + repr(obj).encode() + b"'::float8"
+        return b"'" + float.__repr__(obj).encode() + b"'::float8"
 
 
 class BatchedDb(PgDb):

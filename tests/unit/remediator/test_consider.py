@@ -54,7 +54,27 @@ def test_the_facts_are_read_under_the_write_lock_only_when_a_restart_may_follow(
     w.outcomes["gpu-a"] = outcome
     w.post(payload(alert()))
     w.run()
-    assert where[0] is False and where[-1] is in_transaction, where
+    # the cheap gates before the verification, then the facts of the decision: in the transaction, or before it
+    assert where == [False, in_transaction] if in_transaction else where == [False, False], where
+
+
+def test_facts_read_before_the_transaction_stand_in_only_when_no_gate_holds_the_incident() -> None:
+    """A held incident's note may write more than a note (the breaker opened on a count an operator has just
+    reset): then its gates are read again under the lock. Pure (consider.facts_before)."""
+    from llm_health.config import Breaker
+    from llm_health.exporter.observation import Verification, VerifyOutcome
+    from llm_health.remediator import policy
+    from llm_health.remediator.restart.consider import facts_before
+
+    settings = policy.Settings(breaker=Breaker(restarts=1, window=3600.0))
+    clear = policy.Facts(now=100.0, backend="gpu-a")
+    healthy, down = Verification(VerifyOutcome.PROGRESS, "moving"), Verification(VerifyOutcome.DOWN, "refused")
+    assert facts_before(clear, healthy, settings) is clear
+    assert facts_before(clear, down, settings) is None                                # a restart may follow
+    for held in (policy.Facts(now=100.0, backend="gpu-a", breaker_open=True),
+                 policy.Facts(now=100.0, backend="gpu-a", fleet_restarts=(50.0,)),       # the breaker would open
+                 policy.Facts(now=100.0, backend="gpu-a", has_action=False)):
+        assert facts_before(held, healthy, settings) is None, held
 
 
 def test_restarted_by_someone_else_is_not_restarted(w: World) -> None:

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from llm_health.remediator.store import SqliteStore
-from llm_health.remediator.store.sqlite.turn import Queue, WriterTurn, lock_path
+from llm_health.remediator.store.fifo import Queue
+from llm_health.remediator.store.sqlite.turn import WriterTurn, lock_path
 
 HOLD = """import fcntl, os, sys
 fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)

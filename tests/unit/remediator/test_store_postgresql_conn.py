@@ -7,6 +7,7 @@ writes held still loses its lock is tests/unit/remediator/test_store_postgresql.
 from __future__ import annotations
 
 import decimal
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -73,15 +74,26 @@ def test_a_read_with_float_parameters_rides_with_the_held_writes_and_keeps_its_t
         store: PostgresStore, trips: list[str]) -> None:
     """Floats are bound as float8 literals (conn.py Float8Literal): a read that selects one hands back the very
     float (not a numeric's Decimal), and such a read rides with the writes before it, one round trip less."""
-    given = [1.5, 0.1 + 0.2, 1777777777.1234567, float("inf"), -0.0]
+    given = [1.5, 0.1 + 0.2, 1777777777.1234567, float("inf"), -0.0, 5e-324, float("nan")]
     with store.tx() as tx:
         tx.remember_delivery("k3", 30.25, forget_before=0.0)
-        row = tx._db().execute("SELECT first_seen, ? AS a, ? AS b, ? AS c, ? AS d, ? AS e FROM deliveries "
-                               "WHERE first_seen > ?", (*given, 30.0)).fetchone()
+        row = tx._db().execute("SELECT first_seen, ? AS a, ? AS b, ? AS c, ? AS d, ? AS e, ? AS f, ? AS g "
+                               "FROM deliveries WHERE first_seen > ?", (*given, 30.0)).fetchone()
     assert len(trips) == 2, trips                         # opening, the write and the read; COMMIT
     assert row is not None and row["first_seen"] == 30.25
-    back = [row[k] for k in "abcde"]
-    assert back == given and all(type(v) is float and not isinstance(v, decimal.Decimal) for v in back), back
+    back = [row[k] for k in "abcdefg"]
+    assert all(type(v) is float and not isinstance(v, decimal.Decimal) for v in back), back
+    assert back[:6] == given[:6] and math.copysign(1.0, back[4]) == -1.0 and math.isnan(back[6]), back
+
+
+def test_a_float_subclass_is_no_literal() -> None:
+    """A float subclass may print itself otherwise (an enum, numpy's float64 with its own dumper): it is
+    bound by the server, as before."""
+    class Seconds(float):
+        def __repr__(self) -> str:
+            return "Seconds!"
+
+    assert literal_safe((1.5,)) and not literal_safe((Seconds(1.5),))
 
 
 def test_the_lock_is_taken_by_the_first_round_trip_not_before(store: PostgresStore, pg_url: str) -> None:

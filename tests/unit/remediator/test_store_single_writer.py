@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from llm_health.drill.procs import wait_until
 from llm_health.remediator.store.postgresql import PostgresStore
@@ -61,8 +62,18 @@ def test_never_two_transactions_at_once_and_everything_else_is_the_stores() -> N
 def test_a_transaction_inside_another_on_one_thread_goes_on_to_the_store() -> None:
     inner = Counting()
     store: Any = SingleWriter(inner)    # type: ignore[arg-type]
-    with store.tx(), store.tx() as tx:
-        assert tx == "tx" and inner.open == 2
+    seen: list[Any] = []
+
+    def nested() -> None:
+        with store.tx(), store.tx() as tx:
+            seen.append((tx, inner.open))
+
+    t = threading.Thread(target=nested, daemon=True)   # a turn that is not reentrant would hang it: joined with
+    t.start()                                          # a deadline, the test fails instead
+    t.join(10)
+    assert seen == [("tx", 2)]
+    with store.tx():                                   # and the turn was given back
+        assert inner.open == 1
 
 
 def test_a_second_authority_transaction_waits_in_the_process_not_in_the_database(tmp_path: Path, pg_url: str) -> None:
@@ -109,3 +120,42 @@ def test_a_second_authority_transaction_waits_in_the_process_not_in_the_database
         b.join(30)
     finally:
         w.close()
+
+
+def test_the_turn_goes_to_the_thread_that_waited_longest_and_a_wait_has_a_deadline() -> None:
+    """fifo.Queue: the lease's renewal, waiting behind a claim, is never passed by workers that come later; a
+    turn not granted within the store's timeout is a StateError, as a wait for the store's lock would be."""
+    from llm_health.remediator.store import StateError
+
+    inner = Counting()
+    inner.timeout = 0.2        # type: ignore[attr-defined]
+    store: Any = SingleWriter(inner)    # type: ignore[arg-type]
+    order: list[str] = []
+    release = threading.Event()
+
+    def holder() -> None:
+        with store.tx():
+            release.wait(30)
+
+    def writer(name: str) -> None:
+        with store.tx():
+            order.append(name)
+
+    first = threading.Thread(target=holder)
+    first.start()
+    wait_until(lambda: inner.open == 1, timeout=10, what="the first transaction open")
+    with pytest.raises(StateError, match="no turn to write within 0.2 s"):
+        with store.tx():
+            pass
+    inner.timeout = 30.0       # type: ignore[attr-defined]
+    waiters = []
+    for name in ("lease", "worker-1", "worker-2"):
+        t = threading.Thread(target=writer, args=(name,))
+        t.start()
+        waiters.append(t)
+        queued = len(waiters)
+        wait_until(lambda: len(store._turn._waiters) == queued, timeout=10, what=f"{name} queued")  # noqa: B023
+    release.set()
+    for t in (first, *waiters):
+        t.join(30)
+    assert order == ["lease", "worker-1", "worker-2"]
