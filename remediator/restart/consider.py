@@ -42,9 +42,13 @@ def consider(ctx: Context, inc: Incident, backend: Backend) -> StepResult:
         d = host_gate(ctx, ctx.store, backend) or concurrency_gate(ctx, ctx.store, incident_id) or d
     if d.kind != policy.VERIFY:
         with ctx.fenced() as tx:
-            if tx.incident_in(incident_id, IS.OPEN) is not None:
-                return note(ctx, tx, incident_id, backend.name, d, now)
-        return DONE
+            if tx.incident_in(incident_id, IS.OPEN) is None:
+                return DONE
+            if d.opens_breaker:      # decided on a read outside the lock: a reset landing since must stand
+                d = policy.decide(facts(ctx, tx, backend, now), None, ctx.settings)
+                if d.kind == policy.VERIFY:
+                    return DONE      # the gates pass now: verified at the next look
+            return note(ctx, tx, incident_id, backend.name, d, now)
     verification = ctx.io.verifier(backend)
     baseline = None
     if verification.outcome in (VerifyOutcome.NO_PROGRESS, VerifyOutcome.UNRESPONSIVE):

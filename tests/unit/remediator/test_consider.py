@@ -157,6 +157,36 @@ def test_breaker_opens_across_the_fleet_and_resets_through_api(tmp_path: Path) -
     assert has_sample(w.client.get("/metrics").get_data(as_text=True), "llm_health_remediator_breaker_open 0")
 
 
+def test_a_breaker_reset_landing_between_the_cheap_gates_and_their_note_stands(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cheap gates are read outside the lock; the fleet's count at its limit says "open the breaker". An
+    operator's reset committed before the note's transaction must stand (before: the note opened it again,
+    and automatic restarts stopped fleet-wide until a second reset)."""
+    from llm_health.remediator.restart import consider
+
+    w = four_backends(tmp_path, breaker={"restarts": 2, "window": 10000})
+    for name in ("gpu-a", "gpu-b"):
+        w.post(payload(alert(backend=name)))
+    w.run(5)
+    assert len(w.calls) == 2 and not w.store.breaker().open
+    real, landed = consider.facts, []
+
+    def reset_lands_after_the_read(ctx, rd, backend, now, *args, **kw):  # type: ignore[no-untyped-def]
+        out = real(ctx, rd, backend, now, *args, **kw)
+        if backend.name == "gpu-c" and not landed and not callable(getattr(rd, "move_incident", None)):
+            with w.store.tx() as tx:                 # POST /api/breaker/reset, between the read and the note
+                tx.reset_breaker(now)
+            landed.append(True)
+        return out
+
+    monkeypatch.setattr(consider, "facts", reset_lands_after_the_read)
+    w.post(payload(alert(backend="gpu-c")))
+    w.run()
+    assert landed and not w.store.breaker().open and "breaker_open" not in w.kinds("gpu-c")
+    w.run(5)
+    assert len(w.calls) == 3                         # verified and restarted at a later look
+
+
 def test_budget_holds_over_incidents(tmp_path: Path) -> None:
     w = four_backends(tmp_path, budget={"restarts": 2, "window": 10000})
     for i in range(4):
