@@ -3,8 +3,9 @@
 The cheap gates are read first outside any transaction, so a deferred incident costs no verification.
 The verification (about 20 s) and the in-flight read run outside any transaction; then ONE transaction
 re-reads the incident (it may have been resolved or acknowledged meanwhile), records the verification,
-decides again with fresh facts (read just before it when the outcome cannot lead to a restart) and, for a restart, re-checks the host mutex, the concurrency bound, the
-floor and the lease and begins: a drain of a serving backend, or the claim at once.
+decides again with fresh facts (read just before it when the outcome cannot lead to a restart and no gate
+holds the incident) and, for a restart, re-checks the host mutex, the concurrency bound, the floor and the
+lease and begins: a drain of a serving backend, or the claim at once.
 """
 
 from __future__ import annotations
@@ -80,12 +81,15 @@ def consider(ctx: Context, inc: Incident, backend: Backend) -> StepResult:
     return DONE
 
 
-def facts_before(read: policy.Facts, verification: Verification, settings: policy.Settings) -> policy.Facts | None:
+def facts_before(read: policy.Facts, verification: Verification,
+                 settings: policy.Settings) -> policy.Facts | None:
     """Facts read before the transaction, when they may stand in for a read inside it: the verified outcome
     cannot lead to a restart and no gate holds the incident back. A held incident's note may write more than a
     note (a breaker opened on a count an operator has just reset), so then the gates are read again under
     the lock, as a restart's facts always are."""
-    if policy.may_restart(verification.outcome) or not read.has_action or policy.gates(read, settings) is not None:
+    if policy.may_restart(verification.outcome) or not read.has_action:
+        return None
+    if policy.gates(read, settings) is not None:
         return None
     return read
 

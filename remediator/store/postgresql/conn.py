@@ -143,8 +143,8 @@ def blind_write(sql: str) -> bool:
 def literal_safe(parameters: Sequence[Any]) -> bool:
     """Parameters a read may carry as literals with the same result types: text, integers, floats (bound as
     float8: Float8Literal; a float's subclass, such as numpy's, has dumpers of its own), NULL."""
-    return all(p is None or isinstance(p, str) or type(p) is float or (isinstance(p, int) and not isinstance(p, bool))
-               for p in parameters)
+    return all(p is None or isinstance(p, str) or type(p) is float
+               or (isinstance(p, int) and not isinstance(p, bool)) for p in parameters)
 
 
 class Float8Literal(FloatDumper):
