@@ -244,9 +244,12 @@ class Simulator:
         return f"http://{self.cfg.host}:{self.control.server_address[1]}" if self.control else None
 
     def start(self) -> Simulator:
-        self._open_main()
+        # the control port is bound before the main port answers: whoever waits for the main port (a test's
+        # fixture, a drill) may use the control port at once (its connections wait in the backlog until served)
         if self.cfg.control_port is not None:
             self.control = _Listener((self.cfg.host, self.cfg.control_port), self, control=True)
+        self._open_main()
+        if self.control is not None:
             self._spawn(lambda: self.control.serve_forever(poll_interval=0.05), "sim-control")
         self._spawn(self._drive, "sim-driver")
         return self

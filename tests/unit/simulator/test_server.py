@@ -526,3 +526,23 @@ def test_http_requests_total_multiprocess_has_no_created(make_sim: Callable[...,
     assert requests.get(sim.url + "/v1/models", timeout=5).ok
     assert http_counts(sim.url) == {("/v1/models", "GET", "2xx"): 1}
     assert "http_requests_created" not in requests.get(sim.url + "/metrics", timeout=5).text
+
+
+def test_the_control_port_is_bound_before_the_main_port_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whoever waits for the main port (tests/process/test_simulator.py's fixture, a drill) uses the control
+    port at once: it must already take connections. Before, it was bound after the main port served, and a
+    clean-clone run met 'connection refused' on /sim/stats."""
+    seen: list[bool] = []
+    real = Simulator._open_main
+
+    def open_main(self: Simulator) -> None:
+        seen.append(self.control is not None)
+        real(self)
+
+    monkeypatch.setattr(Simulator, "_open_main", open_main)
+    sim = Simulator(SimConfig(port=free_port(), control_port=free_port())).start()
+    try:
+        assert seen[0] is True
+        assert sim.control_url is not None and requests.get(sim.control_url + "/sim/stats", timeout=5).ok
+    finally:
+        sim.stop()
